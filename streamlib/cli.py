@@ -1,0 +1,35 @@
+"""The `streamlib` command line: sandbox, everyday produce/consume, admin, benchmarks.
+
+Errors are one line on stderr and a non-zero exit code; argparse usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamlib",
+        description="BookKeeper-style replicated ledgers and streams.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from streamlib import bench
+
+    bench.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

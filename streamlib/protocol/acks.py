@@ -1,0 +1,110 @@
+"""Add acknowledgement tracking with in-order completion (protocol.txt "Writing to
+ledgers").
+
+An entry is acknowledged to the caller when Qa bookies of its write set have persisted
+it AND every lower entry has been acknowledged. The last add confirmed (LAC) is the
+highest entry acknowledged so far; it travels with later entries (piggyback).
+
+Bookies are ensemble indexes. After an ensemble change replaces the bookie at index i,
+the acks that index gave to still-pending entries no longer count (the entry now lives
+on the new bookie at that index, per the metadata) and the caller resends those entries
+to the replacement: :meth:`AckTracker.replace_bookie` says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PendingAdd:
+    entry_id: int
+    write_set: tuple[int, ...]
+    acked_by: set[int] = field(default_factory=set)
+
+
+class AckTracker:
+    """Pending adds of one writer, completed strictly in entry order."""
+
+    def __init__(self, ack_quorum: int, last_add_confirmed: int = -1) -> None:
+        if ack_quorum < 1:
+            raise ValueError(f"ack quorum must be >= 1, got {ack_quorum}")
+        self.ack_quorum = ack_quorum
+        self.last_add_confirmed = last_add_confirmed
+        self._pending: dict[int, PendingAdd] = {}
+        self._next_entry_id = last_add_confirmed + 1
+
+    @property
+    def next_entry_id(self) -> int:
+        """The id the next add will get (entry ids are consecutive)."""
+        return self._next_entry_id
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def pending_entry_ids(self) -> list[int]:
+        return sorted(self._pending)
+
+    def pending(self, entry_id: int) -> PendingAdd | None:
+        return self._pending.get(entry_id)
+
+    def add_pending(self, entry_id: int, write_set: tuple[int, ...]) -> None:
+        """Register an entry as sent. Ids must come in order without gaps."""
+        if entry_id != self._next_entry_id:
+            raise ValueError(f"expected entry {self._next_entry_id}, got {entry_id}")
+        if len(write_set) < self.ack_quorum:
+            raise ValueError(f"write set {write_set} smaller than ack quorum {self.ack_quorum}")
+        self._pending[entry_id] = PendingAdd(entry_id, tuple(write_set))
+        self._next_entry_id += 1
+
+    def on_ack(self, entry_id: int, bookie_index: int) -> list[int]:
+        """Record a bookie's durable ack; return the entries newly acknowledged, in order.
+
+        An ack for an entry already acknowledged, or from a bookie outside the entry's
+        write set (a stale ack from a replaced bookie) changes nothing."""
+        add = self._pending.get(entry_id)
+        if add is None or bookie_index not in add.write_set:
+            return []
+        add.acked_by.add(bookie_index)
+        return self._complete_in_order()
+
+    def _complete_in_order(self) -> list[int]:
+        done: list[int] = []
+        while True:
+            add = self._pending.get(self.last_add_confirmed + 1)
+            if add is None or len(add.acked_by) < self.ack_quorum:
+                return done
+            del self._pending[add.entry_id]
+            self.last_add_confirmed = add.entry_id
+            done.append(add.entry_id)
+
+    def replace_bookie(self, bookie_index: int) -> list[int]:
+        """The bookie at bookie_index was replaced: forget its acks on pending entries and
+        return the pending entries whose write set includes it (to resend there)."""
+        resend: list[int] = []
+        for entry_id in sorted(self._pending):
+            add = self._pending[entry_id]
+            if bookie_index in add.write_set:
+                add.acked_by.discard(bookie_index)
+                resend.append(entry_id)
+        return resend
+
+    def fail_all(self) -> list[int]:
+        """Drop every pending entry (the ledger can take no more adds); return their ids."""
+        failed = sorted(self._pending)
+        self._pending.clear()
+        return failed
+
+    def entries_waiting_on(self, bookie_indexes: Iterable[int]) -> list[int]:
+        """Pending entries that still lack an ack from any of these bookies."""
+        wanted = set(bookie_indexes)
+        return [
+            e
+            for e in sorted(self._pending)
+            if any(
+                b in wanted and b not in self._pending[e].acked_by
+                for b in self._pending[e].write_set
+            )
+        ]

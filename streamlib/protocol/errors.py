@@ -1,0 +1,189 @@
+"""One exception hierarchy for everything a streamlib client raises.
+
+The root is :class:`StreamlibError`. Errors that mirror a bookie status code carry
+that code (``err.code``), so a caller can act on the class or on the code. Metadata
+store errors (BadVersionError, NoNodeError, ...) live in ``metadata.errors`` because
+the metadata package sits below this one and imports nothing of ours; the public
+``streamlib.errors`` module re-exports both families.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class StatusCode(enum.IntEnum):
+    """Bookie status codes; the numbers are the wire's (bookie.proto StatusCode)."""
+
+    STATUS_UNSPECIFIED = 0
+    OK = 1
+    NO_SUCH_LEDGER = 2
+    NO_SUCH_ENTRY = 3
+    FENCED = 4
+    INVALID_TERM = 5
+    UNAUTHORIZED = 6
+    READ_ONLY = 7
+    TOO_LARGE = 8
+    BAD_REQUEST = 9
+    IO_ERROR = 10
+    TOO_MANY_REQUESTS = 11
+
+
+class StreamlibError(Exception):
+    """Root of every error streamlib raises."""
+
+    code: StatusCode | None = None
+
+
+# -- errors that mirror a bookie status code ------------------------------------------
+
+
+class NoSuchLedgerError(StreamlibError):
+    """The ledger does not exist (on a bookie, or in the metadata)."""
+
+    code = StatusCode.NO_SUCH_LEDGER
+
+
+class NoSuchEntryError(StreamlibError):
+    """The entry does not exist (beyond the end of the ledger, or trimmed)."""
+
+    code = StatusCode.NO_SUCH_ENTRY
+
+
+class LedgerFencedError(StreamlibError):
+    """The ledger was fenced by a recovery: this writer may not add any more.
+
+    As protocol.txt says, an add failing with this error may or may not have been
+    written; only the recovered ledger's last entry tells."""
+
+    code = StatusCode.FENCED
+
+
+class InvalidTermError(StreamlibError):
+    """A newer writer took over the unbounded ledger (a higher term): disengage."""
+
+    code = StatusCode.INVALID_TERM
+
+
+class UnauthorizedError(StreamlibError):
+    """Wrong ledger password (master key mismatch)."""
+
+    code = StatusCode.UNAUTHORIZED
+
+
+class ReadOnlyError(StreamlibError):
+    """The bookie is read-only and refuses normal adds."""
+
+    code = StatusCode.READ_ONLY
+
+
+class TooLargeError(StreamlibError):
+    """An entry or request is over the size limit."""
+
+    code = StatusCode.TOO_LARGE
+
+
+class BadRequestError(StreamlibError, ValueError):
+    """A malformed request or argument."""
+
+    code = StatusCode.BAD_REQUEST
+
+
+class BookieIOError(StreamlibError):
+    """A bookie could not read or write. Never evidence that an entry is absent."""
+
+    code = StatusCode.IO_ERROR
+
+
+class TooManyRequestsError(StreamlibError):
+    """A bookie pushed back; retry later."""
+
+    code = StatusCode.TOO_MANY_REQUESTS
+
+
+# -- client-side errors -----------------------------------------------------------------
+
+
+class InvalidLedgerConfigError(BadRequestError):
+    """Ledger creation parameters break E >= Qw >= Qa >= 1 (or another rule)."""
+
+
+class IllegalTransitionError(StreamlibError):
+    """A ledger state change the state table does not allow."""
+
+
+class LedgerClosedError(StreamlibError):
+    """The ledger is closed: no more adds, and reads stop at its last entry."""
+
+
+class LedgerStateConflictError(StreamlibError):
+    """Someone else closed the ledger at a different last entry than this writer's LAC."""
+
+
+class DigestMismatchError(StreamlibError):
+    """An entry's digest does not match its contents: try another replica."""
+
+
+class RecoveryAbortedError(StreamlibError):
+    """Recovery could not decide (too many Unknown responses); retry it later.
+
+    Closing on Unknowns could truncate committed data, so recovery aborts instead."""
+
+
+class NotEnoughBookiesError(StreamlibError):
+    """Fewer writable bookies than the ensemble needs."""
+
+
+class TooManyEnsembleChangesError(StreamlibError):
+    """The writer hit its cap on ensemble changes for one ledger."""
+
+
+class BookieUnavailableError(StreamlibError):
+    """A bookie could not be reached or did not answer in time."""
+
+
+class StreamFencedError(StreamlibError):
+    """Another writer took over the stream; this producer may not send any more."""
+
+
+class NoSuchStreamError(StreamlibError):
+    """The stream does not exist."""
+
+
+class InvalidPositionError(BadRequestError):
+    """A position (message id) that cannot be parsed or is out of range."""
+
+
+class ClientClosedError(StreamlibError):
+    """The client (or producer / consumer / handle) was closed."""
+
+
+_BY_CODE: dict[StatusCode, type[StreamlibError]] = {
+    cls.code: cls
+    for cls in (
+        NoSuchLedgerError,
+        NoSuchEntryError,
+        LedgerFencedError,
+        InvalidTermError,
+        UnauthorizedError,
+        ReadOnlyError,
+        TooLargeError,
+        BadRequestError,
+        BookieIOError,
+        TooManyRequestsError,
+    )
+    if cls.code is not None
+}
+
+
+def error_for_status(code: int, message: str = "") -> StreamlibError:
+    """The exception for a non-OK wire status (an unknown or unspecified code is a
+    broken peer, reported as BadRequestError)."""
+    try:
+        status = StatusCode(code)
+    except ValueError:
+        return BadRequestError(f"bookie answered unknown status code {code}: {message}")
+    cls = _BY_CODE.get(status)
+    if cls is None:
+        return BadRequestError(f"bookie answered {status.name}: {message}")
+    return cls(message or status.name)

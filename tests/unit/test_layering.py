@@ -1,0 +1,69 @@
+"""The dependency direction of ARCHITECTURE.md §2, checked on the source (every import
+statement anywhere in a module, including inside functions)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+IO_MODULES = {"asyncio", "grpc", "socket", "selectors", "threading", "time", "concurrent", "trio"}
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join([*base, node.module or ""]).strip("."))
+            elif node.module:
+                found.add(node.module)
+    return found
+
+
+def sources(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*.py") if not p.name.endswith("_pb2.py"))
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+@pytest.mark.parametrize("path", sources("metadata"), ids=str)
+def test_metadata_imports_nothing_of_ours(path):
+    bad = {m for m in imports_of(path) if top(m) in {"streamlib", "bookie"}}
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sources("bookie"), ids=str)
+def test_bookie_never_imports_the_client(path):
+    bad = {m for m in imports_of(path) if top(m) == "streamlib"}
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sources("streamlib/protocol"), ids=str)
+def test_protocol_core_is_sans_io_and_self_contained(path):
+    found = imports_of(path)
+    ours = {m for m in found if top(m) in {"metadata", "bookie"}}
+    ours |= {m for m in found if top(m) == "streamlib" and not m.startswith("streamlib.protocol")}
+    io = {m for m in found if top(m) in IO_MODULES}
+    assert not ours, f"{path} imports {ours}"
+    assert not io, f"{path} does I/O through {io}"
+
+
+@pytest.mark.parametrize("path", sources("streamlib"), ids=str)
+def test_client_uses_only_the_wire_of_the_bookie(path):
+    bad = {m for m in imports_of(path) if top(m) == "bookie" and not m.startswith("bookie.wire")}
+    assert not bad, f"{path} imports the bookie server: {bad}"
+
+
+def test_every_package_states_its_rule():
+    for package in ("metadata", "bookie", "streamlib", "streamlib/protocol"):
+        doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
+        assert doc and "import" in doc, f"{package}/__init__.py must say what it may not import"

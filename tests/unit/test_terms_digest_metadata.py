@@ -1,0 +1,126 @@
+"""Term rules, entry digests and the protocol's ledger metadata."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamlib.protocol import (
+    DigestManager,
+    DigestType,
+    Fragment,
+    LedgerMetadata,
+    LedgerState,
+    check_term,
+    master_key,
+    next_term,
+    password_hash,
+)
+from streamlib.protocol.errors import (
+    BadRequestError,
+    DigestMismatchError,
+    IllegalTransitionError,
+    InvalidLedgerConfigError,
+)
+
+
+@pytest.mark.parametrize(
+    ("bookie", "request_term", "accepted", "after"),
+    [(0, 0, True, 0), (3, 3, True, 3), (3, 5, True, 5), (5, 3, False, 5), (1, 0, False, 1)],
+)
+def test_term_rules(bookie, request_term, accepted, after):
+    result = check_term(bookie, request_term)
+    assert (result.accepted, result.term_after) == (accepted, after)
+
+
+def test_next_term_increments():
+    assert next_term(7) == 8
+
+
+@pytest.mark.parametrize("kind", ["crc32c", "hmac"])
+def test_digest_round_trip_and_tamper_detection(kind):
+    dm = DigestManager(42, kind, password_hash(b"secret"))
+    digest = dm.compute(5, 4, b"payload")
+    dm.verify(5, 4, b"payload", digest)
+    for entry, lac, payload in [(6, 4, b"payload"), (5, 3, b"payload"), (5, 4, b"payloaX")]:
+        with pytest.raises(DigestMismatchError):
+            dm.verify(entry, lac, payload, digest)
+    other_ledger = DigestManager(43, kind, password_hash(b"secret"))
+    assert not other_ledger.is_valid(5, 4, b"payload", digest)
+
+
+def test_crc32c_digest_is_four_bytes_hmac_is_keyed():
+    crc = DigestManager(1, DigestType.CRC32C, password_hash(b"a"))
+    assert len(crc.compute(0, -1, b"x")) == 4
+    h1 = DigestManager(1, DigestType.HMAC_SHA256, password_hash(b"a"))
+    h2 = DigestManager(1, DigestType.HMAC_SHA256, password_hash(b"b"))
+    assert len(h1.compute(0, -1, b"x")) == 32
+    assert h1.compute(0, -1, b"x") != h2.compute(0, -1, b"x")
+
+
+def test_unknown_digest_type_and_non_bytes_password_are_typed_errors():
+    with pytest.raises(BadRequestError):
+        DigestType.parse("md5")
+    with pytest.raises(BadRequestError):
+        password_hash("text")  # type: ignore[arg-type]
+
+
+def test_master_key_is_derived_not_the_password():
+    pw = b"secret"
+    assert master_key(password_hash(pw)) != pw
+    assert master_key(password_hash(pw)) != master_key(password_hash(b"other"))
+
+
+@given(st.binary(max_size=512), st.integers(0, 2**62), st.integers(-1, 2**62))
+def test_crc_digest_detects_any_single_byte_flip(payload, entry_id, lac):
+    dm = DigestManager(9, "crc32c", b"")
+    digest = dm.compute(entry_id, lac, payload)
+    for i in range(len(payload)):
+        flipped = bytearray(payload)
+        flipped[i] ^= 0x01
+        assert not dm.is_valid(entry_id, lac, bytes(flipped), digest)
+
+
+def ledger(**kw):
+    base = dict(
+        ledger_id=1,
+        ensemble_size=3,
+        write_quorum=2,
+        ack_quorum=2,
+        fragments=(Fragment(0, ("b1", "b2", "b3")),),
+    )
+    base.update(kw)
+    return LedgerMetadata(**base)
+
+
+def test_metadata_rejects_bad_quorums_and_fragments():
+    with pytest.raises(InvalidLedgerConfigError):
+        ledger(write_quorum=4)
+    with pytest.raises(InvalidLedgerConfigError):
+        ledger(fragments=(Fragment(0, ("b1", "b2")),))
+    with pytest.raises(InvalidLedgerConfigError):
+        ledger(fragments=(Fragment(0, ("b1", "b1", "b3")),))
+    with pytest.raises(InvalidLedgerConfigError):
+        ledger(fragments=(Fragment(5, ("b1", "b2", "b3")), Fragment(2, ("b1", "b2", "b3"))))
+
+
+def test_ensemble_change_adds_fragment_and_write_sets_follow_it():
+    # protocol.txt "Ensembles": B1 replaced by B4 from entry 12.
+    md = ledger().with_ensemble_change(12, {0: "b4"})
+    assert md.fragments == (Fragment(0, ("b1", "b2", "b3")), Fragment(12, ("b4", "b2", "b3")))
+    assert md.write_set_bookies(11) == ("b3", "b1")
+    assert md.write_set_bookies(12) == ("b4", "b2")
+    # A second change at the same entry replaces the still-empty fragment.
+    md2 = md.with_ensemble_change(12, {1: "b5"})
+    assert md2.fragments[-1] == Fragment(12, ("b4", "b5", "b3"))
+    assert len(md2.fragments) == 2
+
+
+def test_recovery_then_close_and_no_writer_close_after_recovery_started():
+    md = ledger().in_recovery()
+    assert md.state is LedgerState.IN_RECOVERY
+    with pytest.raises(IllegalTransitionError):
+        md.closed_by_writer(5, 100)
+    closed = md.closed_by_recovery(12, 1300)
+    assert (closed.state, closed.last_entry_id, closed.length) == (LedgerState.CLOSED, 12, 1300)
+    with pytest.raises(IllegalTransitionError):
+        closed.in_recovery()
