@@ -51,7 +51,7 @@ READ_FLAG_NONE: ReadFlag
 FENCE: ReadFlag
 
 class AddEntry(_message.Message):
-    __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "master_key", "flags", "term")
+    __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "master_key", "flags", "term", "length")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_ADD_CONFIRMED_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class AddEntry(_message.Message):
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     entry_id: int
     last_add_confirmed: int
@@ -68,7 +69,8 @@ class AddEntry(_message.Message):
     master_key: bytes
     flags: int
     term: int
-    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    length: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., term: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class AddRequest(_message.Message):
     __slots__ = ("entries",)
@@ -97,20 +99,22 @@ class AddResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ...) -> None: ...
 
 class Entry(_message.Message):
-    __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "flags")
+    __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "flags", "length")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_ADD_CONFIRMED_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     entry_id: int
     last_add_confirmed: int
     payload: bytes
     digest: bytes
     flags: int
-    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., flags: _Optional[int] = ...) -> None: ...
+    length: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., flags: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "flags", "master_key", "term", "max_bytes")

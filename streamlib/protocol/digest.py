@@ -1,8 +1,10 @@
 """Entry digests and the keys derived from a ledger password (protocol.txt "Writing to
 ledgers": each entry carries ledger id, entry id, LAC and payload; readers verify).
 
-The digest covers the header (ledger id, entry id, LAC, payload length), packed as four
-big-endian int64, followed by the payload:
+The digest covers the header (ledger id, entry id, LAC, length), packed as four
+big-endian int64, followed by the payload. As in BookKeeper's entry header, length is the
+ledger's length in bytes up to and including this entry, so the last entry of a ledger
+tells its total length (recovery uses this to close a ledger with the right length).
 
 - ``crc32c`` (default): CRC32C, 4 bytes big-endian. Catches corruption, not forgery.
 - ``hmac``: HMAC-SHA256 keyed by a MAC key derived from the password, 32 bytes.
@@ -66,23 +68,26 @@ class DigestManager:
         self.digest_type = DigestType.parse(digest_type)
         self._mac_key = mac_key(pw_hash)
 
-    def compute(self, entry_id: int, last_add_confirmed: int, payload: bytes) -> bytes:
-        header = _HEADER.pack(self.ledger_id, entry_id, last_add_confirmed, len(payload))
+    def compute(self, entry_id: int, last_add_confirmed: int, length: int, payload: bytes) -> bytes:
+        header = _HEADER.pack(self.ledger_id, entry_id, last_add_confirmed, length)
         if self.digest_type is DigestType.CRC32C:
             return crc32c.crc32c(payload, value=crc32c.crc32c(header)).to_bytes(4, "big")
         mac = hmac.new(self._mac_key, header, hashlib.sha256)
         mac.update(payload)
         return mac.digest()
 
-    def verify(self, entry_id: int, last_add_confirmed: int, payload: bytes, digest: bytes) -> None:
+    def verify(
+        self, entry_id: int, last_add_confirmed: int, length: int, payload: bytes, digest: bytes
+    ) -> None:
         """Raise DigestMismatchError unless digest matches: the caller tries another replica."""
-        expected = self.compute(entry_id, last_add_confirmed, payload)
+        expected = self.compute(entry_id, last_add_confirmed, length, payload)
         if not hmac.compare_digest(expected, digest):
             raise DigestMismatchError(
                 f"ledger {self.ledger_id} entry {entry_id}: {self.digest_type.value} digest mismatch"
             )
 
     def is_valid(
-        self, entry_id: int, last_add_confirmed: int, payload: bytes, digest: bytes
+        self, entry_id: int, last_add_confirmed: int, length: int, payload: bytes, digest: bytes
     ) -> bool:
-        return hmac.compare_digest(self.compute(entry_id, last_add_confirmed, payload), digest)
+        expected = self.compute(entry_id, last_add_confirmed, length, payload)
+        return hmac.compare_digest(expected, digest)

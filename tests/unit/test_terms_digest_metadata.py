@@ -39,22 +39,27 @@ def test_next_term_increments():
 @pytest.mark.parametrize("kind", ["crc32c", "hmac"])
 def test_digest_round_trip_and_tamper_detection(kind):
     dm = DigestManager(42, kind, password_hash(b"secret"))
-    digest = dm.compute(5, 4, b"payload")
-    dm.verify(5, 4, b"payload", digest)
-    for entry, lac, payload in [(6, 4, b"payload"), (5, 3, b"payload"), (5, 4, b"payloaX")]:
+    digest = dm.compute(5, 4, 70, b"payload")
+    dm.verify(5, 4, 70, b"payload", digest)
+    for entry, lac, length, payload in [
+        (6, 4, 70, b"payload"),
+        (5, 3, 70, b"payload"),
+        (5, 4, 71, b"payload"),
+        (5, 4, 70, b"payloaX"),
+    ]:
         with pytest.raises(DigestMismatchError):
-            dm.verify(entry, lac, payload, digest)
+            dm.verify(entry, lac, length, payload, digest)
     other_ledger = DigestManager(43, kind, password_hash(b"secret"))
-    assert not other_ledger.is_valid(5, 4, b"payload", digest)
+    assert not other_ledger.is_valid(5, 4, 70, b"payload", digest)
 
 
 def test_crc32c_digest_is_four_bytes_hmac_is_keyed():
     crc = DigestManager(1, DigestType.CRC32C, password_hash(b"a"))
-    assert len(crc.compute(0, -1, b"x")) == 4
+    assert len(crc.compute(0, -1, 1, b"x")) == 4
     h1 = DigestManager(1, DigestType.HMAC_SHA256, password_hash(b"a"))
     h2 = DigestManager(1, DigestType.HMAC_SHA256, password_hash(b"b"))
-    assert len(h1.compute(0, -1, b"x")) == 32
-    assert h1.compute(0, -1, b"x") != h2.compute(0, -1, b"x")
+    assert len(h1.compute(0, -1, 1, b"x")) == 32
+    assert h1.compute(0, -1, 1, b"x") != h2.compute(0, -1, 1, b"x")
 
 
 def test_unknown_digest_type_and_non_bytes_password_are_typed_errors():
@@ -73,11 +78,11 @@ def test_master_key_is_derived_not_the_password():
 @given(st.binary(max_size=512), st.integers(0, 2**62), st.integers(-1, 2**62))
 def test_crc_digest_detects_any_single_byte_flip(payload, entry_id, lac):
     dm = DigestManager(9, "crc32c", b"")
-    digest = dm.compute(entry_id, lac, payload)
+    digest = dm.compute(entry_id, lac, len(payload), payload)
     for i in range(len(payload)):
         flipped = bytearray(payload)
         flipped[i] ^= 0x01
-        assert not dm.is_valid(entry_id, lac, bytes(flipped), digest)
+        assert not dm.is_valid(entry_id, lac, len(payload), bytes(flipped), digest)
 
 
 def ledger(**kw):
