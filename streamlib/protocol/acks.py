@@ -34,6 +34,11 @@ class AckTracker:
         self.last_add_confirmed = last_add_confirmed
         self._pending: dict[int, PendingAdd] = {}
         self._next_entry_id = last_add_confirmed + 1
+        # While an ensemble change is in flight, acks are recorded but nothing completes:
+        # the new fragment starts at LAC + 1, so the LAC must not move until the new
+        # ensemble is in the metadata (else an entry acked by the replaced bookie would
+        # count as acknowledged while the metadata places it on the replacement).
+        self.holding = False
 
     @property
     def next_entry_id(self) -> int:
@@ -70,15 +75,21 @@ class AckTracker:
         add.acked_by.add(bookie_index)
         return self._complete_in_order()
 
+    def release(self) -> list[int]:
+        """Stop holding completions; return the entries that complete now."""
+        self.holding = False
+        return self._complete_in_order()
+
     def _complete_in_order(self) -> list[int]:
         done: list[int] = []
-        while True:
+        while not self.holding:
             add = self._pending.get(self.last_add_confirmed + 1)
             if add is None or len(add.acked_by) < self.ack_quorum:
                 return done
             del self._pending[add.entry_id]
             self.last_add_confirmed = add.entry_id
             done.append(add.entry_id)
+        return done
 
     def replace_bookie(self, bookie_index: int) -> list[int]:
         """The bookie at bookie_index was replaced: forget its acks on pending entries and

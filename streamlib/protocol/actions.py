@@ -1,0 +1,144 @@
+"""What the protocol state machines ask the I/O layer to do (their outputs), and the
+entry data they take back (part of their inputs).
+
+The driver (streamlib.ledger, or the simulator in tests/sim) executes each action and
+feeds the outcome back into the machine that emitted it. Bookies are named by id.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from streamlib.protocol.errors import StreamlibError
+from streamlib.protocol.ledger_metadata import LedgerMetadata
+
+# Flag bits; the numbers are the wire's (bookie.proto AddFlag / ReadFlag).
+ADD_FLAG_RECOVERY = 1
+ADD_FLAG_TRUNCATE = 2
+READ_FLAG_FENCE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EntryData:
+    """An entry as stored on a bookie."""
+
+    entry_id: int
+    last_add_confirmed: int
+    length: int  # ledger length up to and including this entry
+    payload: bytes
+    digest: bytes
+    flags: int = 0
+
+
+class Purpose(enum.Enum):
+    ENSEMBLE_CHANGE = "ensemble_change"
+    WRITER_CLOSE = "writer_close"
+    MARK_IN_RECOVERY = "mark_in_recovery"
+    RECOVERY_CLOSE = "recovery_close"
+    RECOVERY_REPLACEMENT = "recovery_replacement"
+    REOPEN = "reopen"
+
+
+@dataclass(frozen=True, slots=True)
+class SendAdd:
+    bookie: str
+    ledger_id: int
+    entry: EntryData
+    master_key: bytes
+    flags: int = 0
+    term: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLac:
+    bookie: str
+    ledger_id: int
+    fence: bool
+    master_key: bytes
+    term: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEntry:
+    bookie: str
+    ledger_id: int
+    entry_id: int
+    fence: bool
+    master_key: bytes
+    term: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChooseBookies:
+    """Pick `count` writable bookies not in `exclude` (placement policy)."""
+
+    count: int
+    exclude: frozenset[str]
+    purpose: Purpose
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMetadata:
+    """CAS the ledger metadata at expected_version."""
+
+    metadata: LedgerMetadata
+    expected_version: int
+    purpose: Purpose
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMetadata:
+    purpose: Purpose
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteAdds:
+    """Entries first..last (inclusive) are acknowledged, in order; LAC is now last."""
+
+    first_entry_id: int
+    last_entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailAdds:
+    entry_ids: tuple[int, ...]
+    error: StreamlibError
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    metadata: LedgerMetadata
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseFailed:
+    error: StreamlibError
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryDone:
+    metadata: LedgerMetadata
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFailed:
+    error: StreamlibError
+
+
+Action = (
+    SendAdd
+    | ReadLac
+    | ReadEntry
+    | ChooseBookies
+    | WriteMetadata
+    | ReadMetadata
+    | CompleteAdds
+    | FailAdds
+    | Closed
+    | CloseFailed
+    | RecoveryDone
+    | RecoveryFailed
+)

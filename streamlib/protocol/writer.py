@@ -1,0 +1,382 @@
+"""The ledger writer as a state machine (protocol.txt "Writing to ledgers", "Closing a
+ledger as a writer").
+
+Theory of operation. The writer owns an OPEN ledger. Each append gets the next entry id
+and goes to the Qw bookies of its write set in the last fragment, carrying the LAC at send
+time and the ledger length so far. Acks are counted by :class:`AckTracker`; entries
+complete in order, advancing the LAC.
+
+When a bookie of the last fragment fails (an error answer or a timeout reported by the
+driver), the writer makes an ensemble change: it asks for replacement bookies, holds
+completions (so the LAC stays put), builds a new fragment starting at LAC + 1 with the
+failed indexes replaced and CASes it into the metadata. On success it resends every
+pending entry of the replaced indexes to the replacement and releases completions. On a
+CAS conflict it re-reads the metadata: still OPEN -> re-apply the replacement to the fresh
+metadata; no longer OPEN (a recovery started) -> fail every outstanding add. Failures
+that arrive during a change are merged into the next change; the number of changes is
+capped.
+
+FENCED, UNAUTHORIZED or INVALID_TERM from any bookie ends the writer: every pending add
+fails with that error (an add failing with LedgerFencedError may or may not be in the
+ledger; only the recovered ledger's last entry tells).
+
+Closing waits for pending adds, then CASes CLOSED at the LAC; a CAS conflict is resolved
+by the table in :func:`streamlib.protocol.states.on_writer_close_conflict`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from streamlib.protocol.acks import AckTracker
+from streamlib.protocol.actions import (
+    Action,
+    ChooseBookies,
+    Closed,
+    CloseFailed,
+    CompleteAdds,
+    EntryData,
+    FailAdds,
+    Purpose,
+    ReadMetadata,
+    SendAdd,
+    WriteMetadata,
+)
+from streamlib.protocol.digest import DigestManager
+from streamlib.protocol.errors import (
+    BadRequestError,
+    ClientClosedError,
+    InvalidTermError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerStateConflictError,
+    StatusCode,
+    StreamlibError,
+    TooLargeError,
+    TooManyEnsembleChangesError,
+    UnauthorizedError,
+)
+from streamlib.protocol.ledger_metadata import LedgerMetadata
+from streamlib.protocol.states import (
+    CloseConflictOutcome,
+    EnsembleChangeConflictOutcome,
+    LedgerState,
+    on_ensemble_change_conflict,
+    on_writer_close_conflict,
+)
+
+# Answers after which this writer may not go on: the ledger belongs to someone else now.
+_FATAL: dict[int, type[StreamlibError]] = {
+    StatusCode.FENCED: LedgerFencedError,
+    StatusCode.UNAUTHORIZED: UnauthorizedError,
+    StatusCode.INVALID_TERM: InvalidTermError,
+    StatusCode.TOO_LARGE: TooLargeError,
+    StatusCode.BAD_REQUEST: BadRequestError,
+}
+
+
+class WriterState(enum.Enum):
+    WRITING = "writing"
+    CLOSING = "closing"  # close requested; waiting for pending adds, then the CAS
+    CLOSED = "closed"
+    FAILED = "failed"  # no more adds (fenced, unauthorized, out of bookies, ...)
+
+
+class LedgerWriter:
+    def __init__(
+        self,
+        metadata: LedgerMetadata,
+        version: int,
+        *,
+        master_key: bytes,
+        digest: DigestManager,
+        max_ensemble_changes: int = 32,
+        term: int = 0,
+        last_add_confirmed: int = -1,
+        length: int = 0,
+    ) -> None:
+        if metadata.state is not LedgerState.OPEN:
+            raise LedgerClosedError(f"ledger {metadata.ledger_id} is {metadata.state.value}")
+        self.metadata = metadata
+        self.version = version
+        self.master_key = master_key
+        self.digest = digest
+        self.term = term
+        self.max_ensemble_changes = max_ensemble_changes
+        self.state = WriterState.WRITING
+        self.error: StreamlibError | None = None
+        self.tracker = AckTracker(metadata.ack_quorum, last_add_confirmed)
+        self.length = length  # ledger length including every entry handed out
+        self._lengths: dict[int, int] = {}  # pending entry -> length up to it
+        self._lac_length = length  # length up to the LAC
+        self._entries: dict[int, EntryData] = {}  # pending entries, kept for resends
+        self._failed: dict[int, str] = {}  # ensemble index -> failed bookie, not yet replaced
+        # The change in flight: the slots it replaces, then (once placement answered) the
+        # replacement per slot. Failures arriving meanwhile wait for the next change.
+        self._changing: dict[int, str | None] | None = None
+        self._recently_failed: set[str] = set()
+        self.ensemble_changes = 0
+        self._close_requested = False
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self.tracker.last_add_confirmed
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        return self.metadata.last_fragment.ensemble
+
+    # -- appends ------------------------------------------------------------------------
+
+    def append(self, payloads: Sequence[bytes]) -> tuple[int, list[Action]]:
+        """Assign ids to payloads and send them; return (first entry id, actions)."""
+        if self.state is not WriterState.WRITING or self._close_requested:
+            raise self.error or LedgerClosedError(f"ledger {self.ledger_id} is closing or closed")
+        first = self.tracker.next_entry_id
+        lac = self.tracker.last_add_confirmed
+        actions: list[Action] = []
+        for payload in payloads:
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise BadRequestError(f"entry payload must be bytes, got {type(payload).__name__}")
+            payload = bytes(payload)
+            entry_id = self.tracker.next_entry_id
+            self.length += len(payload)
+            entry = EntryData(
+                entry_id,
+                lac,
+                self.length,
+                payload,
+                self.digest.compute(entry_id, lac, self.length, payload),
+            )
+            write_set = self.metadata.write_set(entry_id)
+            self.tracker.add_pending(entry_id, write_set)
+            self._entries[entry_id] = entry
+            self._lengths[entry_id] = self.length
+            for index in write_set:
+                if index not in self._failed:
+                    actions.append(self._send(index, entry))
+        return first, actions
+
+    def _send(self, index: int, entry: EntryData) -> SendAdd:
+        return SendAdd(self.ensemble[index], self.ledger_id, entry, self.master_key, 0, self.term)
+
+    def on_add_result(self, bookie: str, entry_id: int, status: int | None) -> list[Action]:
+        """A bookie answered an add (status None: it timed out or the connection broke).
+        Non-fatal errors count as that bookie failing."""
+        if self.state in (WriterState.FAILED, WriterState.CLOSED):
+            return []
+        if status is None:
+            return self.on_bookie_failed(bookie)
+        if status == StatusCode.OK:
+            index = self._index_of(bookie)
+            if index is None:
+                return []  # a replaced bookie's late ack
+            return self._completed(self.tracker.on_ack(entry_id, index))
+        fatal = _FATAL.get(status)
+        if fatal is not None:
+            return self._fail(
+                fatal(
+                    f"bookie {bookie} answered {StatusCode(status).name} "
+                    f"for ledger {self.ledger_id} entry {entry_id}"
+                )
+            )
+        return self.on_bookie_failed(bookie)
+
+    def on_bookie_failed(self, bookie: str) -> list[Action]:
+        """The bookie timed out, dropped the connection or answered a retryable error."""
+        if self.state in (WriterState.FAILED, WriterState.CLOSED):
+            return []
+        index = self._index_of(bookie)
+        if index is None or index in self._failed:
+            return []
+        self._failed[index] = bookie
+        self._recently_failed.add(bookie)
+        if self._changing is None:
+            return self._start_ensemble_change()
+        return []  # merged into the next change once this one lands
+
+    def _index_of(self, bookie: str) -> int | None:
+        try:
+            return self.ensemble.index(bookie)
+        except ValueError:
+            return None
+
+    def _completed(self, entry_ids: list[int]) -> list[Action]:
+        if not entry_ids:
+            return []
+        for entry_id in entry_ids:
+            self._entries.pop(entry_id, None)
+            self._lac_length = self._lengths.pop(entry_id)
+        actions: list[Action] = [CompleteAdds(entry_ids[0], entry_ids[-1])]
+        return actions + self._maybe_close()
+
+    def _fail(self, error: StreamlibError) -> list[Action]:
+        self.state = WriterState.FAILED
+        self.error = error
+        failed = self.tracker.fail_all()
+        self._entries.clear()
+        self._lengths.clear()
+        actions: list[Action] = []
+        if failed:
+            actions.append(FailAdds(tuple(failed), error))
+        if self._close_requested:
+            actions.append(CloseFailed(error))
+        return actions
+
+    # -- ensemble change ----------------------------------------------------------------
+
+    def _start_ensemble_change(self) -> list[Action]:
+        if self.ensemble_changes >= self.max_ensemble_changes:
+            return self._fail(
+                TooManyEnsembleChangesError(
+                    f"ledger {self.ledger_id}: {self.ensemble_changes} ensemble changes, "
+                    "the cap; close and start a new ledger"
+                )
+            )
+        self.tracker.holding = True
+        self._changing = dict.fromkeys(sorted(self._failed))
+        exclude = frozenset(self.ensemble) | frozenset(self._recently_failed)
+        return [ChooseBookies(len(self._changing), exclude, Purpose.ENSEMBLE_CHANGE)]
+
+    def on_bookies_chosen(self, bookies: Sequence[str]) -> list[Action]:
+        if self._changing is None or self.state is WriterState.FAILED:
+            return []
+        slots = sorted(self._changing)
+        if len(bookies) != len(slots) or set(bookies) & set(self.ensemble):
+            raise BadRequestError(f"placement returned {list(bookies)} for {len(slots)} slots")
+        self._changing = dict(zip(slots, bookies, strict=True))
+        return [self._ensemble_change_cas()]
+
+    def on_bookies_unavailable(self, error: StreamlibError) -> list[Action]:
+        """Placement found no replacement: the writer cannot go on."""
+        if self._changing is None:
+            return []
+        self._changing = None
+        return self._fail(error)
+
+    def _ensemble_change_cas(self) -> WriteMetadata:
+        assert self._changing is not None
+        replacements = {i: b for i, b in self._changing.items() if b is not None}
+        new = self.metadata.with_ensemble_change(self.tracker.last_add_confirmed + 1, replacements)
+        return WriteMetadata(new, self.version, Purpose.ENSEMBLE_CHANGE)
+
+    def on_metadata_written(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        if self.state is WriterState.FAILED:
+            return []
+        if self._changing is not None:
+            return self._ensemble_changed(metadata, version)
+        if self.state is WriterState.CLOSING:
+            self.metadata, self.version = metadata, version
+            self.state = WriterState.CLOSED
+            return [Closed(metadata, version)]
+        return []
+
+    def _ensemble_changed(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        self._changing = None
+        self.ensemble_changes += 1
+        actions = self._adopt(metadata, version)
+        if self._failed:  # failures that arrived during the change
+            return actions + self._start_ensemble_change()
+        return actions + self._completed(self.tracker.release())
+
+    def _adopt(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        """Take fresh metadata; every slot of the last ensemble that now holds another
+        bookie loses its acks on pending entries, which are resent to the new bookie."""
+        old = self.ensemble
+        self.metadata, self.version = metadata, version
+        actions: list[Action] = []
+        for index, (before, after) in enumerate(zip(old, self.ensemble, strict=True)):
+            if before == after:
+                continue
+            self._failed.pop(index, None)
+            for entry_id in self.tracker.replace_bookie(index):
+                actions.append(self._send(index, self._entries[entry_id]))
+        return actions
+
+    def on_metadata_conflict(self) -> list[Action]:
+        """The CAS failed on a version mismatch: re-read before deciding."""
+        if self._changing is not None:
+            return [ReadMetadata(Purpose.ENSEMBLE_CHANGE)]
+        if self.state is WriterState.CLOSING:
+            return [ReadMetadata(Purpose.WRITER_CLOSE)]
+        return []
+
+    def on_metadata_read(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        if self._changing is not None:
+            outcome = on_ensemble_change_conflict(metadata.state)
+            if outcome is EnsembleChangeConflictOutcome.FAIL_ADDS:
+                self._changing = None
+                return self._fail(
+                    LedgerFencedError(f"ledger {self.ledger_id} is {metadata.state.value}")
+                )
+            actions = self._adopt(metadata, version)
+            # Slots someone else already changed need no replacement from us.
+            self._changing = {i: b for i, b in self._changing.items() if i in self._failed}
+            if not self._changing:
+                return actions + self._ensemble_changed(metadata, version)
+            return [*actions, self._ensemble_change_cas()]
+        if self.state is WriterState.CLOSING:
+            return self._close_conflict(metadata, version)
+        return []
+
+    def on_metadata_error(self, error: StreamlibError) -> list[Action]:
+        """The metadata store failed (not a version conflict). The change or close may or
+        may not have happened; fail rather than guess."""
+        self._changing = None
+        return self._fail(error)
+
+    # -- close --------------------------------------------------------------------------
+
+    def close(self) -> list[Action]:
+        if self.state is WriterState.CLOSED:
+            return [Closed(self.metadata, self.version)]
+        if self.state is WriterState.FAILED:
+            if isinstance(self.error, LedgerFencedError | InvalidTermError | UnauthorizedError):
+                return [CloseFailed(self.error)]
+            # Out of bookies or too many changes: our own LAC is still a safe end.
+            self.state = WriterState.WRITING
+        self._close_requested = True
+        return self._maybe_close()
+
+    def _maybe_close(self) -> list[Action]:
+        if not self._close_requested or self.state is not WriterState.WRITING:
+            return []
+        if self.tracker.pending_count or self._changing is not None:
+            return []
+        self.state = WriterState.CLOSING
+        return [self._close_cas()]
+
+    def _close_cas(self) -> WriteMetadata:
+        closed = self.metadata.closed_by_writer(self.tracker.last_add_confirmed, self._lac_length)
+        return WriteMetadata(closed, self.version, Purpose.WRITER_CLOSE)
+
+    def _close_conflict(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        lac = self.tracker.last_add_confirmed
+        outcome = on_writer_close_conflict(metadata.state, metadata.last_entry_id, lac)
+        if outcome is CloseConflictOutcome.RETRY:
+            self.metadata, self.version = metadata, version
+            return [self._close_cas()]
+        if outcome is CloseConflictOutcome.SUCCESS:
+            self.metadata, self.version = metadata, version
+            self.state = WriterState.CLOSED
+            return [Closed(metadata, version)]
+        error: StreamlibError
+        if outcome is CloseConflictOutcome.FAIL_IN_RECOVERY:
+            error = LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
+        else:
+            error = LedgerStateConflictError(
+                f"ledger {self.ledger_id} was closed at entry {metadata.last_entry_id}, "
+                f"this writer's LAC is {lac}"
+            )
+        self.state = WriterState.FAILED
+        self.error = error
+        return [CloseFailed(error)]
+
+    def abandon(self) -> list[Action]:
+        """The client is going away without closing (crash-like): fail pending adds."""
+        return self._fail(ClientClosedError(f"writer of ledger {self.ledger_id} abandoned"))

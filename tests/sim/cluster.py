@@ -1,0 +1,208 @@
+"""A simulated cluster for the protocol state machines: bookies, a CAS metadata store
+and a network with seeded delays, drops and bookie crashes.
+
+Everything runs on one virtual clock from one random.Random(seed), so a seed replays
+exactly. The bookies implement the bookie rules of ARCHITECTURE.md §3 / §5 (durable
+before answering, fence, master key, recovery adds pass the fence, terms, truncate),
+nothing more: this is the environment the real state machines are tested against.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamlib.protocol import LedgerMetadata
+from streamlib.protocol.actions import ADD_FLAG_RECOVERY, ADD_FLAG_TRUNCATE, EntryData
+from streamlib.protocol.errors import StatusCode
+
+
+@dataclass
+class SimLedgerState:
+    entries: dict[int, EntryData] = field(default_factory=dict)
+    fenced: bool = False
+    master_key: bytes | None = None
+    term: int = 0
+    lac: int = -1
+
+
+class SimBookie:
+    """One bookie. Its state survives crashes: it only answers once an add is durable,
+    and a crash loses only messages in flight (the network drops them)."""
+
+    def __init__(self, bookie_id: str) -> None:
+        self.id = bookie_id
+        self.alive = True
+        self.ledgers: dict[int, SimLedgerState] = {}
+
+    def _ledger(self, ledger_id: int, master_key: bytes) -> tuple[SimLedgerState | None, int]:
+        state = self.ledgers.get(ledger_id)
+        if state is None:
+            state = self.ledgers[ledger_id] = SimLedgerState(master_key=master_key)
+        elif state.master_key != master_key:
+            return None, StatusCode.UNAUTHORIZED
+        return state, StatusCode.OK
+
+    def _term_ok(self, state: SimLedgerState, term: int) -> bool:
+        if term < state.term:
+            return False
+        state.term = term
+        return True
+
+    def add(
+        self, ledger_id: int, entry: EntryData, master_key: bytes, flags: int, term: int
+    ) -> int:
+        state, status = self._ledger(ledger_id, master_key)
+        if state is None:
+            return status
+        if term and not self._term_ok(state, term):
+            return StatusCode.INVALID_TERM
+        if state.fenced and not flags & ADD_FLAG_RECOVERY:
+            return StatusCode.FENCED
+        state.entries[entry.entry_id] = entry
+        state.lac = max(state.lac, entry.last_add_confirmed)
+        if flags & ADD_FLAG_TRUNCATE:
+            for higher in [e for e in state.entries if e > entry.entry_id]:
+                del state.entries[higher]
+        return StatusCode.OK
+
+    def read_lac(
+        self, ledger_id: int, fence: bool, master_key: bytes, term: int
+    ) -> tuple[int, int]:
+        if fence or term:
+            state, status = self._ledger(ledger_id, master_key)
+            if state is None:
+                return status, -1
+            if term and not self._term_ok(state, term):
+                return StatusCode.INVALID_TERM, -1
+            if fence:
+                state.fenced = True
+            return StatusCode.OK, state.lac
+        known = self.ledgers.get(ledger_id)
+        if known is None:
+            return StatusCode.NO_SUCH_LEDGER, -1
+        return StatusCode.OK, known.lac
+
+    def read(
+        self, ledger_id: int, entry_id: int, fence: bool, master_key: bytes, term: int
+    ) -> tuple[int, EntryData | None]:
+        if fence or term:
+            status, _ = self.read_lac(ledger_id, fence, master_key, term)
+            if status != StatusCode.OK:
+                return status, None
+        state = self.ledgers.get(ledger_id)
+        if state is None:
+            return StatusCode.NO_SUCH_LEDGER, None
+        entry = state.entries.get(entry_id)
+        if entry is None:
+            return StatusCode.NO_SUCH_ENTRY, None
+        return StatusCode.OK, entry
+
+
+class SimMetadata:
+    """A CAS store of ledger metadata (the version bumps on every write)."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, tuple[LedgerMetadata, int]] = {}
+
+    def create(self, metadata: LedgerMetadata) -> int:
+        self.ledgers[metadata.ledger_id] = (metadata, 0)
+        return 0
+
+    def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        return self.ledgers[ledger_id]
+
+    def cas(self, metadata: LedgerMetadata, expected: int) -> int | None:
+        _, version = self.ledgers[metadata.ledger_id]
+        if version != expected:
+            return None
+        self.ledgers[metadata.ledger_id] = (metadata, version + 1)
+        return version + 1
+
+
+@dataclass
+class NetworkConfig:
+    min_delay: int = 1
+    max_delay: int = 12
+    drop_rate: float = 0.03
+    timeout: int = 60
+
+
+class World:
+    """The virtual clock, the event queue and the network."""
+
+    def __init__(self, seed: int, bookie_ids: list[str], net: NetworkConfig) -> None:
+        self.seed = seed
+        self.rnd = random.Random(seed)
+        self.now = 0
+        self.net = net
+        self.bookies = {b: SimBookie(b) for b in bookie_ids}
+        self.metadata = SimMetadata()
+        self._queue: list[tuple[int, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.trace: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.trace.append(f"t={self.now:5d} {message}")
+
+    def at(self, delay: int, event: Callable[[], None]) -> None:
+        heapq.heappush(self._queue, (self.now + delay, next(self._seq), event))
+
+    def delay(self) -> int:
+        return self.rnd.randint(self.net.min_delay, self.net.max_delay)
+
+    def dropped(self) -> bool:
+        return self.rnd.random() < self.net.drop_rate
+
+    def rpc(
+        self,
+        bookie_id: str,
+        request: Callable[[SimBookie], object],
+        reply: Callable[[object | None], None],
+    ) -> None:
+        """Send a request; deliver the reply, or None once the timeout passes if the
+        request or the reply was lost (dropped, or the bookie was down)."""
+        done = [False]
+
+        def finish(result: object | None) -> None:
+            if not done[0]:
+                done[0] = True
+                reply(result)
+
+        def deliver() -> None:
+            bookie = self.bookies[bookie_id]
+            if not bookie.alive:
+                return
+            result = request(bookie)
+            if self.dropped():
+                return
+
+            def answer() -> None:
+                finish(result)
+
+            self.at(self.delay(), answer)
+
+        if not self.dropped():
+            self.at(self.delay(), deliver)
+        self.at(self.net.timeout, lambda: finish(None))
+
+    def metadata_op(self, op: Callable[[], object], reply: Callable[[object], None]) -> None:
+        """Metadata operations are reliable (ZooKeeper retries) but take time, so CAS
+        races between clients happen."""
+
+        def deliver() -> None:
+            result = op()
+            self.at(self.delay(), lambda: reply(result))
+
+        self.at(self.delay(), deliver)
+
+    def step(self) -> bool:
+        if not self._queue:
+            return False
+        when, _, event = heapq.heappop(self._queue)
+        self.now = when
+        event()
+        return True
