@@ -1,12 +1,33 @@
 """streamlib: BookKeeper-style replicated ledgers and unbounded streams.
 
 This package is everything a client runs: the sans-I/O protocol core
-(streamlib.protocol), the ledger client, managed streams and the pub/sub API,
-auto-recovery, the Spark data source and the command line.
+(streamlib.protocol), the ledger client (streamlib.ledger), managed streams and the
+pub/sub API, auto-recovery, the Spark data source and the command line.
+
+    client = await streamlib.Client.connect(uri)      # asyncio
+    client = streamlib.connect(uri)                   # scripts: a blocking facade
 
 Dependency direction (ARCHITECTURE.md §2): streamlib may import metadata and
 bookie.wire (the generated wire code); it must never import the bookie server
 (bookie.server, bookie.storage, ...). streamlib.protocol imports nothing of ours.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["Client", "connect"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily so `import streamlib.protocol` (the simulator, the CLI's --help)
+    # does not pay for grpc and the metadata backends.
+    if name == "Client":
+        from streamlib.client import Client
+
+        return Client
+    if name == "connect":
+        from streamlib.sync import connect
+
+        return connect
+    raise AttributeError(f"module 'streamlib' has no attribute {name!r}")

@@ -76,6 +76,7 @@ class ChooseBookies:
     count: int
     exclude: frozenset[str]
     purpose: Purpose
+    slots: tuple[int, ...] = ()  # the ensemble indexes being filled (rack-aware placement)
 
 
 @dataclass(frozen=True, slots=True)

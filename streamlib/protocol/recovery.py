@@ -404,7 +404,8 @@ class LedgerRecovery:
         self._failed_bookies.add(bookie)
         self._replacing = bookie
         exclude = frozenset(self.metadata.bookies()) | frozenset(self._failed_bookies)
-        return [ChooseBookies(1, exclude, Purpose.RECOVERY_REPLACEMENT)]
+        slot = self.metadata.last_fragment.ensemble.index(bookie)
+        return [ChooseBookies(1, exclude, Purpose.RECOVERY_REPLACEMENT, (slot,))]
 
     def on_bookies_chosen(self, bookies: list[str]) -> list[Action]:
         if self._replacing is None or self.phase in (Phase.DONE, Phase.FAILED):

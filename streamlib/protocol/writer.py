@@ -241,7 +241,11 @@ class LedgerWriter:
         self.tracker.holding = True
         self._changing = dict.fromkeys(sorted(self._failed))
         exclude = frozenset(self.ensemble) | frozenset(self._recently_failed)
-        return [ChooseBookies(len(self._changing), exclude, Purpose.ENSEMBLE_CHANGE)]
+        return [
+            ChooseBookies(
+                len(self._changing), exclude, Purpose.ENSEMBLE_CHANGE, tuple(self._changing)
+            )
+        ]
 
     def on_bookies_chosen(self, bookies: Sequence[str]) -> list[Action]:
         if self._changing is None or self.state is WriterState.FAILED:

@@ -65,15 +65,23 @@ MUTATIONS = {
 
 
 class Scenario:
-    def __init__(self, seed: int, mutation: Mutation | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        mutation: Mutation | None = None,
+        *,
+        net: NetworkConfig | None = None,
+        quorums: tuple[int, int] | None = None,
+        ensemble: tuple[str, ...] | None = None,
+    ) -> None:
         self.mutation = mutation or MUTATIONS["none"]
-        rnd_cfg = NetworkConfig()
-        self.world = World(seed, [f"b{i}" for i in range(5)], rnd_cfg)
+        self.world = World(seed, [f"b{i}" for i in range(5)], net or NetworkConfig())
         rnd = self.world.rnd
         self.write_quorum = rnd.choice([2, 3])
-        self.ack_quorum = rnd.randint(2, self.write_quorum) if self.write_quorum > 2 else 2
-        self.ack_quorum = min(self.ack_quorum, self.write_quorum)
-        ensemble = tuple(rnd.sample(sorted(self.world.bookies), 3))
+        self.ack_quorum = rnd.randint(2, self.write_quorum)
+        if quorums is not None:
+            self.write_quorum, self.ack_quorum = quorums
+        ensemble = ensemble or tuple(rnd.sample(sorted(self.world.bookies), 3))
         self.initial = LedgerMetadata(
             LEDGER_ID,
             3,

@@ -1,0 +1,413 @@
+"""Ledger handles: WriteHandle (the single writer of an OPEN ledger) and ReadHandle
+(readers: replica fallback, LAC reads, long-poll tailing)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from bookie.wire import bookie_pb2 as pb
+from streamlib.ledger.codec import entry_from_pb, metadata_from_pb
+from streamlib.ledger.driver import Context, Driver
+from streamlib.protocol import DigestManager, EnsembleCoverage, LedgerMetadata
+from streamlib.protocol.actions import (
+    Action,
+    Closed,
+    CloseFailed,
+    CompleteAdds,
+    EntryData,
+    FailAdds,
+)
+from streamlib.protocol.digest import master_key
+from streamlib.protocol.errors import (
+    BadRequestError,
+    BookieIOError,
+    BookieUnavailableError,
+    NoSuchEntryError,
+    StreamlibError,
+    TooLargeError,
+)
+from streamlib.protocol.writer import LedgerWriter
+
+MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
+
+
+class WriteHandle:
+    """Appends to a ledger this client created. Many appends may be in flight; they
+    complete in entry order."""
+
+    def __init__(
+        self,
+        metadata: LedgerMetadata,
+        version: int,
+        context: Context,
+        *,
+        explicit_lac_interval_s: float = 0.1,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+    ) -> None:
+        self._digest = DigestManager(
+            metadata.ledger_id, metadata.digest_type, metadata.password_hash
+        )
+        self._writer = LedgerWriter(
+            metadata,
+            version,
+            master_key=master_key(metadata.password_hash),
+            digest=self._digest,
+            term=metadata.term,
+        )
+        self._context = context
+        self._driver = Driver(self._writer, metadata.ledger_id, context, self)
+        self._futures: dict[int, asyncio.Future[int]] = {}
+        self._close_future: asyncio.Future[LedgerMetadata] | None = None
+        self._max_entry_bytes = max_entry_bytes
+        self._explicit_lac_interval_s = explicit_lac_interval_s
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_sent = -1
+
+    @property
+    def ledger_id(self) -> int:
+        return self._writer.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._writer.last_add_confirmed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._writer.metadata
+
+    @property
+    def length(self) -> int:
+        return self._writer.length
+
+    def _check(self, data: bytes) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise BadRequestError(f"entry data must be bytes, got {type(data).__name__}")
+        if len(data) > self._max_entry_bytes:
+            raise TooLargeError(
+                f"entry of {len(data)} bytes is over the {self._max_entry_bytes}-byte limit"
+            )
+
+    def append_nowait(self, datas: Sequence[bytes]) -> list[asyncio.Future[int]]:
+        """Send entries now; return one future per entry, resolved with its id when it is
+        acknowledged (in order). The building block for pipelined producers."""
+        for data in datas:
+            self._check(data)
+        loop = asyncio.get_running_loop()
+        first, actions = self._writer.append(datas)
+        futures = []
+        for entry_id in range(first, first + len(datas)):
+            future: asyncio.Future[int] = loop.create_future()
+            self._futures[entry_id] = future
+            futures.append(future)
+        self._driver.execute(actions)
+        return futures
+
+    async def append(self, data: bytes) -> int:
+        """Append one entry; return its id once Qa bookies have it durably."""
+        return await self.append_nowait([data])[0]
+
+    async def append_many(self, datas: Sequence[bytes]) -> list[int]:
+        futures = self.append_nowait(list(datas))
+        return list(await asyncio.gather(*futures))
+
+    async def force(self) -> int:
+        """Wait for every pending append; return the LAC. Acknowledged entries are
+        already durable (bookies answer after fsync), so this is a barrier."""
+        pending = [f for f in self._futures.values() if not f.done()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return self.last_add_confirmed
+
+    async def close(self) -> LedgerMetadata:
+        """Wait for pending appends, then seal the ledger at its LAC."""
+        if self._close_future is None:
+            self._close_future = asyncio.get_running_loop().create_future()
+            self._driver.execute(self._writer.close())
+        metadata = await self._close_future
+        self._cancel_lac_timer()
+        await self._driver.cancel_pending()
+        return metadata
+
+    # -- outcomes from the writer -------------------------------------------------------
+
+    def on_outcome(self, action: Action) -> None:
+        if isinstance(action, CompleteAdds):
+            for entry_id in range(action.first_entry_id, action.last_entry_id + 1):
+                future = self._futures.pop(entry_id, None)
+                if future is not None and not future.done():
+                    future.set_result(entry_id)
+            self._schedule_explicit_lac()
+        elif isinstance(action, FailAdds):
+            for entry_id in action.entry_ids:
+                future = self._futures.pop(entry_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(action.error)
+        elif isinstance(action, Closed | CloseFailed):
+            closing = self._close_future
+            if closing is None or closing.done():
+                return
+            if isinstance(action, Closed):
+                closing.set_result(action.metadata)
+            else:
+                closing.set_exception(action.error)
+
+    # -- explicit LAC: lets tailing readers see the last entry of a quiet writer ----------
+
+    def _schedule_explicit_lac(self) -> None:
+        if self._explicit_lac_interval_s <= 0 or self._lac_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._lac_timer = loop.call_later(self._explicit_lac_interval_s, self._send_explicit_lac)
+
+    def _cancel_lac_timer(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+
+    def _send_explicit_lac(self) -> None:
+        self._lac_timer = None
+        lac = self.last_add_confirmed
+        if lac <= self._lac_sent or self._close_future is not None:
+            return
+        self._lac_sent = lac
+        request = pb.WriteLacRequest(
+            ledger_id=self.ledger_id,
+            master_key=self._writer.master_key,
+            last_add_confirmed=lac,
+            term=self._writer.term,
+        )
+
+        async def send(bookie: str) -> None:
+            try:
+                await self._context.pool.get(bookie).write_lac(request)
+            except StreamlibError:
+                pass  # best effort: the next entry carries the LAC anyway
+
+        for bookie in self._writer.ensemble:
+            self._driver._spawn(send(bookie))
+
+
+class ReadHandle:
+    """Reads a ledger. A recovered (or closed) ledger reads up to its last entry; a
+    ledger opened without recovery reads up to the LAC it has learned."""
+
+    def __init__(
+        self, metadata: LedgerMetadata, version: int, context: Context, *, lac: int
+    ) -> None:
+        self.metadata = metadata
+        self.version = version
+        self._context = context
+        self._digest = DigestManager(
+            metadata.ledger_id, metadata.digest_type, metadata.password_hash
+        )
+        self._lac = metadata.last_entry_id if metadata.is_closed else lac
+        self._cache: dict[int, EntryData] = {}
+        self._poll_failures = 0
+        self.long_polls = 0  # how many long-poll LAC reads tailing made (observability)
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.is_closed
+
+    @property
+    def last_entry_id(self) -> int:
+        """The last entry of a closed ledger, else the last add confirmed known so far."""
+        return self.metadata.last_entry_id if self.is_closed else self._lac
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def read(self, first: int, last: int) -> list[bytes]:
+        """Entries first..last, all <= the LAC (or the last entry of a closed ledger)."""
+        if last > self.last_entry_id:
+            raise NoSuchEntryError(
+                f"ledger {self.ledger_id}: entry {last} is past the last confirmed entry "
+                f"{self.last_entry_id}"
+            )
+        return [e.payload for e in await self.read_entries(first, last)]
+
+    async def read_unconfirmed(self, first: int, last: int) -> list[bytes]:
+        """Entries first..last, possibly past the LAC (they may still be lost by recovery)."""
+        return [e.payload for e in await self.read_entries(first, last)]
+
+    async def read_entries(self, first: int, last: int) -> list[EntryData]:
+        if first < self.metadata.first_entry_id or last < first:
+            raise BadRequestError(f"bad entry range {first}..{last} of ledger {self.ledger_id}")
+        found: dict[int, EntryData] = {}
+        for entry_id in range(first, last + 1):
+            cached = self._cache.pop(entry_id, None)
+            if cached is not None:
+                found[entry_id] = cached
+        attempt = dict.fromkeys((e for e in range(first, last + 1) if e not in found), 0)
+        negatives = dict.fromkeys(attempt, 0)
+        while attempt:
+            by_bookie: dict[str, list[int]] = {}
+            for entry_id, tries in attempt.items():
+                bookies = self.metadata.write_set_bookies(entry_id)
+                if tries >= len(bookies):
+                    if negatives[entry_id] == len(bookies):
+                        raise NoSuchEntryError(
+                            f"ledger {self.ledger_id} entry {entry_id}: no bookie has it"
+                        )
+                    raise BookieIOError(
+                        f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
+                    )
+                by_bookie.setdefault(bookies[tries], []).append(entry_id)
+            results = await asyncio.gather(
+                *(self._read_from(b, ids) for b, ids in by_bookie.items())
+            )
+            for entries, missing in results:
+                for entry in entries:
+                    found[entry.entry_id] = entry
+                    attempt.pop(entry.entry_id, None)
+                for entry_id, negative in missing:
+                    attempt[entry_id] += 1
+                    negatives[entry_id] += negative
+        return [found[e] for e in range(first, last + 1)]
+
+    async def _read_from(
+        self, bookie: str, entry_ids: list[int]
+    ) -> tuple[list[EntryData], list[tuple[int, bool]]]:
+        """Range-read entry_ids' span from one bookie; return (good entries, [(missing id,
+        was it a clean negative)])."""
+        wanted = set(entry_ids)
+        request = pb.ReadRequest(
+            ledger_id=self.ledger_id, first_entry_id=min(wanted), last_entry_id=max(wanted)
+        )
+        try:
+            response = await self._context.pool.get(bookie).read(request)
+        except BookieUnavailableError:
+            return [], [(e, False) for e in entry_ids]
+        good: list[EntryData] = []
+        negative: set[int] = set()
+        if response.status == pb.OK:
+            for result in response.results:
+                if result.entry_id not in wanted:
+                    continue
+                if result.status == pb.OK:
+                    entry = entry_from_pb(result.entry)
+                    if self._valid(entry):
+                        good.append(entry)
+                elif result.status in (pb.NO_SUCH_ENTRY, pb.NO_SUCH_LEDGER):
+                    negative.add(result.entry_id)
+        elif response.status == pb.NO_SUCH_LEDGER:
+            negative = set(wanted)
+        got = {e.entry_id for e in good}
+        return good, [(e, e in negative) for e in entry_ids if e not in got]
+
+    def _valid(self, entry: EntryData) -> bool:
+        return self._digest.is_valid(
+            entry.entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
+        )
+
+    # -- LAC ----------------------------------------------------------------------------
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the bookies of the last fragment (no fencing); the answer is the highest
+        LAC once every write set has answered with (Qw - Qa) + 1 bookies, or all did."""
+        if self.is_closed:
+            return self.metadata.last_entry_id
+        md = self.metadata
+        coverage = EnsembleCoverage(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        ensemble = md.last_fragment.ensemble
+        request = pb.ReadLacRequest(ledger_id=self.ledger_id, previous_lac=-1)
+        calls = {
+            asyncio.ensure_future(self._context.pool.get(b).read_lac(request)): i
+            for i, b in enumerate(ensemble)
+        }
+        best = self._lac
+        pending = set(calls)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for call in done:
+                    try:
+                        response = call.result()
+                    except BookieUnavailableError:
+                        continue
+                    if response.status == pb.OK:
+                        best = max(best, response.last_add_confirmed)
+                        coverage.add(calls[call])
+                if coverage.is_covered():
+                    break
+        finally:
+            for call in pending:
+                call.cancel()
+        self._lac = max(self._lac, best)
+        return self._lac
+
+    async def refresh_metadata(self) -> LedgerMetadata:
+        stored, self.version = await self._context.ledgers.read(self.ledger_id)
+        self.metadata = metadata_from_pb(stored)
+        if self.metadata.is_closed:
+            self._lac = self.metadata.last_entry_id
+        return self.metadata
+
+    # -- tailing ------------------------------------------------------------------------
+
+    async def tail(
+        self, from_entry: int = 0, *, poll_timeout_s: float = 5.0, batch: int = 256
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """Yield (entry id, payload) from from_entry on, waiting for new entries with the
+        bookies' long-poll LAC read; ends when the ledger is closed and fully read."""
+        next_entry = from_entry
+        watch = self._context.ledgers.watch(self.ledger_id)
+        try:
+            while True:
+                if next_entry <= self.last_entry_id:
+                    last = min(self.last_entry_id, next_entry + batch - 1)
+                    for entry in await self.read_entries(next_entry, last):
+                        if not entry.flags & pb.TRUNCATE:
+                            yield entry.entry_id, entry.payload
+                    next_entry = last + 1
+                    continue
+                if self.is_closed:
+                    return
+                await self._wait_for_more(next_entry, poll_timeout_s, watch)
+        finally:
+            await watch.close()
+
+    async def _wait_for_more(self, next_entry: int, timeout_s: float, watch: object) -> None:
+        md = self.metadata
+        ensemble = md.last_fragment.ensemble
+        # Rotate past a bookie whose poll failed; the write set of next_entry first.
+        bookie = ensemble[(next_entry + self._poll_failures) % len(ensemble)]
+        request = pb.ReadLacRequest(
+            ledger_id=self.ledger_id,
+            previous_lac=self._lac,
+            timeout_ms=int(timeout_s * 1000),
+            piggyback_entry=True,
+        )
+        self.long_polls += 1
+        poll = asyncio.ensure_future(self._context.pool.get(bookie).read_lac(request))
+        changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))  # type: ignore[attr-defined]
+        done, pending = await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if changed in done:
+            changed.exception()  # a timeout is just "nothing changed"
+        if poll in done:
+            try:
+                response = poll.result()
+            except BookieUnavailableError:
+                response = None
+                self._poll_failures += 1
+            if response is not None and response.status == pb.OK:
+                if response.last_add_confirmed > self._lac:
+                    self._lac = response.last_add_confirmed
+                if response.HasField("next_entry"):
+                    entry = entry_from_pb(response.next_entry)
+                    if entry.entry_id == next_entry and self._valid(entry):
+                        self._cache[entry.entry_id] = entry
+                return
+        # The ledger's metadata changed (closed?), or the poll failed: look again.
+        await self.refresh_metadata()

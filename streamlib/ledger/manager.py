@@ -1,0 +1,152 @@
+"""`client.ledgers`: create, open (with or without recovery), delete, list, metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
+from metadata.services.ledger_ids import LedgerIdGenerator
+from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
+from streamlib.ledger.driver import Context, Driver
+from streamlib.ledger.handles import ReadHandle, WriteHandle
+from streamlib.protocol import DigestManager, DigestType, Fragment, LedgerMetadata
+from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed
+from streamlib.protocol.digest import master_key, password_hash
+from streamlib.protocol.errors import (
+    BadRequestError,
+    NoSuchLedgerError,
+    RecoveryAbortedError,
+    UnauthorizedError,
+)
+from streamlib.protocol.quorum import validate_quorums
+from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
+
+
+class _RecoverySink:
+    def __init__(self) -> None:
+        self.future: asyncio.Future[tuple[LedgerMetadata, int]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def on_outcome(self, action: Action) -> None:
+        if self.future.done():
+            return
+        if isinstance(action, RecoveryDone):
+            self.future.set_result((action.metadata, action.version))
+        elif isinstance(action, RecoveryFailed):
+            self.future.set_exception(action.error)
+
+
+class LedgerManager:
+    def __init__(self, context: Context, ids: LedgerIdGenerator) -> None:
+        self._context = context
+        self._ids = ids
+        self.recovery_options = RecoveryOptions()
+
+    async def create(
+        self,
+        ensemble: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        password: bytes = b"",
+        digest: str | DigestType = "crc32c",
+        custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        unbounded: bool = False,
+    ) -> WriteHandle:
+        """Create a ledger on `ensemble` writable bookies and return its writer."""
+        validate_quorums(ensemble, write_quorum, ack_quorum)
+        digest_type = DigestType.parse(digest)
+        custom = dict(custom_metadata or {})
+        for key, value in custom.items():
+            if not isinstance(key, str) or not isinstance(value, bytes):
+                raise BadRequestError("custom_metadata maps str to bytes")
+        pool = self._context.pool
+        bookies = self._context.placement.new_ensemble(
+            await pool.writable(), ensemble, write_quorum
+        )
+        await pool.prepare(bookies)
+        ledger_id = await self._ids.next_id()
+        metadata = LedgerMetadata(
+            ledger_id=ledger_id,
+            ensemble_size=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            fragments=(Fragment(0, tuple(bookies)),),
+            digest_type=digest_type,
+            password_hash=password_hash(password),
+            term=1 if unbounded else 0,
+            unbounded=unbounded,
+            custom_metadata=custom,
+            creation_time_ms=int(time.time() * 1000),
+        )
+        version = await self._context.ledgers.create(metadata_to_pb(metadata))
+        return WriteHandle(metadata, version, self._context)
+
+    async def metadata(self, ledger_id: int) -> LedgerMetadata:
+        return (await self._read(ledger_id))[0]
+
+    async def _read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        if not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or ledger_id < 0:
+            raise BadRequestError(f"ledger id must be an int >= 0, got {ledger_id!r}")
+        try:
+            stored, version = await self._context.ledgers.read(ledger_id)
+        except MetadataNoSuchLedger:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        return metadata_from_pb(stored), version
+
+    async def open(
+        self, ledger_id: int, password: bytes = b"", recover: bool = True, *, attempts: int = 3
+    ) -> ReadHandle:
+        """Open for reading. With recover=True (the default) an OPEN ledger is fenced,
+        recovered and closed first, so the handle sees its final content; with
+        recover=False the writer is left alone and reads stop at the LAC."""
+        metadata, version = await self._read(ledger_id)
+        if password_hash(password) != metadata.password_hash:
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        await self._context.pool.prepare(metadata.bookies())
+        if not recover or metadata.is_closed:
+            handle = ReadHandle(metadata, version, self._context, lac=-1)
+            if not metadata.is_closed:
+                await handle.read_last_add_confirmed()
+            return handle
+        for attempt in range(attempts):
+            try:
+                metadata, version = await self.recover(metadata, version)
+                break
+            except RecoveryAbortedError:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))  # back off, then re-read and retry
+                metadata, version = await self._read(ledger_id)
+        return ReadHandle(metadata, version, self._context, lac=metadata.last_entry_id)
+
+    async def recover(self, metadata: LedgerMetadata, version: int) -> tuple[LedgerMetadata, int]:
+        """Run one recovery of an OPEN or IN_RECOVERY ledger to its CLOSE."""
+        recovery = LedgerRecovery(
+            metadata,
+            version,
+            master_key=master_key(metadata.password_hash),
+            digest=DigestManager(metadata.ledger_id, metadata.digest_type, metadata.password_hash),
+            options=self.recovery_options,
+        )
+        sink = _RecoverySink()
+        driver = Driver(recovery, metadata.ledger_id, self._context, sink)
+        driver.execute(recovery.start())
+        try:
+            return await sink.future
+        finally:
+            await driver.cancel_pending()
+
+    async def delete(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata; bookies garbage-collect its entries."""
+        await self._read(ledger_id)
+        try:
+            await self._context.ledgers.delete(ledger_id)
+        except MetadataNoSuchLedger:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+
+    async def list(self) -> list[int]:
+        return await self._context.ledgers.list()

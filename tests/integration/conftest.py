@@ -1,0 +1,79 @@
+"""A cluster of real `bookie serve` processes on 127.0.0.1 over a real metadata store
+(sqlite in the test's tmp dir, or the session's ZooKeeper), and clients of it. Every
+process and client is stopped at the end of the test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bookie.launcher import BookieProcess
+from streamlib.client import Client
+from streamlib.ledger.bookie_client import BookieClientConfig
+from tests.conftest import make_metadata_uri
+
+# Short timeouts so a killed or stopped bookie is noticed quickly; a short session so
+# its registration goes away soon after a SIGKILL.
+BOOKIE_FLAGS = ["--session-timeout", "2", "--disk-check-interval", "0.5", "--gc-interval", "3600"]
+FAST_CLIENT = BookieClientConfig(add_timeout_s=3.0, read_timeout_s=3.0)
+
+
+class LedgerCluster:
+    def __init__(self, root: Path, metadata_uri: str) -> None:
+        self.root = root
+        self.metadata_uri = metadata_uri
+        self.bookies: list[BookieProcess] = []
+        self.clients: list[Client] = []
+
+    def start_bookies(self, count: int) -> list[BookieProcess]:
+        started = []
+        for _ in range(count):
+            b = BookieProcess(
+                self.root / f"bookie{len(self.bookies)}",
+                metadata_uri=self.metadata_uri,
+                extra=BOOKIE_FLAGS,
+            )
+            self.bookies.append(b)
+            started.append(b.start())
+        return started
+
+    def by_id(self, bookie_id: str) -> BookieProcess:
+        return next(b for b in self.bookies if b.bookie_id == bookie_id)
+
+    async def client(self, **options: object) -> Client:
+        options.setdefault("bookie_config", FAST_CLIENT)
+        client = await Client.connect(self.metadata_uri, **options)
+        self.clients.append(client)
+        return client
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
+        for b in self.bookies:
+            b.kill()
+
+
+async def _cluster(request: pytest.FixtureRequest, tmp_path: Path, backend: str):
+    cluster = LedgerCluster(tmp_path, make_metadata_uri(backend, request, tmp_path))
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
+
+
+@pytest.fixture
+async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LedgerCluster]:
+    """On sqlite (the embedded default)."""
+    async for c in _cluster(request, tmp_path, "sqlite"):
+        yield c
+
+
+@pytest.fixture(params=["sqlite", "zk"])
+async def any_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[LedgerCluster]:
+    """On each real backend: sqlite and ZooKeeper."""
+    async for c in _cluster(request, tmp_path, request.param):
+        yield c
