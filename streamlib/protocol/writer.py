@@ -160,7 +160,7 @@ class LedgerWriter:
             for index in write_set:
                 if index not in self._failed:
                     actions.append(self._send(index, entry))
-        return first, actions
+        return first, actions + self._maybe_change_ensemble()
 
     def _send(self, index: int, entry: EntryData) -> SendAdd:
         return SendAdd(self.ensemble[index], self.ledger_id, entry, self.master_key, 0, self.term)
@@ -189,16 +189,28 @@ class LedgerWriter:
 
     def on_bookie_failed(self, bookie: str) -> list[Action]:
         """The bookie timed out, dropped the connection or answered a retryable error."""
-        if self.state in (WriterState.FAILED, WriterState.CLOSED):
-            return []
+        if self.state is not WriterState.WRITING:
+            return []  # closing (the close CAS is in flight), closed or failed
         index = self._index_of(bookie)
         if index is None or index in self._failed:
             return []
         self._failed[index] = bookie
         self._recently_failed.add(bookie)
-        if self._changing is None:
-            return self._start_ensemble_change()
-        return []  # merged into the next change once this one lands
+        return self._maybe_change_ensemble()
+
+    def _maybe_change_ensemble(self) -> list[Action]:
+        """Start a change when a pending entry needs a failed slot. A failure that no
+        pending entry needs (a late answer for an entry already acknowledged) waits for
+        the next append, as BookKeeper's delayed write failures do. A failure during a
+        change is merged into the next one."""
+        if self._changing is not None or not self._failed:
+            return []
+        needed = any(
+            index in self._failed
+            for entry_id in self.tracker.pending_entry_ids()
+            for index in self.tracker.pending(entry_id).write_set  # type: ignore[union-attr]
+        )
+        return self._start_ensemble_change() if needed else []
 
     def _index_of(self, bookie: str) -> int | None:
         try:
@@ -272,12 +284,12 @@ class LedgerWriter:
     def on_metadata_written(self, metadata: LedgerMetadata, version: int) -> list[Action]:
         if self.state is WriterState.FAILED:
             return []
-        if self._changing is not None:
-            return self._ensemble_changed(metadata, version)
-        if self.state is WriterState.CLOSING:
+        if self.state is WriterState.CLOSING:  # (no change starts once closing)
             self.metadata, self.version = metadata, version
             self.state = WriterState.CLOSED
             return [Closed(metadata, version)]
+        if self._changing is not None:
+            return self._ensemble_changed(metadata, version)
         return []
 
     def _ensemble_changed(self, metadata: LedgerMetadata, version: int) -> list[Action]:
@@ -304,13 +316,15 @@ class LedgerWriter:
 
     def on_metadata_conflict(self) -> list[Action]:
         """The CAS failed on a version mismatch: re-read before deciding."""
-        if self._changing is not None:
-            return [ReadMetadata(Purpose.ENSEMBLE_CHANGE)]
         if self.state is WriterState.CLOSING:
             return [ReadMetadata(Purpose.WRITER_CLOSE)]
+        if self._changing is not None:
+            return [ReadMetadata(Purpose.ENSEMBLE_CHANGE)]
         return []
 
     def on_metadata_read(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        if self.state is WriterState.CLOSING:
+            return self._close_conflict(metadata, version)
         if self._changing is not None:
             outcome = on_ensemble_change_conflict(metadata.state)
             if outcome is EnsembleChangeConflictOutcome.FAIL_ADDS:
@@ -324,8 +338,6 @@ class LedgerWriter:
             if not self._changing:
                 return actions + self._ensemble_changed(metadata, version)
             return [*actions, self._ensemble_change_cas()]
-        if self.state is WriterState.CLOSING:
-            return self._close_conflict(metadata, version)
         return []
 
     def on_metadata_error(self, error: StreamlibError) -> list[Action]:
