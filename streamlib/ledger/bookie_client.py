@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -22,7 +22,9 @@ from bookie.wire import bookie_pb2 as pb
 from bookie.wire import bookie_pb2_grpc as pb_grpc
 from streamlib.protocol.errors import BookieUnavailableError
 
-AddCallback = Callable[[int | None], None]
+# Called with the answers for some entries of one add() batch: [(entry id, status)],
+# status None for "no answer" (timeout, broken stream).
+ResultsHandler = Callable[[list[tuple[int, int | None]]], None]
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -34,11 +36,10 @@ CHANNEL_OPTIONS = [
 
 
 @dataclass(eq=False)
-class _Waiter:
-    key: tuple[int, int]
+class _Batch:
     deadline: float
-    callback: AddCallback
-    done: bool = False
+    keys: list[tuple[int, int]]
+    handler: ResultsHandler
 
 
 @dataclass
@@ -68,8 +69,10 @@ class BookieClient:
         self._stub = pb_grpc.BookieStub(self._channel)
         self._outbox: list[pb.AddEntry] = []
         self._outbox_bytes = 0
-        self._waiters: dict[tuple[int, int], collections.deque[_Waiter]] = {}
-        self._by_deadline: collections.deque[_Waiter] = collections.deque()
+        # Who waits for each (ledger, entry): handlers in send order (the same entry can
+        # be in flight twice, e.g. a write-back and a writer's add in one process).
+        self._handlers: dict[tuple[int, int], collections.deque[ResultsHandler]] = {}
+        self._batches: collections.deque[_Batch] = collections.deque()  # by deadline
         self._wakeup = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -77,47 +80,54 @@ class BookieClient:
 
     # -- adds ---------------------------------------------------------------------------
 
-    def add(self, entry: pb.AddEntry, callback: AddCallback) -> None:
+    def add(self, entries: list[pb.AddEntry], handler: ResultsHandler) -> None:
+        """Queue entries for the add stream; handler gets their answers (maybe in parts)."""
+        loop = asyncio.get_running_loop()
+        keys = [(e.ledger_id, e.entry_id) for e in entries]
         if self._closed:
             # Answer later, never from inside the caller's step (machines are not re-entrant).
-            asyncio.get_running_loop().call_soon(callback, None)
+            unanswered: list[tuple[int, int | None]] = [(k[1], None) for k in keys]
+            loop.call_soon(handler, unanswered)
             return
-        waiter = _Waiter(
-            (entry.ledger_id, entry.entry_id),
-            time.monotonic() + self.config.add_timeout_s,
-            callback,
-        )
-        self._waiters.setdefault(waiter.key, collections.deque()).append(waiter)
-        self._by_deadline.append(waiter)
-        self._outbox.append(entry)
-        self._outbox_bytes += len(entry.payload)
+        handlers = self._handlers
+        for key in keys:
+            queue = handlers.get(key)
+            if queue is None:
+                handlers[key] = collections.deque((handler,))
+            else:
+                queue.append(handler)
+        self._batches.append(_Batch(time.monotonic() + self.config.add_timeout_s, keys, handler))
+        self._outbox += entries
+        self._outbox_bytes += sum(len(e.payload) for e in entries)
         self._wakeup.set()
         if self._stream_task is None or self._stream_task.done():
-            self._stream_task = asyncio.get_running_loop().create_task(self._run_stream())
+            self._stream_task = loop.create_task(self._run_stream())
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            self._sweeper = loop.create_task(self._sweep())
 
-    def _answer(self, key: tuple[int, int], status: int | None) -> None:
-        queue = self._waiters.get(key)
-        while queue:
-            waiter = queue.popleft()
-            if not waiter.done:
-                waiter.done = True
-                if not queue:
-                    del self._waiters[key]
-                waiter.callback(status)
-                return
-        self._waiters.pop(key, None)
+    def _dispatch(self, answers: Sequence[tuple[int, int, int | None]]) -> None:
+        """Hand (ledger, entry, status) answers to their handlers, one call per handler."""
+        groups: dict[ResultsHandler, list[tuple[int, int | None]]] = {}
+        handlers = self._handlers
+        for ledger_id, entry_id, status in answers:
+            key = (ledger_id, entry_id)
+            queue = handlers.get(key)
+            if not queue:
+                continue  # answered already (timed out), or never asked
+            handler = queue.popleft()
+            if not queue:
+                del handlers[key]
+            groups.setdefault(handler, []).append((entry_id, status))
+        for handler, results in groups.items():
+            handler(results)
 
     def _fail_all(self) -> None:
-        waiters = [w for queue in self._waiters.values() for w in queue if not w.done]
-        self._waiters.clear()
-        self._by_deadline.clear()
+        pending = [(k[0], k[1], None) for k, q in self._handlers.items() for _ in q]
+        self._batches.clear()
         self._outbox.clear()
         self._outbox_bytes = 0
-        for waiter in waiters:
-            waiter.done = True
-            waiter.callback(None)
+        self._dispatch(pending)
+        self._handlers.clear()
 
     async def _run_stream(self) -> None:
         call = self._stub.AddStream()
@@ -135,8 +145,7 @@ class BookieClient:
         sender = asyncio.get_running_loop().create_task(send())
         try:
             async for response in call:
-                for result in response.results:
-                    self._answer((result.ledger_id, result.entry_id), result.status)
+                self._dispatch([(r.ledger_id, r.entry_id, r.status) for r in response.results])
         except (grpc.aio.AioRpcError, asyncio.CancelledError, grpc.aio.UsageError):
             pass
         finally:
@@ -153,6 +162,7 @@ class BookieClient:
             batch, self._outbox_bytes = self._outbox, 0
             return batch, []
         size = 0
+        n = 0
         for n, entry in enumerate(self._outbox):
             size += len(entry.payload)
             if n >= limit_n or (size > limit_b and n > 0):
@@ -164,30 +174,24 @@ class BookieClient:
         return batch, rest
 
     async def _sweep(self) -> None:
-        """Answer None for adds past their deadline (deadlines are in send order)."""
+        """Answer None for adds past their deadline (batches are in deadline order)."""
         period = max(0.05, self.config.add_timeout_s / 4)
         while not self._closed:
             await asyncio.sleep(period)
             now = time.monotonic()
-            while self._by_deadline and (
-                self._by_deadline[0].done or self._by_deadline[0].deadline <= now
-            ):
-                waiter = self._by_deadline.popleft()
-                if not waiter.done:
-                    self.stats.timeouts += 1
-                    self._answer_waiter_timeout(waiter)
-
-    def _answer_waiter_timeout(self, waiter: _Waiter) -> None:
-        queue = self._waiters.get(waiter.key)
-        if queue is not None:
-            try:
-                queue.remove(waiter)
-            except ValueError:
-                pass
-            if not queue:
-                del self._waiters[waiter.key]
-        waiter.done = True
-        waiter.callback(None)
+            while self._batches and self._batches[0].deadline <= now:
+                batch = self._batches.popleft()
+                unanswered: list[tuple[int, int | None]] = []
+                for key in batch.keys:
+                    queue = self._handlers.get(key)
+                    if queue and batch.handler in queue:
+                        queue.remove(batch.handler)
+                        if not queue:
+                            del self._handlers[key]
+                        unanswered.append((key[1], None))
+                self.stats.timeouts += len(unanswered)
+                if unanswered:
+                    batch.handler(unanswered)
 
     # -- unary calls --------------------------------------------------------------------
 

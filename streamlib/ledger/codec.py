@@ -73,8 +73,7 @@ def metadata_from_pb(stored: schemas.LedgerMetadata) -> LedgerMetadata:
     )
 
 
-def add_to_pb(action: SendAdd) -> pb.AddEntry:
-    entry = action.entry
+def add_to_pb(action: SendAdd, entry: EntryData) -> pb.AddEntry:
     return pb.AddEntry(
         ledger_id=action.ledger_id,
         entry_id=entry.entry_id,

@@ -65,11 +65,23 @@ class Driver:
         self.context = context
         self.sink = sink
         self._tasks: set[asyncio.Task[None]] = set()
-        self._last_pb: tuple[int, int, int, pb.AddEntry] | None = None
+        # The same entries go to Qw bookies within one step: build each protobuf once.
+        self._pb_cache: dict[tuple[int, int, int], pb.AddEntry] = {}
 
     def execute(self, actions: list[Action]) -> None:
-        for action in actions:
-            self._execute_one(action)
+        reads: dict[tuple[str, bool, bytes, int], list[int]] = {}
+        try:
+            for action in actions:
+                if isinstance(action, ReadEntry):
+                    # Reads of one step to one bookie become one range read.
+                    group = (action.bookie, action.fence, action.master_key, action.term)
+                    reads.setdefault(group, []).append(action.entry_id)
+                else:
+                    self._execute_one(action)
+        finally:
+            self._pb_cache.clear()
+        for (bookie, fence, master_key, term), entry_ids in reads.items():
+            self._spawn(self._read_entries(bookie, fence, master_key, term, entry_ids))
 
     def feed(self, method: str, *args: object) -> None:
         self.execute(getattr(self.machine, method)(*args))
@@ -84,8 +96,6 @@ class Driver:
             self._send_add(action)
         elif isinstance(action, ReadLac):
             self._spawn(self._read_lac(action))
-        elif isinstance(action, ReadEntry):
-            self._spawn(self._read_entry(action))
         elif isinstance(action, ChooseBookies):
             self._spawn(self._choose(action))
         elif isinstance(action, WriteMetadata):
@@ -102,21 +112,22 @@ class Driver:
     # -- bookies ------------------------------------------------------------------------
 
     def _send_add(self, action: SendAdd) -> None:
-        # The same entry goes to Qw bookies in a row: build its protobuf once.
-        key = (id(action.entry), action.flags, action.term)
-        if self._last_pb is not None and self._last_pb[:3] == key:
-            message = self._last_pb[3]
-        else:
-            message = add_to_pb(action)
-            self._last_pb = (*key, message)
-        entry_id, bookie = action.entry.entry_id, action.bookie
+        cache = self._pb_cache
+        messages = []
+        for entry in action.entries:
+            key = (id(entry), action.flags, action.term)
+            message = cache.get(key)
+            if message is None:
+                message = cache[key] = add_to_pb(action, entry)
+            messages.append(message)
+        bookie = action.bookie
 
-        def answered(status: int | None) -> None:
-            if status is None:
+        def answered(results: list[tuple[int, int | None]]) -> None:
+            if any(status is None for _, status in results):
                 self.context.placement.record_failure(bookie)
-            self.feed("on_add_result", bookie, entry_id, status)
+            self.feed("on_add_results", bookie, results)
 
-        self.context.pool.get(bookie).add(message, answered)
+        self.context.pool.get(bookie).add(messages, answered)
 
     async def _read_lac(self, action: ReadLac) -> None:
         request = pb.ReadLacRequest(
@@ -133,31 +144,46 @@ class Driver:
             return
         self.feed("on_lac_result", action.bookie, response.status, response.last_add_confirmed)
 
-    async def _read_entry(self, action: ReadEntry) -> None:
-        request = pb.ReadRequest(
-            ledger_id=action.ledger_id,
-            first_entry_id=action.entry_id,
-            last_entry_id=action.entry_id,
-            flags=pb.FENCE if action.fence else 0,
-            master_key=action.master_key,
-            term=action.term,
-        )
-        try:
-            response = await self.context.pool.get(action.bookie).read(request)
-        except BookieUnavailableError:
-            self.feed("on_read_result", action.bookie, action.entry_id, None, None)
-            return
-        status: int = response.status
-        entry = None
-        if status == pb.OK:
-            if not response.results:
-                status = pb.IO_ERROR  # a malformed answer is no evidence of absence
-            else:
-                result = response.results[0]
-                status = result.status
-                if status == pb.OK:
-                    entry = entry_from_pb(result.entry)
-        self.feed("on_read_result", action.bookie, action.entry_id, status, entry)
+    async def _read_entries(
+        self, bookie: str, fence: bool, master_key: bytes, term: int, entry_ids: list[int]
+    ) -> None:
+        """Range-read entry_ids' span from one bookie and feed one answer per entry asked
+        for. A bookie may stop a range early (size limit): read on from there."""
+        wanted = sorted(set(entry_ids))
+        client = self.context.pool.get(bookie)
+        while wanted:
+            request = pb.ReadRequest(
+                ledger_id=self.ledger_id,
+                first_entry_id=wanted[0],
+                last_entry_id=wanted[-1],
+                flags=pb.FENCE if fence else 0,
+                master_key=master_key,
+                term=term,
+            )
+            try:
+                response = await client.read(request)
+            except BookieUnavailableError:
+                for entry_id in wanted:
+                    self.feed("on_read_result", bookie, entry_id, None, None)
+                return
+            if response.status != pb.OK:
+                for entry_id in wanted:
+                    self.feed("on_read_result", bookie, entry_id, response.status, None)
+                return
+            answered = {r.entry_id: r for r in response.results}
+            if not answered:
+                for entry_id in wanted:  # a malformed answer is no evidence of absence
+                    self.feed("on_read_result", bookie, entry_id, pb.IO_ERROR, None)
+                return
+            last_answered = max(answered)
+            for entry_id in wanted:
+                result = answered.get(entry_id)
+                if result is not None:
+                    entry = entry_from_pb(result.entry) if result.status == pb.OK else None
+                    self.feed("on_read_result", bookie, entry_id, result.status, entry)
+                elif entry_id < last_answered:  # skipped: no evidence either way
+                    self.feed("on_read_result", bookie, entry_id, None, None)
+            wanted = [e for e in wanted if e > last_answered]
 
     # -- placement ----------------------------------------------------------------------
 

@@ -42,9 +42,12 @@ class Purpose(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SendAdd:
+    """Send these entries to one bookie (one batch on its add stream). The answers come
+    back as ``on_add_results(bookie, [(entry_id, status | None), ...])``."""
+
     bookie: str
     ledger_id: int
-    entry: EntryData
+    entries: tuple[EntryData, ...]
     master_key: bytes
     flags: int = 0
     term: int = 0

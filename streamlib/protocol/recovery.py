@@ -75,7 +75,7 @@ class RecoveryOptions:
     """Knobs of a recovery. The ``unsafe_*`` ones exist for the simulator's mutation
     checks only: each reproduces a variant the TLA+ models showed to lose data."""
 
-    read_window: int = 16  # entries read ahead at once
+    read_window: int = 64  # entries read ahead at once
     unsafe_skip_fencing: bool = False  # no fence flag on the LAC read and the reads
     unsafe_unknown_as_negative: bool = False
     unsafe_skip_write_back: bool = False
@@ -223,7 +223,10 @@ class LedgerRecovery:
     def _read_more(self) -> list[Action]:
         actions: list[Action] = []
         fence = not self.options.unsafe_skip_fencing
-        while self._next_read < self._frontier + self.options.read_window:
+        window = self.options.read_window
+        if self._next_read - self._frontier > window // 2:
+            return actions  # top up in chunks, so reads travel as ranges
+        while self._next_read < self._frontier + window:
             entry_id = self._next_read
             self._next_read += 1
             write_set = self.metadata.write_set(entry_id)
@@ -369,8 +372,19 @@ class LedgerRecovery:
 
     def _recovery_add(self, bookie: str, entry: EntryData) -> SendAdd:
         return SendAdd(
-            bookie, self.ledger_id, entry, self.master_key, ADD_FLAG_RECOVERY, self.metadata.term
+            bookie,
+            self.ledger_id,
+            (entry,),
+            self.master_key,
+            ADD_FLAG_RECOVERY,
+            self.metadata.term,
         )
+
+    def on_add_results(self, bookie: str, results: list[tuple[int, int | None]]) -> list[Action]:
+        actions: list[Action] = []
+        for entry_id, status in results:
+            actions += self.on_add_result(bookie, entry_id, status)
+        return actions
 
     def _written_back(self, entry_id: int) -> bool:
         """Qa bookies of the entry's CURRENT write set (local fragments included) have it."""

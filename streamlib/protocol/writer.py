@@ -83,6 +83,9 @@ class WriterState(enum.Enum):
     FAILED = "failed"  # no more adds (fenced, unauthorized, out of bookies, ...)
 
 
+_ACKING = (WriterState.WRITING, WriterState.CLOSING)
+
+
 class LedgerWriter:
     def __init__(
         self,
@@ -139,7 +142,7 @@ class LedgerWriter:
             raise self.error or LedgerClosedError(f"ledger {self.ledger_id} is closing or closed")
         first = self.tracker.next_entry_id
         lac = self.tracker.last_add_confirmed
-        actions: list[Action] = []
+        per_slot: dict[int, list[EntryData]] = {}
         for payload in payloads:
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise BadRequestError(f"entry payload must be bytes, got {type(payload).__name__}")
@@ -159,11 +162,33 @@ class LedgerWriter:
             self._lengths[entry_id] = self.length
             for index in write_set:
                 if index not in self._failed:
-                    actions.append(self._send(index, entry))
-        return first, actions + self._maybe_change_ensemble()
+                    per_slot.setdefault(index, []).append(entry)
+        return first, self._sends(per_slot) + self._maybe_change_ensemble()
 
-    def _send(self, index: int, entry: EntryData) -> SendAdd:
-        return SendAdd(self.ensemble[index], self.ledger_id, entry, self.master_key, 0, self.term)
+    def _sends(self, per_slot: dict[int, list[EntryData]]) -> list[Action]:
+        """One batch per bookie."""
+        return [
+            SendAdd(self.ensemble[i], self.ledger_id, tuple(es), self.master_key, 0, self.term)
+            for i, es in sorted(per_slot.items())
+            if es
+        ]
+
+    def on_add_results(
+        self, bookie: str, results: Sequence[tuple[int, int | None]]
+    ) -> list[Action]:
+        """A bookie answered a batch of adds: (entry id, status), status None when it
+        timed out or the connection broke. Completions are merged into one action."""
+        index = self._index_of(bookie)
+        completed: list[int] = []
+        actions: list[Action] = []
+        for entry_id, status in results:
+            if status == StatusCode.OK and index is not None and self.state in _ACKING:
+                completed += self.tracker.on_ack(entry_id, index)
+            elif status != StatusCode.OK:
+                actions += self._completed(completed)
+                completed = []
+                actions += self.on_add_result(bookie, entry_id, status)
+        return actions + self._completed(completed)
 
     def on_add_result(self, bookie: str, entry_id: int, status: int | None) -> list[Action]:
         """A bookie answered an add (status None: it timed out or the connection broke).
@@ -305,14 +330,13 @@ class LedgerWriter:
         bookie loses its acks on pending entries, which are resent to the new bookie."""
         old = self.ensemble
         self.metadata, self.version = metadata, version
-        actions: list[Action] = []
+        per_slot: dict[int, list[EntryData]] = {}
         for index, (before, after) in enumerate(zip(old, self.ensemble, strict=True)):
             if before == after:
                 continue
             self._failed.pop(index, None)
-            for entry_id in self.tracker.replace_bookie(index):
-                actions.append(self._send(index, self._entries[entry_id]))
-        return actions
+            per_slot[index] = [self._entries[e] for e in self.tracker.replace_bookie(index)]
+        return self._sends(per_slot)
 
     def on_metadata_conflict(self) -> list[Action]:
         """The CAS failed on a version mismatch: re-read before deciding."""

@@ -152,15 +152,15 @@ class Scenario:
             a = action
 
             def add(b: SimBookie) -> object:
-                return b.add(a.ledger_id, a.entry, a.master_key, a.flags, a.term)
+                return [b.add(a.ledger_id, e, a.master_key, a.flags, a.term) for e in a.entries]
 
-            world.rpc(
-                a.bookie,
-                add,
-                lambda status: self._feed(
-                    name, machine, "on_add_result", a.bookie, a.entry.entry_id, status
-                ),
-            )
+            def add_reply(statuses: object | None) -> None:
+                ids = [e.entry_id for e in a.entries]
+                answers = statuses if statuses is not None else [None] * len(ids)
+                results = list(zip(ids, answers, strict=True))  # type: ignore[call-overload]
+                self._feed(name, machine, "on_add_results", a.bookie, results)
+
+            world.rpc(a.bookie, add, add_reply)
         elif isinstance(action, ReadLac):
             r = action
 

@@ -57,10 +57,23 @@ def test_protocol_core_is_sans_io_and_self_contained(path):
     assert not io, f"{path} does I/O through {io}"
 
 
+# The client may use the bookie's wire, and its process-level tools: the launcher runs
+# `bookie serve` as a child process (sandbox, benchmarks) and the bookie benchmark
+# drives one over the wire. Neither imports server code (checked below).
+CLIENT_SIDE = ("bookie.wire", "bookie.launcher", "bookie.bench")
+
+
 @pytest.mark.parametrize("path", sources("streamlib"), ids=str)
 def test_client_uses_only_the_wire_of_the_bookie(path):
-    bad = {m for m in imports_of(path) if top(m) == "bookie" and not m.startswith("bookie.wire")}
+    bad = {m for m in imports_of(path) if top(m) == "bookie" and not m.startswith(CLIENT_SIDE)}
     assert not bad, f"{path} imports the bookie server: {bad}"
+
+
+@pytest.mark.parametrize("module", ["launcher", "bench"])
+def test_client_side_bookie_tools_import_no_server_code(module):
+    found = imports_of(ROOT / "bookie" / f"{module}.py")
+    bad = {m for m in found if top(m) == "bookie" and not m.startswith(CLIENT_SIDE)}
+    assert not bad, f"bookie/{module}.py imports {bad}"
 
 
 def test_every_package_states_its_rule():

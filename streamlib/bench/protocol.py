@@ -1,4 +1,4 @@
-"""`streamlib bench ...`: benchmarks that print figures. Tests check behaviour, never speed."""
+"""`streamlib bench protocol`: the sans-I/O ack path alone."""
 
 from __future__ import annotations
 
@@ -46,9 +46,7 @@ def _run_protocol(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("bench", help="run a benchmark and print its figures")
-    which = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+def add_parser(which: Any) -> None:
     proto = which.add_parser("protocol", help="the sans-I/O ack path alone")
     proto.add_argument("--entries", type=int, default=200_000)
     proto.add_argument("--ensemble", type=int, default=3)

@@ -1,0 +1,161 @@
+"""In-process tests of one layer at a time: records, journal, storage, cookies."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from bookie.cookie import check_cookie
+from bookie.errors import CookieError, JournalCorruptError, NoSuchEntryError, NoSuchLedgerError
+from bookie.journal import Journal
+from bookie.records import RecordError, StoredEntry, decode_entry, encode_entry, parse_frame
+from bookie.storage import LedgerStorage, cached_entry
+
+
+def stored(ledger: int, entry: int, size: int = 100, flags: int = 0) -> StoredEntry:
+    return StoredEntry(
+        ledger, entry, entry - 1, flags, 0, b"key", b"dg", bytes([entry % 256]) * size
+    )
+
+
+def test_record_round_trip_and_crc_check() -> None:
+    e = stored(1, 2)
+    rec = encode_entry(e)
+    body, end = parse_frame(rec, 0)
+    assert end == len(rec) and decode_entry(body) == e
+    damaged = bytearray(rec)
+    damaged[-1] ^= 1
+    with pytest.raises(RecordError):
+        parse_frame(bytes(damaged), 0)
+
+
+async def submit(s: LedgerStorage, entries: list[StoredEntry]) -> None:
+    """What the service does for one AddRequest, through the storage's own API."""
+    items = [cached_entry(e) for e in entries]
+    for h, _, _ in items:
+        s.check_add(h, read_only=False)
+    await s.submit(items, [part for _, head, body in items for part in (head, body)], 0)
+
+
+async def write_journal(directory: Path, entries: list[StoredEntry], **kw: int) -> None:
+    j = Journal(directory, **kw)
+    list(j.replay())
+    j.start()
+    for e in entries:  # one commit group each, so the file holds many writes
+        await j.append([encode_entry(e)], 0)
+    await j.close()
+
+
+async def test_journal_replays_everything_after_a_restart_across_rotation(tmp_path: Path) -> None:
+    entries = [stored(1, i, size=300) for i in range(40)]
+    await write_journal(tmp_path, entries, max_file_bytes=2000)
+    assert len(list(tmp_path.glob("journal-*.log"))) > 3
+    replayed = [rec for _, rec, _ in Journal(tmp_path).replay()]
+    assert replayed == [encode_entry(e) for e in entries]
+
+
+async def test_journal_cuts_a_torn_tail_but_refuses_damage_before_valid_records(
+    tmp_path: Path,
+) -> None:
+    entries = [stored(1, i) for i in range(10)]
+    await write_journal(tmp_path, entries)
+    (path,) = sorted(tmp_path.glob("journal-*.log"))[-1:]
+    good = path.read_bytes()
+    path.write_bytes(good + encode_entry(stored(1, 10))[:-5])
+    assert [rec for _, rec, _ in Journal(tmp_path).replay()] == [encode_entry(e) for e in entries]
+    assert path.read_bytes() == good  # cut back to the last whole record
+    data = bytearray(good)
+    data[good.find(entries[4].payload) + 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        JournalCorruptError, match=rf"{path.name}: corrupt journal record at offset \d+"
+    ):
+        list(Journal(tmp_path).replay())
+
+
+async def test_flush_moves_the_checkpoint_and_replay_starts_after_it(tmp_path: Path) -> None:
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    for i in range(5):
+        await submit(s, [stored(1, i)])
+    await s.flush()
+    assert list(s.journal.replay()) == []  # everything is before the mark
+    assert s.read_entry(1, 3).payload == stored(1, 3).payload
+    await s.close()
+
+
+async def test_compaction_rewrites_logs_with_little_live_data(tmp_path: Path) -> None:
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    for ledger in (1, 2):
+        await submit(s, [stored(ledger, i, size=1000) for i in range(20)])
+        await s.flush()
+        s.entrylog.roll()
+
+    async def exists(ledger_id: int) -> bool:
+        return ledger_id == 2
+
+    assert await s.collect_garbage(exists) == [1]
+    removed = await s.compact(0.5)
+    assert removed  # ledger 1's log held no live data
+    assert all(s.read_entry(2, i).payload == stored(2, i, size=1000).payload for i in range(20))
+    with pytest.raises(NoSuchLedgerError):
+        s.read_entry(1, 0)
+    await s.close()
+
+
+async def test_gc_deletes_nothing_when_the_metadata_read_fails(tmp_path: Path) -> None:
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    e = stored(5, 0)
+    await submit(s, [e])
+
+    async def broken(ledger_id: int) -> bool:
+        raise ConnectionError("metadata store unreachable")
+
+    with pytest.raises(ConnectionError):
+        await s.collect_garbage(broken)
+    assert s.read_entry(5, 0) == e
+    with pytest.raises(NoSuchEntryError):
+        s.read_entry(5, 1)
+    await s.close()
+
+
+async def test_cookie_rules(tmp_path: Path) -> None:
+    remote: dict[str, object] = {}
+
+    async def read():  # type: ignore[no-untyped-def]
+        return remote.get("c")
+
+    async def write(c):  # type: ignore[no-untyped-def]
+        remote["c"] = c
+
+    data, journal = tmp_path / "d", tmp_path / "j"
+    data.mkdir()
+    journal.mkdir()
+    first = await check_cookie("b1", journal, data, 0, read, write)
+    assert remote["c"] == first
+    assert (await check_cookie("b1", journal, data, 0, read, write)) == first
+    with pytest.raises(CookieError, match="directories belong to bookie b1"):
+        await check_cookie("b2", journal, data, 0, read, write)
+    (journal / "cookie").unlink()
+    with pytest.raises(CookieError, match="decommission"):
+        await check_cookie("b1", journal, data, 0, read, write)
+    (data / "cookie").unlink()
+    with pytest.raises(CookieError, match="decommission"):
+        await check_cookie("b1", journal, data, 0, read, write)
+
+
+def test_bookie_never_imports_streamlib() -> None:
+    root = Path(__file__).resolve().parents[2] / "bookie"
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            assert not any(n == "streamlib" or n.startswith("streamlib.") for n in names), path
