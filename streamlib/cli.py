@@ -16,8 +16,9 @@ def _build_parser() -> argparse.ArgumentParser:
         description="BookKeeper-style replicated ledgers and streams.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from streamlib import bench
+    from streamlib import bench, sandbox
 
+    sandbox.add_parser(commands)
     bench.add_parser(commands)
     return parser
 

@@ -39,7 +39,7 @@ class _LoopThread:
 
 def _wants_wrapping(value: object) -> bool:
     cls = type(value)
-    if not cls.__module__.startswith("streamlib."):
+    if not cls.__module__.startswith(("streamlib.", "metadata.")):
         return False
     return any(
         inspect.iscoroutinefunction(v) or inspect.isasyncgenfunction(v) for v in vars(cls).values()

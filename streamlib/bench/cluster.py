@@ -23,7 +23,7 @@ class LocalCluster:
 def local_cluster(bookies: int = 3, extra: list[str] | None = None) -> Iterator[LocalCluster]:
     with tempfile.TemporaryDirectory(prefix="streamlib-bench-") as tmp:
         root = Path(tmp)
-        uri = f"sqlite:///{root / 'meta.db'}"
+        uri = f"sqlite://{root / 'meta.db'}"
         started: list[BookieProcess] = []
         try:
             for i in range(bookies):

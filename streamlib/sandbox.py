@@ -1,0 +1,189 @@
+"""`streamlib sandbox`: a local cluster in one command (like `pulsar standalone`).
+
+N `bookie serve` processes over the embedded sqlite metadata store (or --metadata URI),
+with stable bookie ids (sandbox-bookie-0, ...) and ports (--port-base + i), so a restart
+on the same data directory finds all its data again. It waits until every bookie is
+registered, prints where everything is, and runs until Ctrl-C / SIGTERM, then stops the
+bookies cleanly. `--demo` runs an end-to-end demo against the cluster and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bookie.launcher import BookieProcess
+
+DEFAULT_HOME = Path(os.environ.get("STREAMLIB_HOME", Path.home() / ".streamlib"))
+DEFAULT_DATA_DIR = DEFAULT_HOME / "sandbox"
+DEFAULT_PORT_BASE = 3181  # BookKeeper's bookie port
+
+
+def default_metadata_uri(data_dir: Path = DEFAULT_DATA_DIR) -> str:
+    return f"sqlite://{data_dir.resolve() / 'meta.db'}"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start (a bookie failed, or never registered)."""
+
+
+class Sandbox:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        bookies: int = 3,
+        metadata_uri: str | None = None,
+        port_base: int = DEFAULT_PORT_BASE,
+        extra_bookie_args: list[str] | None = None,
+    ) -> None:
+        if bookies < 1:
+            raise ValueError("a sandbox needs at least one bookie")
+        self.data_dir = data_dir.resolve()
+        self.metadata_uri = metadata_uri or default_metadata_uri(self.data_dir)
+        self.port_base = port_base
+        self.processes = [
+            BookieProcess(
+                self.data_dir / f"bookie-{i}",
+                metadata_uri=self.metadata_uri,
+                extra=["--bookie-id", f"sandbox-bookie-{i}", *(extra_bookie_args or [])],
+            )
+            for i in range(bookies)
+        ]
+
+    def start(self, timeout_s: float = 60.0) -> Sandbox:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for i, process in enumerate(self.processes):
+                process.start(port=self.port_base + i if self.port_base else 0)
+            asyncio.run(self._wait_registered(timeout_s))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def _wait_registered(self, timeout_s: float) -> None:
+        import metadata
+        from metadata.services.bookies import BookieRegistry
+
+        store = await metadata.connect(self.metadata_uri)
+        try:
+            registry = BookieRegistry(store)
+            wanted = {p.bookie_id for p in self.processes}
+            deadline = time.monotonic() + timeout_s
+            watch = store.watch(registry.path("bookies", "available"), children=True)
+            try:
+                while not wanted <= {b.bookie_id for b in await registry.list()}:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise SandboxError(f"bookies {sorted(wanted)} did not all register")
+                    try:
+                        await watch.next(min(remaining, 1.0))
+                    except TimeoutError:
+                        pass  # re-check: the directory may not have existed yet
+            finally:
+                await watch.close()
+        finally:
+            await store.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "metadata": self.metadata_uri,
+            "bookies": [
+                {"id": p.bookie_id, "address": p.address, "pid": p.proc.pid if p.proc else None}
+                for p in self.processes
+            ],
+        }
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(3600):
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bookies < 1:
+        print("streamlib sandbox: --bookies must be >= 1", file=sys.stderr)
+        return 2
+    temp: tempfile.TemporaryDirectory[str] | None = None
+    data_dir = args.data_dir
+    if data_dir is None:
+        if args.demo:  # a demo leaves nothing behind unless asked to
+            temp = tempfile.TemporaryDirectory(prefix="streamlib-demo-")
+            data_dir = Path(temp.name)
+        else:
+            data_dir = DEFAULT_DATA_DIR
+    port_base = args.port_base
+    if port_base is None:
+        port_base = 0 if args.demo else DEFAULT_PORT_BASE
+    sandbox = Sandbox(
+        Path(data_dir), bookies=args.bookies, metadata_uri=args.metadata, port_base=port_base
+    )
+    try:
+        sandbox.start()
+        info = sandbox.describe()
+        if args.json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"sandbox ready: {len(sandbox.processes)} bookies")
+            print(f"  metadata  {info['metadata']}")
+            for b in info["bookies"]:
+                print(f"  bookie    {b['id']:<18} {b['address']:<21} pid {b['pid']}")
+            print("  (Ctrl-C to stop)" if not args.demo else "", flush=True)
+        if args.demo:
+            from streamlib.demo import run_demo
+
+            return run_demo(sandbox.metadata_uri)
+        _wait_for_signal()
+        return 0
+    finally:
+        sandbox.stop()
+        if temp is not None:
+            temp.cleanup()
+        if not args.json:
+            print("sandbox stopped", flush=True)
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "sandbox", help="run a local cluster (bookies + embedded metadata store)"
+    )
+    parser.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
+    parser.add_argument(
+        "--data-dir", type=Path, help=f"where data lives (default {DEFAULT_DATA_DIR})"
+    )
+    parser.add_argument(
+        "--metadata", help="metadata store URI (default: sqlite in the data directory)"
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        help=f"bookie i listens on PORT_BASE + i (default {DEFAULT_PORT_BASE}; 0 = any free port)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line once ready")
+    parser.add_argument(
+        "--demo", action="store_true", help="run an end-to-end demo against the cluster and exit"
+    )
+    parser.set_defaults(run=run)

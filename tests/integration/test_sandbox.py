@@ -1,0 +1,122 @@
+"""`streamlib sandbox`: starts, serves, stops cleanly; restarts keep data; the demo."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import streamlib
+
+STREAMLIB = [sys.executable, "-m", "streamlib.cli"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes; our children are reaped by the sandbox.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class RunningSandbox:
+    def __init__(self, data_dir: Path, bookies: int = 3) -> None:
+        self.proc = subprocess.Popen(
+            [*STREAMLIB, "sandbox", "--json", "--data-dir", str(data_dir),
+             "--bookies", str(bookies), "--port-base", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the sandbox prints it once ready (bounded below)
+        if not line:
+            self.proc.wait(timeout=30)
+            pytest.fail(f"sandbox exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        self.info = json.loads(line)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+@pytest.fixture
+def sandboxes():
+    started: list[RunningSandbox] = []
+
+    def start(data_dir: Path, bookies: int = 3) -> RunningSandbox:
+        sandbox = RunningSandbox(data_dir, bookies)
+        started.append(sandbox)
+        return sandbox
+
+    yield start
+    for sandbox in started:
+        sandbox.stop()
+        for b in sandbox.info["bookies"]:
+            if alive(b["pid"]):
+                os.kill(b["pid"], signal.SIGKILL)
+
+
+def test_sandbox_reports_json_then_stops_cleanly(sandboxes, tmp_path):
+    sandbox = sandboxes(tmp_path / "sb", bookies=3)
+    info = sandbox.info
+    assert info["metadata"] == f"sqlite://{tmp_path / 'sb' / 'meta.db'}"
+    assert [b["id"] for b in info["bookies"]] == [f"sandbox-bookie-{i}" for i in range(3)]
+    assert all(b["address"].startswith("127.0.0.1:") for b in info["bookies"])
+    pids = [b["pid"] for b in info["bookies"]]
+    assert all(alive(pid) for pid in pids)
+    with streamlib.connect(info["metadata"]) as client:
+        registered = {b.bookie_id for b in client.registry.list()}  # type: ignore[attr-defined]
+    assert registered == {b["id"] for b in info["bookies"]}
+    assert sandbox.stop() == 0
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_restart_on_the_same_data_dir_keeps_the_data(sandboxes, tmp_path):
+    first = sandboxes(tmp_path / "sb")
+    with streamlib.connect(first.info["metadata"]) as client:
+        writer = client.ledgers.create(3, 3, 2, password=b"pw")
+        ids = writer.append_many([b"kept-%d" % i for i in range(50)])
+        writer.close()
+    assert first.stop() == 0
+    second = sandboxes(tmp_path / "sb")
+    with streamlib.connect(second.info["metadata"]) as client:
+        reader = client.ledgers.open(writer.ledger_id, password=b"pw")
+        assert reader.read(0, ids[-1]) == [b"kept-%d" % i for i in range(50)]
+
+
+def test_demo_runs_end_to_end_and_exits_zero(tmp_path):
+    result = subprocess.run(
+        [*STREAMLIB, "sandbox", "--demo", "--data-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "sandbox ready: 3 bookies" in out
+    assert "LedgerFencedError" in out
+    assert "demo finished: OK" in out
+    assert "sandbox stopped" in out
+
+
+@pytest.mark.parametrize("args", [["--bookies", "zero"], ["--no-such-flag"]])
+def test_bad_arguments_are_usage_errors(args):
+    result = subprocess.run(
+        [*STREAMLIB, "sandbox", *args], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "usage" in result.stderr.lower()
