@@ -69,9 +69,10 @@ class BookieClient:
         self._stub = pb_grpc.BookieStub(self._channel)
         self._outbox: list[pb.AddEntry] = []
         self._outbox_bytes = 0
-        # Who waits for each (ledger, entry): handlers in send order (the same entry can
-        # be in flight twice, e.g. a write-back and a writer's add in one process).
-        self._handlers: dict[tuple[int, int], collections.deque[ResultsHandler]] = {}
+        # Who waits for each (ledger, entry). The same entry can be in flight twice (a
+        # write-back and a writer's add in one process): later handlers queue in _more.
+        self._handlers: dict[tuple[int, int], ResultsHandler] = {}
+        self._more: dict[tuple[int, int], collections.deque[ResultsHandler]] = {}
         self._batches: collections.deque[_Batch] = collections.deque()  # by deadline
         self._wakeup = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
@@ -84,6 +85,9 @@ class BookieClient:
         """Queue entries for the add stream; handler gets their answers (maybe in parts)."""
         loop = asyncio.get_running_loop()
         keys = [(e.ledger_id, e.entry_id) for e in entries]
+        nbytes = 0
+        for e in entries:
+            nbytes += len(e.payload)
         if self._closed:
             # Answer later, never from inside the caller's step (machines are not re-entrant).
             unanswered: list[tuple[int, int | None]] = [(k[1], None) for k in keys]
@@ -91,14 +95,13 @@ class BookieClient:
             return
         handlers = self._handlers
         for key in keys:
-            queue = handlers.get(key)
-            if queue is None:
-                handlers[key] = collections.deque((handler,))
+            if key in handlers:
+                self._more.setdefault(key, collections.deque()).append(handler)
             else:
-                queue.append(handler)
+                handlers[key] = handler
         self._batches.append(_Batch(time.monotonic() + self.config.add_timeout_s, keys, handler))
         self._outbox += entries
-        self._outbox_bytes += sum(len(e.payload) for e in entries)
+        self._outbox_bytes += nbytes
         self._wakeup.set()
         if self._stream_task is None or self._stream_task.done():
             self._stream_task = loop.create_task(self._run_stream())
@@ -108,26 +111,34 @@ class BookieClient:
     def _dispatch(self, answers: Sequence[tuple[int, int, int | None]]) -> None:
         """Hand (ledger, entry, status) answers to their handlers, one call per handler."""
         groups: dict[ResultsHandler, list[tuple[int, int | None]]] = {}
-        handlers = self._handlers
+        handlers, more = self._handlers, self._more
         for ledger_id, entry_id, status in answers:
             key = (ledger_id, entry_id)
-            queue = handlers.get(key)
-            if not queue:
+            handler = handlers.pop(key, None)
+            if handler is None:
                 continue  # answered already (timed out), or never asked
-            handler = queue.popleft()
-            if not queue:
-                del handlers[key]
-            groups.setdefault(handler, []).append((entry_id, status))
+            queued = more.get(key)
+            if queued:
+                handlers[key] = queued.popleft()
+                if not queued:
+                    del more[key]
+            group = groups.get(handler)
+            if group is None:
+                groups[handler] = [(entry_id, status)]
+            else:
+                group.append((entry_id, status))
         for handler, results in groups.items():
             handler(results)
 
     def _fail_all(self) -> None:
-        pending = [(k[0], k[1], None) for k, q in self._handlers.items() for _ in q]
+        pending = [(k[0], k[1], None) for k in self._handlers]
+        pending += [(k[0], k[1], None) for k, q in self._more.items() for _ in q]
         self._batches.clear()
         self._outbox.clear()
         self._outbox_bytes = 0
         self._dispatch(pending)
         self._handlers.clear()
+        self._more.clear()
 
     async def _run_stream(self) -> None:
         call = self._stub.AddStream()
@@ -183,15 +194,29 @@ class BookieClient:
                 batch = self._batches.popleft()
                 unanswered: list[tuple[int, int | None]] = []
                 for key in batch.keys:
-                    queue = self._handlers.get(key)
-                    if queue and batch.handler in queue:
-                        queue.remove(batch.handler)
-                        if not queue:
-                            del self._handlers[key]
+                    if self._forget(key, batch.handler):
                         unanswered.append((key[1], None))
                 self.stats.timeouts += len(unanswered)
                 if unanswered:
                     batch.handler(unanswered)
+
+    def _forget(self, key: tuple[int, int], handler: ResultsHandler) -> bool:
+        """Drop one wait of handler for key (a timeout); whether it was still waiting."""
+        queued = self._more.get(key)
+        if self._handlers.get(key) is handler:
+            if queued:
+                self._handlers[key] = queued.popleft()
+                if not queued:
+                    del self._more[key]
+            else:
+                del self._handlers[key]
+            return True
+        if queued and handler in queued:
+            queued.remove(handler)
+            if not queued:
+                del self._more[key]
+            return True
+        return False
 
     # -- unary calls --------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from bookie.wire import bookie_pb2 as pb
@@ -67,6 +67,9 @@ class Driver:
         self._tasks: set[asyncio.Task[None]] = set()
         # The same entries go to Qw bookies within one step: build each protobuf once.
         self._pb_cache: dict[tuple[int, int, int], pb.AddEntry] = {}
+        # One answer handler per bookie, so a bookie's response reaches the machine as
+        # one input however many sends it answers.
+        self._answer_handlers: dict[str, Callable[[list[tuple[int, int | None]]], None]] = {}
 
     def execute(self, actions: list[Action]) -> None:
         reads: dict[tuple[str, bool, bytes, int], list[int]] = {}
@@ -121,13 +124,16 @@ class Driver:
                 message = cache[key] = add_to_pb(action, entry)
             messages.append(message)
         bookie = action.bookie
+        handler = self._answer_handlers.get(bookie)
+        if handler is None:
 
-        def answered(results: list[tuple[int, int | None]]) -> None:
-            if any(status is None for _, status in results):
-                self.context.placement.record_failure(bookie)
-            self.feed("on_add_results", bookie, results)
+            def handler(results: list[tuple[int, int | None]]) -> None:
+                if any(status is None for _, status in results):
+                    self.context.placement.record_failure(bookie)
+                self.feed("on_add_results", bookie, results)
 
-        self.context.pool.get(bookie).add(messages, answered)
+            self._answer_handlers[bookie] = handler
+        self.context.pool.get(bookie).add(messages, handler)
 
     async def _read_lac(self, action: ReadLac) -> None:
         request = pb.ReadLacRequest(

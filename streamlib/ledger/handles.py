@@ -108,8 +108,21 @@ class WriteHandle:
         return await self.append_nowait([data])[0]
 
     async def append_many(self, datas: Sequence[bytes]) -> list[int]:
-        futures = self.append_nowait(list(datas))
-        return list(await asyncio.gather(*futures))
+        """Append entries in order; return their ids once all are acknowledged."""
+        datas = list(datas)
+        if not datas:
+            return []
+        for data in datas:
+            self._check(data)
+        first, actions = self._writer.append(datas)
+        last = first + len(datas) - 1
+        # Completion is in order and a failure fails every pending add, so the last
+        # entry's outcome is the outcome of all of them: one future, not one per entry.
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._futures[last] = done
+        self._driver.execute(actions)
+        await done
+        return list(range(first, last + 1))
 
     async def force(self) -> int:
         """Wait for every pending append; return the LAC. Acknowledged entries are

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingAdd:
     entry_id: int
     write_set: tuple[int, ...]
@@ -73,6 +73,8 @@ class AckTracker:
         if add is None or bookie_index not in add.write_set:
             return []
         add.acked_by.add(bookie_index)
+        if entry_id != self.last_add_confirmed + 1 or len(add.acked_by) < self.ack_quorum:
+            return []  # nothing can complete before this entry's predecessor does
         return self._complete_in_order()
 
     def release(self) -> list[int]:

@@ -58,6 +58,7 @@ from streamlib.protocol.errors import (
     UnauthorizedError,
 )
 from streamlib.protocol.ledger_metadata import LedgerMetadata
+from streamlib.protocol.quorum import ensemble_write_sets
 from streamlib.protocol.states import (
     CloseConflictOutcome,
     EnsembleChangeConflictOutcome,
@@ -111,7 +112,6 @@ class LedgerWriter:
         self.error: StreamlibError | None = None
         self.tracker = AckTracker(metadata.ack_quorum, last_add_confirmed)
         self.length = length  # ledger length including every entry handed out
-        self._lengths: dict[int, int] = {}  # pending entry -> length up to it
         self._lac_length = length  # length up to the LAC
         self._entries: dict[int, EntryData] = {}  # pending entries, kept for resends
         self._failed: dict[int, str] = {}  # ensemble index -> failed bookie, not yet replaced
@@ -121,6 +121,8 @@ class LedgerWriter:
         self._recently_failed: set[str] = set()
         self.ensemble_changes = 0
         self._close_requested = False
+        # Write sets repeat every E entries: compute them once.
+        self._write_sets = ensemble_write_sets(metadata.ensemble_size, metadata.write_quorum)
 
     @property
     def ledger_id(self) -> int:
@@ -156,10 +158,9 @@ class LedgerWriter:
                 payload,
                 self.digest.compute(entry_id, lac, self.length, payload),
             )
-            write_set = self.metadata.write_set(entry_id)
+            write_set = self._write_sets[entry_id % self.metadata.ensemble_size]
             self.tracker.add_pending(entry_id, write_set)
             self._entries[entry_id] = entry
-            self._lengths[entry_id] = self.length
             for index in write_set:
                 if index not in self._failed:
                     per_slot.setdefault(index, []).append(entry)
@@ -246,9 +247,9 @@ class LedgerWriter:
     def _completed(self, entry_ids: list[int]) -> list[Action]:
         if not entry_ids:
             return []
+        entries = self._entries
         for entry_id in entry_ids:
-            self._entries.pop(entry_id, None)
-            self._lac_length = self._lengths.pop(entry_id)
+            self._lac_length = entries.pop(entry_id).length
         actions: list[Action] = [CompleteAdds(entry_ids[0], entry_ids[-1])]
         return actions + self._maybe_close()
 
@@ -257,7 +258,6 @@ class LedgerWriter:
         self.error = error
         failed = self.tracker.fail_all()
         self._entries.clear()
-        self._lengths.clear()
         actions: list[Action] = []
         if failed:
             actions.append(FailAdds(tuple(failed), error))
