@@ -121,7 +121,7 @@ async def test_zookeeper_store_rides_out_a_server_restart(tmp_path):
     await asyncio.to_thread(server.start)
     try:
         async with await metadata.connect(
-            f"zk://{server.hosts}/restart", session_timeout_s=20.0
+            f"zk://{server.hosts}/restart", session_timeout_s=20.0, operation_timeout_s=1.0
         ) as store:
             await store.create("/kept", b"persistent")
             await store.create("/mine", b"ephemeral", ephemeral=True)

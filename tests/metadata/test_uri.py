@@ -73,3 +73,17 @@ async def test_a_file_that_is_not_a_database_is_a_typed_error(tmp_path):
 async def test_unreachable_zookeeper_is_a_connection_loss():
     with pytest.raises(metadata.ConnectionLossError):
         await metadata.connect("zk://127.0.0.1:1/x", connect_timeout_s=0.5)
+
+
+@pytest.mark.parametrize(
+    "uri, options",
+    [
+        ("memory://", {"poll_interval_s": 1}),
+        ("sqlite:///tmp/never-created/meta.db", {"operation_timeout_s": 1}),
+        ("sqlite:///tmp/never-created/meta.db", {"synchronous": "sometimes"}),
+        ("memory://", {"session_timeout_s": 0}),
+    ],
+)
+async def test_unknown_or_bad_options_are_typed_errors(uri, options):
+    with pytest.raises(metadata.MetadataError):
+        await metadata.connect(uri, **options)

@@ -1,0 +1,466 @@
+"""zk://host:port[,host:port]/chroot — ZooKeeper through kazoo, bridged to asyncio.
+
+kazoo runs its own connection and callback threads. Operations use kazoo's *_async
+calls and complete an asyncio future through loop.call_soon_threadsafe, so no thread
+blocks per request. Watches are kazoo's DataWatch/ChildrenWatch recipes (they re-arm
+themselves after every event and after reconnects); Lock and Election are kazoo's
+recipes, whose blocking calls run in worker threads.
+
+Sessions: kazoo reconnects by itself while the session lives (SUSPENDED -> CONNECTED,
+ephemerals kept). When the session expires (LOST) kazoo opens a new one; then every
+watch fires once (changes may have been missed) and the session listeners run so
+their owners re-create their ephemeral nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient, KazooState
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, WatchedEvent, ZnodeStat
+from kazoo.recipe.election import Election as KazooElection
+from kazoo.recipe.lock import Lock as KazooLock
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.security import make_digest_acl
+
+from metadata import errors
+from metadata.store import (
+    CheckVersion,
+    Create,
+    Delete,
+    Election,
+    Lock,
+    MetadataStore,
+    Op,
+    Set,
+    Versioned,
+    Watch,
+    WatchEvent,
+    WatchKind,
+)
+
+_ERRORS: dict[type[Exception], type[errors.MetadataError]] = {
+    kz.NoNodeError: errors.NoNodeError,
+    kz.NodeExistsError: errors.NodeExistsError,
+    kz.BadVersionError: errors.BadVersionError,
+    kz.NotEmptyError: errors.NotEmptyError,
+    kz.NoChildrenForEphemeralsError: errors.NoChildrenForEphemeralsError,
+    kz.SessionExpiredError: errors.SessionExpiredError,
+    kz.ConnectionLoss: errors.ConnectionLossError,
+    kz.ConnectionClosedError: errors.SessionExpiredError,
+    kz.OperationTimeoutError: errors.ConnectionLossError,
+    KazooTimeoutError: errors.ConnectionLossError,
+    kz.ConnectionDropped: errors.ConnectionLossError,
+    kz.ZookeeperStoppedError: errors.SessionExpiredError,
+    kz.AuthFailedError: errors.AuthFailedError,
+    kz.NoAuthError: errors.AuthFailedError,
+    kz.MarshallingError: errors.ValueTooLargeError,
+}
+
+_KINDS: dict[str, WatchKind] = {
+    EventType.CREATED: "created",
+    EventType.CHANGED: "changed",
+    EventType.DELETED: "deleted",
+    EventType.CHILD: "children",
+}
+
+
+def translate(exc: BaseException, context: str = "") -> BaseException:
+    """The metadata error for a kazoo one (unknown kazoo errors become MetadataError)."""
+    if isinstance(exc, errors.MetadataError):
+        return exc
+    message = f"{context}: ZooKeeper said {type(exc).__name__} {exc}".strip(": ")
+    for kazoo_type, ours in _ERRORS.items():
+        if isinstance(exc, kazoo_type):
+            return ours(message)
+    if isinstance(exc, kz.ZookeeperError | kz.KazooException):
+        return errors.MetadataError(message)
+    return exc
+
+
+class ZooKeeperStore(MetadataStore):
+    def __init__(
+        self,
+        hosts: str,
+        chroot: str,
+        *,
+        session_timeout_s: float = 10.0,
+        auth: tuple[str, str] | None = None,
+        connect_timeout_s: float = 15.0,
+        operation_timeout_s: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.uri = f"zk://{hosts}{chroot}"
+        self._chroot = chroot
+        self._connect_timeout_s = connect_timeout_s
+        # By default an operation may wait out one session timeout for a reconnect.
+        self._operation_timeout_s = operation_timeout_s or session_timeout_s
+        acl = None
+        auth_data = None
+        if auth is not None:
+            user, password = auth
+            auth_data = [("digest", f"{user}:{password}")]
+            # Nodes we create are readable and writable only with the same credentials.
+            acl = [make_digest_acl(user, password, all=True)]
+        self._client = KazooClient(
+            hosts=hosts, timeout=session_timeout_s, auth_data=auth_data, default_acl=acl
+        )
+        self._lost = False
+        self._closed = False
+        self._kazoo_watchers: dict[Watch, list[Any]] = {}
+        self.session_id = ""
+
+    async def start(self) -> ZooKeeperStore:
+        def start() -> None:
+            try:
+                self._client.start(timeout=self._connect_timeout_s)
+                if self._chroot != "/":
+                    self._client.ensure_path(self._chroot)
+                    # What kazoo's own hosts parsing does; set after creating the chroot
+                    # because kazoo will not create it.
+                    self._client.chroot = self._chroot
+            except Exception as exc:
+                self._client.stop()
+                self._client.close()
+                raise translate(exc) from exc
+
+        await asyncio.to_thread(start)
+        self._refresh_session_id()
+        self._client.add_listener(self._on_state)
+        return self
+
+    def _refresh_session_id(self) -> None:
+        client_id = self._client.client_id
+        self.session_id = f"zk-{client_id[0]:016x}" if client_id else ""
+
+    def _on_state(self, state: str) -> None:
+        # Runs on kazoo's connection thread: no blocking calls here.
+        if state == KazooState.LOST:
+            self._lost = True
+        elif state == KazooState.CONNECTED:
+            self._refresh_session_id()
+            self._dispatch_everyone()
+            if self._lost:
+                self._lost = False
+                self._session_expired()
+
+    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a kazoo *_async method and await its result on this loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        context = f"{method.__name__.removesuffix('_async')} {args[0] if args else ''}"
+
+        def settle(result: Any) -> None:
+            if future.done():
+                return
+            try:
+                value = result.get_nowait()
+            except Exception as exc:
+                loop.call_soon_threadsafe(_set_exception, future, translate(exc, context))
+            else:
+                loop.call_soon_threadsafe(_set_result, future, value)
+
+        try:
+            method(*args, **kwargs).rawlink(settle)
+        except Exception as exc:
+            raise translate(exc, context) from exc
+        try:
+            return await asyncio.wait_for(future, self._operation_timeout_s)
+        except TimeoutError:
+            # kazoo queues requests while it reconnects and may still send this one
+            # later: the outcome is unknown, which is what ConnectionLossError means.
+            raise errors.ConnectionLossError(
+                f"{context}: no answer from ZooKeeper within {self._operation_timeout_s}s "
+                "(disconnected?); the operation may or may not have been applied"
+            ) from None
+
+    # reads --------------------------------------------------------------------------
+
+    async def _get(self, path: str) -> Versioned:
+        data, stat = await self._call(self._client.get_async, path)
+        return Versioned(data, stat.version)
+
+    async def _exists(self, path: str) -> int | None:
+        stat = await self._call(self._client.exists_async, path)
+        return None if stat is None else stat.version
+
+    async def _children(self, path: str) -> list[str]:
+        return list(await self._call(self._client.get_children_async, path))
+
+    # writes -------------------------------------------------------------------------
+
+    async def _transaction(self, ops: list[Op]) -> list[object]:
+        if len(ops) == 1:
+            return [await self._one(ops[0])]
+        for op in ops:
+            # ZooKeeper's multi cannot create parents; they are plain persistent nodes,
+            # so creating them ahead of the transaction is harmless if it then fails.
+            if isinstance(op, Create) and op.make_parents:
+                parent = op.path.rsplit("/", 1)[0]
+                if parent:
+                    await self._call(self._client.ensure_path_async, parent)
+        txn = self._client.transaction()
+        for op in ops:
+            if isinstance(op, CheckVersion):
+                txn.check(op.path, op.version)
+            elif isinstance(op, Create):
+                txn.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequential)
+            elif isinstance(op, Set):
+                txn.set_data(op.path, op.data, op.version)
+            else:
+                txn.delete(op.path, op.version)
+        raw = await self._call(txn.commit_async)
+        failures = [
+            (i, r)
+            for i, r in enumerate(raw)
+            if isinstance(r, Exception) and not isinstance(r, kz.RolledBackError)
+        ]
+        if failures:
+            index, exc = failures[0]
+            cause = translate(exc)
+            if not isinstance(cause, errors.MetadataError):
+                cause = errors.MetadataError(repr(exc))
+            raise errors.TransactionError(index, cause)
+        return [_txn_result(op, r, self._client) for op, r in zip(ops, raw, strict=True)]
+
+    async def _one(self, op: Op) -> object:
+        try:
+            if isinstance(op, Create):
+                return await self._call(
+                    self._client.create_async,
+                    op.path,
+                    op.data,
+                    ephemeral=op.ephemeral,
+                    sequence=op.sequential,
+                    makepath=op.make_parents,
+                )
+            if isinstance(op, Set):
+                stat = await self._call(self._client.set_async, op.path, op.data, op.version)
+                return stat.version
+            if isinstance(op, Delete):
+                await self._call(self._client.delete_async, op.path, op.version)
+                return None
+            stat = await self._call(self._client.exists_async, op.path)
+            if stat is None:
+                raise errors.NoNodeError(f"{op.path} does not exist")
+            if stat.version != op.version:
+                raise errors.BadVersionError(f"{op.path} is at {stat.version}, not {op.version}")
+            return True
+        except errors.MetadataError as exc:
+            raise errors.TransactionError(0, exc) from None
+
+    async def _delete_recursive(self, path: str, version: int) -> None:
+        # Not atomic on ZooKeeper (kazoo deletes leaf by leaf); the version guards the top.
+        if version != -1:
+            current = await self._exists(path)
+            if current is None:
+                raise errors.NoNodeError(f"{path} does not exist")
+            if current != version:
+                raise errors.BadVersionError(f"{path} is at {current}, not {version}")
+        try:
+            await asyncio.to_thread(self._client.delete, path, recursive=True)
+        except Exception as exc:
+            raise translate(exc) from exc
+
+    # watches ------------------------------------------------------------------------
+
+    def _watch_added(self, watch: Watch) -> None:
+        """Arms kazoo's watchers. This does one blocking round trip to the server (the
+        initial read of DataWatch), so that no change made after watch() returns can be
+        missed."""
+        state = {"open": True, "first": True}
+        watchers: list[Any] = []
+        self._kazoo_watchers[watch] = watchers
+
+        def on_data(_data: bytes | None, stat: ZnodeStat | None, event: WatchedEvent | None) -> Any:
+            if not state["open"]:
+                return False
+            if state["first"]:
+                state["first"] = False
+                if watch.children and stat is not None:
+                    arm_children(rearmed=False)
+                return None
+            kind: WatchKind = _KINDS.get(event.type, "changed") if event else "changed"
+            watch.deliver(WatchEvent(kind, watch.path))
+            if watch.children and kind == "created":
+                arm_children(rearmed=True)
+            return None
+
+        def arm_children(rearmed: bool) -> None:
+            # ChildrenWatch stops when its node is deleted, so one is armed per
+            # incarnation of the node. Armed in the calling thread (the caller of
+            # watch() or kazoo's callback thread) so that no child created after this
+            # point is missed; children that appeared before a re-arm are reported too.
+            def on_children(children: list[str], event: WatchedEvent | None = None) -> Any:
+                if not state["open"]:
+                    return False
+                if event is not None or (rearmed and children):
+                    watch.deliver(WatchEvent("children", watch.path))
+                return None
+
+            watchers.append(ChildrenWatch(self._client, watch.path, on_children, send_event=True))
+
+        watchers.append(state)
+        try:
+            watchers.append(DataWatch(self._client, watch.path, on_data))
+        except Exception as exc:
+            raise translate(exc) from exc
+
+    def _watch_removed(self, watch: Watch) -> None:
+        # kazoo's watchers stop at their next callback when told to (they return False).
+        watchers = self._kazoo_watchers.pop(watch, [])
+        if watchers:
+            watchers[0]["open"] = False
+
+    # recipes --------------------------------------------------------------------------
+
+    def lock(self, path: str, identifier: str) -> Lock:
+        return _ZkLock(KazooLock(self._client, path, identifier))
+
+    def election(self, path: str, identifier: str) -> Election:
+        return _ZkElection(self._client, path, identifier)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for watch in list(self._kazoo_watchers):
+            self._watch_removed(watch)
+
+        def stop() -> None:
+            self._client.stop()
+            self._client.close()
+
+        await asyncio.to_thread(stop)
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+async def _in_own_thread(fn: Callable[[], Any], name: str) -> Any:
+    """Run a call that may block for long (waiting for a lock) on its own thread, so
+    waiters never exhaust asyncio's shared default executor."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def run() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_set_exception, future, exc)
+        else:
+            loop.call_soon_threadsafe(_set_result, future, value)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await future
+
+
+def _txn_result(op: Op, raw: Any, client: KazooClient) -> object:
+    if isinstance(op, CheckVersion):
+        return True
+    if isinstance(op, Create):
+        return client.unchroot(raw)
+    if isinstance(op, Set):
+        return raw.version
+    return None
+
+
+class _ZkLock(Lock):
+    def __init__(self, lock: KazooLock) -> None:
+        self._lock = lock
+
+    @property
+    def is_acquired(self) -> bool:
+        return bool(self._lock.is_acquired)
+
+    async def acquire(self, timeout_s: float | None = None) -> bool:
+        def acquire() -> bool:
+            try:
+                return bool(self._lock.acquire(blocking=True, timeout=timeout_s))
+            except kz.LockTimeout:
+                return False
+            except Exception as exc:
+                raise translate(exc) from exc
+
+        try:
+            return bool(await _in_own_thread(acquire, "metadata-zk-lock"))
+        except asyncio.CancelledError:
+            self._lock.cancel()
+            raise
+
+    async def release(self) -> None:
+        try:
+            await asyncio.to_thread(self._lock.release)
+        except Exception as exc:
+            raise translate(exc) from exc
+
+
+class _ZkElection(Election):
+    """kazoo's Election.run(func) blocks while func runs as leader: func signals the
+    loop that we lead, then waits for resign()."""
+
+    def __init__(self, client: KazooClient, path: str, identifier: str) -> None:
+        self._election = KazooElection(client, path, identifier)
+        self._leading = False
+        self._resigned = threading.Event()
+        self._runner: asyncio.Future[None] | None = None
+
+    async def campaign(self) -> None:
+        if self._leading:
+            return
+        loop = asyncio.get_running_loop()
+        elected = loop.create_future()
+        self._resigned.clear()
+
+        def lead() -> None:
+            self._leading = True
+            loop.call_soon_threadsafe(_set_result, elected, None)
+            self._resigned.wait()
+            self._leading = False
+
+        def run() -> None:
+            try:
+                self._election.run(lead)
+            except Exception as exc:
+                loop.call_soon_threadsafe(_set_exception, elected, translate(exc))
+            # run() also returns when resign() cancelled us before we were elected.
+            loop.call_soon_threadsafe(
+                _set_exception, elected, errors.MetadataError("resigned before being elected")
+            )
+
+        self._runner = asyncio.ensure_future(_in_own_thread(run, "metadata-zk-election"))
+        try:
+            await elected
+        except asyncio.CancelledError:
+            self._election.cancel()
+            raise
+
+    async def resign(self) -> None:
+        self._election.cancel()
+        self._resigned.set()
+        if self._runner is not None:
+            await self._runner
+            self._runner = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leading and bool(self._election.lock.is_acquired)
+
+    async def leader(self) -> str | None:
+        try:
+            contenders = await asyncio.to_thread(self._election.contenders)
+        except Exception as exc:
+            raise translate(exc) from exc
+        return contenders[0] if contenders else None

@@ -1,0 +1,38 @@
+"""The coordination services built on a MetadataStore, one small file each (the way
+kazoo keeps its recipes apart): ledger ids, ledger metadata, bookie registry, cookies,
+streams and cursors, under-replication, auditor election. Each works under a root
+prefix (default "/streamlib") and stores the records of metadata.schemas.
+
+Layout under the root:
+    idgen                       the next free ledger id (8 bytes, big-endian), CAS'd
+    ledgers/BBBBBBBBBBBBBBBB/NNNN   LedgerMetadata of ledger BBBB..NNNN (2 levels so no
+                                child list grows past 10,000 names)
+    bookies/available/ID        BookieInfo, ephemeral (the bookie's session)
+    cookies/ID                  Cookie
+    streams/NAME                StreamMetadata; streams/NAME/cursors/SUB: CursorState
+    underreplication/ledgers/N  UnderReplicatedLedger; .../locks/N ephemeral;
+                                .../disabled present = auto-recovery disabled
+    auditor/election            the auditor's election
+
+Must never import: streamlib or bookie.
+"""
+
+from metadata.services._base import DEFAULT_ROOT
+from metadata.services.auditor import AuditorElection
+from metadata.services.bookies import BookieRegistry
+from metadata.services.cookies import CookieStore
+from metadata.services.ledger_ids import LedgerIdGenerator
+from metadata.services.ledgers import LedgerMetadataManager
+from metadata.services.streams import StreamRegistry
+from metadata.services.underreplication import UnderReplicationManager
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "AuditorElection",
+    "BookieRegistry",
+    "CookieStore",
+    "LedgerIdGenerator",
+    "LedgerMetadataManager",
+    "StreamRegistry",
+    "UnderReplicationManager",
+]

@@ -1,0 +1,88 @@
+"""Ledger metadata: create, read, compare-and-swap, delete, list, watch.
+
+Every update is a CAS on the node version (ARCHITECTURE.md §3): `write` takes the
+version the caller read and raises BadVersionError when someone else wrote in between.
+"""
+
+from __future__ import annotations
+
+from metadata.errors import (
+    InvalidValueError,
+    LedgerExistsError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchLedgerError,
+)
+from metadata.schemas import LedgerMetadata, decode, encode
+from metadata.services._base import Service, validate_ledger_id
+from metadata.services.ledger_ids import LedgerIdGenerator
+from metadata.store import Watch
+
+BUCKET = 10_000
+
+
+def _parts(ledger_id: int) -> tuple[str, str]:
+    return f"{ledger_id // BUCKET:016d}", f"{ledger_id % BUCKET:04d}"
+
+
+class LedgerMetadataManager(Service):
+    def ledger_path(self, ledger_id: int) -> str:
+        return self.path("ledgers", *_parts(validate_ledger_id(ledger_id)))
+
+    async def create(self, md: LedgerMetadata) -> int:
+        """Store new metadata under md.ledger_id; returns its version (0)."""
+        path = self.ledger_path(md.ledger_id)
+        await self.ensure(path.rsplit("/", 1)[0])
+        try:
+            await self.store.create(path, encode(md))
+        except NodeExistsError:
+            raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from None
+        return 0
+
+    async def create_with_new_id(self, md: LedgerMetadata, ids: LedgerIdGenerator) -> int:
+        """Assign md.ledger_id from the generator, store it; returns the id."""
+        md.ledger_id = await ids.next_id()
+        await self.create(md)
+        return md.ledger_id
+
+    async def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        try:
+            stored = await self.store.get(self.ledger_path(ledger_id))
+        except NoNodeError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        return decode(LedgerMetadata, stored.data), stored.version
+
+    async def write(self, ledger_id: int, md: LedgerMetadata, version: int) -> int:
+        """CAS: replace the metadata if it is still at `version`; the new version."""
+        if md.ledger_id != ledger_id:
+            raise InvalidValueError(f"metadata of ledger {md.ledger_id} written to {ledger_id}")
+        try:
+            return await self.store.set(self.ledger_path(ledger_id), encode(md), version=version)
+        except NoNodeError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+
+    async def delete(self, ledger_id: int, version: int = -1) -> None:
+        try:
+            await self.store.delete(self.ledger_path(ledger_id), version=version)
+        except NoNodeError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+
+    async def exists(self, ledger_id: int) -> bool:
+        return await self.store.exists(self.ledger_path(ledger_id)) is not None
+
+    async def list(self) -> list[int]:
+        ids: list[int] = []
+        try:
+            buckets = await self.store.children(self.path("ledgers"))
+        except NoNodeError:
+            return []
+        for bucket in buckets:
+            try:
+                names = await self.store.children(self.path("ledgers", bucket))
+            except NoNodeError:
+                continue  # an empty bucket removed meanwhile
+            ids += [int(bucket) * BUCKET + int(name) for name in names]
+        return sorted(ids)
+
+    def watch(self, ledger_id: int) -> Watch:
+        return self.store.watch(self.ledger_path(ledger_id))

@@ -1,0 +1,104 @@
+"""Streams: the ledger list of each stream (CAS'd as a whole) and its cursors.
+
+Names are one path component of [A-Za-z0-9._:-] (no '/': a stream named "a/b" would
+collide with stream "a"'s children); map hierarchical names before calling. Each cursor
+is its own node with its own version, so cursors move without touching the list.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+from metadata.errors import (
+    InvalidValueError,
+    NodeExistsError,
+    NoNodeError,
+    NoSuchStreamError,
+    StreamExistsError,
+    TransactionError,
+)
+from metadata.schemas import CursorState, StreamMetadata, decode, encode
+from metadata.services._base import Service, validate_name
+from metadata.store import Create
+
+
+class StreamRegistry(Service):
+    def stream_path(self, name: str) -> str:
+        return self.path("streams", validate_name("stream", name))
+
+    def cursor_path(self, name: str, subscription: str) -> str:
+        return f"{self.stream_path(name)}/cursors/{validate_name('subscription', subscription)}"
+
+    async def create(self, md: StreamMetadata) -> int:
+        path = self.stream_path(md.name)
+        await self.ensure(self.path("streams"))
+        try:
+            await self.store.transaction([Create(path, encode(md)), Create(f"{path}/cursors")])
+        except TransactionError as exc:
+            if isinstance(exc.cause, NodeExistsError):
+                raise StreamExistsError(f"stream {md.name} already exists") from None
+            raise exc.cause from None
+        return 0
+
+    async def read(self, name: str) -> tuple[StreamMetadata, int]:
+        try:
+            stored = await self.store.get(self.stream_path(name))
+        except NoNodeError:
+            raise NoSuchStreamError(f"stream {name} does not exist") from None
+        return decode(StreamMetadata, stored.data), stored.version
+
+    async def write(self, name: str, md: StreamMetadata, version: int) -> int:
+        """CAS the stream's metadata (its ledger list); BadVersionError if it moved."""
+        if md.name != name:
+            raise InvalidValueError(f"metadata of stream {md.name!r} written to {name!r}")
+        try:
+            return await self.store.set(self.stream_path(name), encode(md), version=version)
+        except NoNodeError:
+            raise NoSuchStreamError(f"stream {name} does not exist") from None
+
+    async def delete(self, name: str, version: int = -1) -> None:
+        """Delete the stream and its cursors (not its ledgers: the caller deletes those)."""
+        try:
+            await self.store.delete(self.stream_path(name), version=version, recursive=True)
+        except NoNodeError:
+            raise NoSuchStreamError(f"stream {name} does not exist") from None
+
+    async def list(self) -> list[str]:
+        try:
+            return await self.store.children(self.path("streams"))
+        except NoNodeError:
+            return []
+
+    async def read_cursor(self, name: str, subscription: str) -> tuple[CursorState, int] | None:
+        try:
+            stored = await self.store.get(self.cursor_path(name, subscription))
+        except NoNodeError:
+            return None
+        return decode(CursorState, stored.data), stored.version
+
+    async def write_cursor(
+        self, name: str, subscription: str, state: CursorState, version: int | None = None
+    ) -> int:
+        """Create the cursor (version None) or CAS it; returns the new version."""
+        path = self.cursor_path(name, subscription)
+        try:
+            if version is None:
+                await self.store.create(path, encode(state))
+                return 0
+            return await self.store.set(path, encode(state), version=version)
+        except NoNodeError:
+            if await self.store.exists(self.stream_path(name)) is None:
+                raise NoSuchStreamError(f"stream {name} does not exist") from None
+            raise
+
+    async def delete_cursor(self, name: str, subscription: str) -> None:
+        try:
+            await self.store.delete(self.cursor_path(name, subscription))
+        except NoNodeError:
+            pass
+
+    async def list_cursors(self, name: str) -> builtins.list[str]:
+        try:
+            return await self.store.children(f"{self.stream_path(name)}/cursors")
+        except NoNodeError:
+            raise NoSuchStreamError(f"stream {name} does not exist") from None
