@@ -7,17 +7,28 @@ await writer.append(b"hello")
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import metadata
+from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
 from metadata.services.bookies import BookieRegistry
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
+from metadata.services.streams import StreamRegistry
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.ledger.driver import Context
 from streamlib.ledger.manager import LedgerManager
 from streamlib.ledger.placement import PlacementPolicy
 from streamlib.ledger.pool import BookiePool
+from streamlib.protocol.errors import BadRequestError, NoSuchStreamError
+from streamlib.stream.ack_ranges import AckRanges
+from streamlib.stream.admin import StreamManager
+from streamlib.stream.consumer import Consumer, ranges_from_state, ranges_to_state
+from streamlib.stream.positions import EARLIEST, MessageId, parse_start
+from streamlib.stream.producer import Producer
+from streamlib.stream.reader import Reader, StreamScanner
+from streamlib.stream.writer import StreamWriter
 
 
 class Client:
@@ -35,6 +46,8 @@ class Client:
             LedgerMetadataManager(store), self.pool, PlacementPolicy(rack_aware=rack_aware)
         )
         self.ledgers = LedgerManager(self.context, LedgerIdGenerator(store))
+        self.streams = StreamManager(StreamRegistry(store), self.ledgers)
+        self._open: list[Any] = []  # producers / consumers / readers to close with us
 
     @classmethod
     async def connect(cls, uri: str, **options: Any) -> Client:
@@ -43,7 +56,94 @@ class Client:
         store = await metadata.connect(uri, **store_options)
         return cls(store, **options)
 
+    # -- pub/sub ------------------------------------------------------------------------
+
+    async def create_producer(self, stream: str, **options: Any) -> Producer:
+        """A producer on `stream` (created with defaults if missing). It is the stream's
+        writer: it takes over (fencing the previous writer) before its first send.
+        Options: batching_max_messages, batching_max_bytes, batching_max_publish_delay_ms,
+        max_pending_messages, block_if_queue_full."""
+        await self.streams.ensure(stream)
+        writer = StreamWriter(
+            self.ledgers, self.streams.registry, stream, on_roll=lambda: self._spawn_trim(stream)
+        )
+        await writer.start()
+        producer = Producer(writer, **options)
+        self._open.append(producer)
+        return producer
+
+    def _spawn_trim(self, stream: str) -> None:
+        async def trim() -> None:
+            try:
+                await self.streams.trim(stream)
+            except Exception:
+                pass
+
+        asyncio.get_running_loop().create_task(trim())
+
+    async def subscribe(
+        self,
+        stream: str,
+        subscription: str,
+        initial_position: str = "latest",
+        *,
+        receiver_queue_size: int = 1000,
+        ack_timeout_ms: int = 0,
+        negative_ack_redelivery_delay_ms: int = 1000,
+        cursor_persist_interval_ms: int = 100,
+    ) -> Consumer:
+        """A durable subscription. A new one starts at the `initial_position`
+        ("latest" or "earliest"); an existing one resumes from its cursor."""
+        if initial_position not in ("latest", "earliest"):
+            raise BadRequestError(
+                f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
+            )
+        await self.streams.read(stream)
+        registry = self.streams.registry
+        scanner = StreamScanner(self.ledgers, registry, stream, EARLIEST)
+        stored = await registry.read_cursor(stream, subscription)
+        if stored is None:
+            start = EARLIEST if initial_position == "earliest" else await scanner.end_position()
+            acks = AckRanges(start)
+            version = await registry.write_cursor(stream, subscription, ranges_to_state(acks))
+        else:
+            acks, version = ranges_from_state(stored[0]), stored[1]
+        consumer = Consumer(
+            scanner,
+            registry,
+            subscription,
+            acks,
+            version,
+            receiver_queue_size=receiver_queue_size,
+            ack_timeout_ms=ack_timeout_ms,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+            cursor_persist_interval_ms=cursor_persist_interval_ms,
+        )
+        self._open.append(consumer)
+        return consumer
+
+    async def create_reader(
+        self, stream: str, start: MessageId | str = EARLIEST, *, receiver_queue_size: int = 1000
+    ) -> Reader:
+        """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
+        begins with the message after it)."""
+        try:
+            await self.streams.registry.read(stream)
+        except MetadataNoSuchStream:
+            raise NoSuchStreamError(f"stream {stream!r} does not exist") from None
+        position = parse_start(start)
+        scanner = StreamScanner(self.ledgers, self.streams.registry, stream, position)
+        reader = Reader(scanner, queue_size=receiver_queue_size)
+        self._open.append(reader)
+        return reader
+
     async def close(self) -> None:
+        for thing in reversed(self._open):
+            try:
+                await thing.close()
+            except Exception:
+                pass
+        self._open.clear()
         await self.pool.close()
         await self.store.close()
 

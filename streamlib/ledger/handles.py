@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from bookie.wire import bookie_pb2 as pb
+from metadata.store import Watch
 from streamlib.ledger.codec import entry_from_pb, metadata_from_pb
 from streamlib.ledger.driver import Context, Driver
 from streamlib.protocol import DigestManager, EnsembleCoverage, LedgerMetadata
@@ -78,7 +79,13 @@ class WriteHandle:
 
     @property
     def length(self) -> int:
+        """Bytes handed to the ledger so far (acknowledged or not)."""
         return self._writer.length
+
+    @property
+    def next_entry_id(self) -> int:
+        """The id the next append gets = entries handed to the ledger so far."""
+        return self._writer.tracker.next_entry_id
 
     def _check(self, data: bytes) -> None:
         if not isinstance(data, bytes | bytearray | memoryview):
@@ -216,6 +223,7 @@ class ReadHandle:
         )
         self._lac = metadata.last_entry_id if metadata.is_closed else lac
         self._cache: dict[int, EntryData] = {}
+        self._watch: Watch | None = None  # of the ledger's metadata, while tailing
         self._poll_failures = 0
         self.long_polls = 0  # how many long-poll LAC reads tailing made (observability)
 
@@ -372,7 +380,6 @@ class ReadHandle:
         """Yield (entry id, payload) from from_entry on, waiting for new entries with the
         bookies' long-poll LAC read; ends when the ledger is closed and fully read."""
         next_entry = from_entry
-        watch = self._context.ledgers.watch(self.ledger_id)
         try:
             while True:
                 if next_entry <= self.last_entry_id:
@@ -384,11 +391,22 @@ class ReadHandle:
                     continue
                 if self.is_closed:
                     return
-                await self._wait_for_more(next_entry, poll_timeout_s, watch)
+                await self.wait_for_more(next_entry, poll_timeout_s)
         finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Release what tailing holds (the metadata watch)."""
+        if self._watch is not None:
+            watch, self._watch = self._watch, None
             await watch.close()
 
-    async def _wait_for_more(self, next_entry: int, timeout_s: float, watch: object) -> None:
+    async def wait_for_more(self, next_entry: int, timeout_s: float) -> None:
+        """Wait (long-poll on a bookie, up to timeout_s) until the LAC passes
+        next_entry - 1 or the ledger's metadata changes (e.g. it was closed)."""
+        if self._watch is None:
+            self._watch = self._context.ledgers.watch(self.ledger_id)
+        watch = self._watch
         md = self.metadata
         ensemble = md.last_fragment.ensemble
         # Rotate past a bookie whose poll failed; the write set of next_entry first.
@@ -401,14 +419,15 @@ class ReadHandle:
         )
         self.long_polls += 1
         poll = asyncio.ensure_future(self._context.pool.get(bookie).read_lac(request))
-        changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))  # type: ignore[attr-defined]
-        done, pending = await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        if changed in done:
-            changed.exception()  # a timeout is just "nothing changed"
-        if poll in done:
+        changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))
+        try:
+            done, _ = await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when we are cancelled: leave no orphan behind
+            for task in (poll, changed):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(poll, changed, return_exceptions=True)
+        if poll in done and not poll.cancelled():
             try:
                 response = poll.result()
             except BookieUnavailableError:

@@ -1,0 +1,103 @@
+"""The decisions of a log of ledgers (protocol.txt "Ledgers to logs";
+closing-ledgers-safely.txt; ARCHITECTURE.md §4), as pure functions.
+
+Taking over a stream: read the ledger list, recover (fence + close) the LAST TWO
+ledgers -- the old writer may still be writing to the second-to-last while it adds the
+last one to the list -- create a new ledger and CAS the list. No write is served before
+that CAS succeeds; a CAS failure means someone else moved: start again.
+
+Rolling: create the new ledger, CAS it into the list, and only then close the old one,
+so writes continue during the metadata update (safe because takeover fences two).
+
+Retention (the exact rule). A ledger L of the list may be deleted iff ALL hold:
+  1. L is not the current (last) ledger of the list;
+  2. every durable cursor has consumed L: L comes before the ledger of the cursor's
+     mark-delete position (with no durable cursor, every ledger counts as consumed);
+  3. L is outside retention: retention time T > 0 and L was closed at least T ago
+     (a ledger's close time is the creation time of the next ledger), OR retention
+     size S > 0 and L together with every newer ledger holds more than S bytes.
+     With T = 0 and S = 0 retention is unlimited and nothing is deleted.
+The list is CASed FIRST, and only then are the ledgers deleted: a crash in between
+leaks ledgers (the sweeper collects them), it never leaves the list pointing at a
+deleted ledger.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LedgerSpan:
+    """What the stream's list knows of one ledger."""
+
+    ledger_id: int
+    entries: int = 0
+    size_bytes: int = 0
+    created_time_ms: int = 0
+
+
+def ledgers_to_recover(ledger_ids: Sequence[int]) -> list[int]:
+    """Takeover fences and closes the last two ledgers of the list."""
+    return list(ledger_ids[-2:])
+
+
+@dataclass(frozen=True)
+class RolloverPolicy:
+    max_entries: int = 0  # 0 = no limit
+    max_bytes: int = 0
+    max_age_ms: int = 0
+
+
+def roll_deadline_ms(created_ms: int, policy: RolloverPolicy, rnd: random.Random) -> int | None:
+    """When age makes the ledger roll, with up to 10% jitter so streams created together
+    do not all roll at once. None = no age limit."""
+    if policy.max_age_ms <= 0:
+        return None
+    return created_ms + policy.max_age_ms - int(rnd.random() * policy.max_age_ms * 0.1)
+
+
+def should_roll(
+    entries: int, size_bytes: int, now_ms: int, deadline_ms: int | None, policy: RolloverPolicy
+) -> bool:
+    if policy.max_entries and entries >= policy.max_entries:
+        return True
+    if policy.max_bytes and size_bytes >= policy.max_bytes:
+        return True
+    return deadline_ms is not None and entries > 0 and now_ms >= deadline_ms
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    time_ms: int = 0  # 0 = no time limit
+    size_bytes: int = 0  # 0 = no size limit
+
+
+def retention_plan(
+    ledgers: Sequence[LedgerSpan],
+    mark_delete_ledgers: Sequence[int],
+    policy: RetentionPolicy,
+    now_ms: int,
+) -> list[int]:
+    """Ids of the ledgers the rule above allows to delete (oldest first).
+
+    mark_delete_ledgers: for every durable cursor, the ledger id of its mark-delete
+    position (-1 when it has consumed nothing)."""
+    if len(ledgers) < 2 or (policy.time_ms <= 0 and policy.size_bytes <= 0):
+        return []
+    slowest = min(mark_delete_ledgers) if mark_delete_ledgers else None
+    candidates = []
+    for i, ledger in enumerate(ledgers[:-1]):  # rule 1: never the current ledger
+        if slowest is not None and ledger.ledger_id >= slowest:
+            break  # rule 2: this and every later ledger may still be needed
+        closed_ms = ledgers[i + 1].created_time_ms
+        too_old = policy.time_ms > 0 and now_ms - closed_ms >= policy.time_ms
+        newer_bytes = sum(other.size_bytes for other in ledgers[i:])
+        too_big = policy.size_bytes > 0 and newer_bytes > policy.size_bytes
+        if too_old or too_big:
+            candidates.append(ledger.ledger_id)
+        else:
+            break  # the list is deleted from the front only: keep order, no holes
+    return candidates

@@ -1,0 +1,244 @@
+"""`client.streams`: create, list, stats, delete, reset cursors, trim (retention), and
+the sweeper of leaked ledgers. The retention rule itself is
+streamlib.protocol.stream_rules.retention_plan."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from metadata.errors import BadVersionError, StreamExistsError
+from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
+from metadata.schemas import (
+    LedgerConfig,
+    StreamMetadata,
+    StreamMode,
+)
+from metadata.schemas import RetentionPolicy as RetentionPb
+from metadata.schemas import RolloverPolicy as RolloverPb
+from metadata.services.streams import StreamRegistry
+from streamlib.ledger.manager import LedgerManager
+from streamlib.protocol.errors import BadRequestError, NoSuchLedgerError, NoSuchStreamError
+from streamlib.protocol.quorum import validate_quorums
+from streamlib.protocol.stream_rules import (
+    LedgerSpan,
+    RetentionPolicy,
+    RolloverPolicy,
+    retention_plan,
+)
+from streamlib.stream.ack_ranges import AckRanges
+from streamlib.stream.consumer import position_from_pb, ranges_to_state
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start, position_before
+from streamlib.stream.writer import STREAM_PASSWORD, now_ms
+
+log = logging.getLogger(__name__)
+
+
+def _policy(value: Any, cls: type) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return cls(**value)
+        except TypeError as error:
+            raise BadRequestError(f"bad {cls.__name__}: {error}") from None
+    raise BadRequestError(f"expected a {cls.__name__} or a dict, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SubscriptionStats:
+    mark_delete: str
+    backlog_entries: int
+
+
+class StreamManager:
+    def __init__(self, registry: StreamRegistry, ledgers: LedgerManager) -> None:
+        self.registry = registry
+        self._ledgers = ledgers
+
+    async def read(self, name: str) -> tuple[StreamMetadata, int]:
+        try:
+            return await self.registry.read(name)
+        except MetadataNoSuchStream:
+            raise NoSuchStreamError(f"stream {name!r} does not exist") from None
+
+    async def create(
+        self,
+        name: str,
+        ensemble: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        rollover: RolloverPolicy | Mapping[str, int] | None = None,
+        retention: RetentionPolicy | Mapping[str, int] | None = None,
+        *,
+        mode: str = "managed",
+        properties: Mapping[str, str] | None = None,
+    ) -> StreamMetadata:
+        """Create a stream. rollover: max_entries / max_bytes / max_age_ms; retention:
+        time_ms / size_bytes (0 = unlimited; see stream_rules for the exact rule)."""
+        validate_quorums(ensemble, write_quorum, ack_quorum)
+        roll = _policy(rollover, RolloverPolicy)
+        keep = _policy(retention, RetentionPolicy)
+        if mode not in ("managed", "unbounded"):
+            raise BadRequestError(f"mode is 'managed' or 'unbounded', got {mode!r}")
+        if mode == "unbounded":
+            raise BadRequestError("unbounded streams are not available yet (managed only)")
+        md = StreamMetadata(
+            name=name,
+            mode=StreamMode.MANAGED,
+            ledger_config=LedgerConfig(
+                ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum
+            ),
+            rollover=RolloverPb(**asdict(roll)),
+            retention=RetentionPb(**asdict(keep)),
+            properties=dict(properties or {}),
+            created_time_ms=now_ms(),
+        )
+        await self.registry.create(md)
+        return md
+
+    async def ensure(self, name: str) -> None:
+        """Create the stream with defaults unless it exists (a producer's first send)."""
+        try:
+            await self.create(name)
+        except StreamExistsError:
+            pass
+
+    async def list(self) -> list[str]:
+        return await self.registry.list()
+
+    async def delete(self, name: str) -> None:
+        """Delete the stream and its cursors, then its ledgers (a crash in between
+        leaks ledgers for the sweeper; it never leaves a stream without its data)."""
+        md, version = await self.read(name)
+        await self.registry.delete(name, version)
+        for info in md.ledgers:
+            try:
+                await self._ledgers.delete(info.ledger_id)
+            except NoSuchLedgerError:
+                pass
+
+    # -- cursors ------------------------------------------------------------------------
+
+    async def cursors(self, name: str) -> dict[str, MessageId]:
+        await self.read(name)
+        result = {}
+        for sub in await self.registry.list_cursors(name):
+            stored = await self.registry.read_cursor(name, sub)
+            if stored is not None:
+                result[sub] = position_from_pb(stored[0].mark_delete)
+        return result
+
+    async def reset_cursor(self, name: str, subscription: str, position: MessageId | str) -> None:
+        """Move a subscription so the message AT `position` is delivered next, as
+        Consumer.seek does (EARLIEST replays everything; LATEST skips to the end). A
+        connected consumer picks the reset up when it next persists its cursor."""
+        await self.read(name)
+        target = parse_start(position)
+        if target not in (EARLIEST, LATEST):
+            target = position_before(target)
+        stored = await self.registry.read_cursor(name, subscription)
+        state = ranges_to_state(AckRanges(target))
+        await self.registry.write_cursor(
+            name, subscription, state, stored[1] if stored is not None else None
+        )
+
+    # -- stats --------------------------------------------------------------------------
+
+    async def stats(self, name: str) -> dict[str, Any]:
+        md, _ = await self.read(name)
+        ledgers = []
+        for i, info in enumerate(md.ledgers):
+            entries, size = info.entries, info.size_bytes
+            if i == len(md.ledgers) - 1:  # the current ledger: ask the bookies
+                try:
+                    handle = await self._ledgers.open(
+                        info.ledger_id, password=STREAM_PASSWORD, recover=False
+                    )
+                    entries = handle.last_entry_id + 1
+                    size = handle.metadata.length if handle.is_closed else size
+                except NoSuchLedgerError:
+                    pass
+            ledgers.append(
+                {"ledger_id": info.ledger_id, "entries": entries, "size_bytes": size,
+                 "created_time_ms": info.created_time_ms}
+            )  # fmt: skip
+        subscriptions = {}
+        for sub, mark in (await self.cursors(name)).items():
+            backlog = 0
+            for ledger in ledgers:
+                if ledger["ledger_id"] > mark.ledger_id:
+                    backlog += ledger["entries"]
+                elif ledger["ledger_id"] == mark.ledger_id:
+                    backlog += max(0, ledger["entries"] - mark.entry_id - 1)
+            subscriptions[sub] = asdict(SubscriptionStats(str(mark), backlog))
+        return {
+            "name": name,
+            "ledgers": ledgers,
+            "entries": sum(ledger["entries"] for ledger in ledgers),
+            "size_bytes": sum(ledger["size_bytes"] for ledger in ledgers),
+            "subscriptions": subscriptions,
+        }
+
+    # -- retention ----------------------------------------------------------------------
+
+    async def trim(self, name: str, *, now: int | None = None) -> builtins.list[int]:
+        """Apply retention now: CAS the list without the deletable ledgers FIRST, then
+        delete them. Returns the deleted ledger ids."""
+        for _ in range(10):
+            md, version = await self.read(name)
+            marks = [m.ledger_id for m in (await self.cursors(name)).values()]
+            spans = [
+                LedgerSpan(i.ledger_id, i.entries, i.size_bytes, i.created_time_ms)
+                for i in md.ledgers
+            ]
+            policy = RetentionPolicy(md.retention.time_ms, md.retention.size_bytes)
+            doomed = retention_plan(spans, marks, policy, now_ms() if now is None else now)
+            if not doomed:
+                return []
+            kept = [i for i in md.ledgers if i.ledger_id not in doomed]
+            del md.ledgers[:]
+            md.ledgers.extend(kept)
+            try:
+                await self.registry.write(name, md, version)
+            except BadVersionError:
+                continue  # a writer rolled meanwhile: plan again on the fresh list
+            for ledger_id in doomed:
+                try:
+                    await self._ledgers.delete(ledger_id)
+                except NoSuchLedgerError:
+                    pass
+            return doomed
+        return []
+
+    async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
+        """Delete ledgers tagged as belonging to a stream that no stream's list holds
+        (leaks of crashes between a list CAS and a delete, or of an abandoned takeover),
+        once they are older than grace_s: a writer adds its new ledger to the list
+        right after creating it, so a young unlisted ledger may be on its way in."""
+        listed: set[int] = set()
+        for name in await self.list():
+            try:
+                md, _ = await self.read(name)
+            except NoSuchStreamError:
+                continue
+            listed.update(i.ledger_id for i in md.ledgers)
+        swept = []
+        cutoff = time.time() * 1000 - grace_s * 1000
+        for ledger_id in await self._ledgers.list():
+            if ledger_id in listed:
+                continue
+            try:
+                ledger = await self._ledgers.metadata(ledger_id)
+            except NoSuchLedgerError:
+                continue
+            if "stream" in ledger.custom_metadata and ledger.creation_time_ms <= cutoff:
+                await self._ledgers.delete(ledger_id)
+                swept.append(ledger_id)
+        return swept

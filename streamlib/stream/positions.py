@@ -1,0 +1,84 @@
+"""Positions in a stream: MessageId(ledger_id, entry_id, batch_index), totally ordered.
+
+Ledger ids of one stream grow with the ledger list (new ledgers get fresh, larger ids),
+so tuple order is stream order. EARLIEST and LATEST are symbolic starting points.
+Serialised to 20 bytes (three big-endian integers) or to the string "ledger:entry:index".
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import ClassVar
+
+from streamlib.protocol.errors import InvalidPositionError
+
+_PACKED = struct.Struct(">qqi")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class MessageId:
+    ledger_id: int
+    entry_id: int
+    batch_index: int = 0
+
+    SIZE: ClassVar[int] = _PACKED.size
+
+    def __post_init__(self) -> None:
+        for name in ("ledger_id", "entry_id", "batch_index"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidPositionError(f"{name} must be an int, got {value!r}")
+        if self.batch_index < -1 or self.entry_id < -1 or self.ledger_id < -1:
+            raise InvalidPositionError(f"invalid message id {self}")
+
+    def to_bytes(self) -> bytes:
+        return _PACKED.pack(self.ledger_id, self.entry_id, self.batch_index)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MessageId:
+        if not isinstance(data, bytes | bytearray) or len(data) != _PACKED.size:
+            raise InvalidPositionError(
+                f"a serialised message id is {_PACKED.size} bytes, got {data!r:.60}"
+            )
+        return cls(*_PACKED.unpack(data))
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}:{self.batch_index}"
+
+    @classmethod
+    def parse(cls, text: str) -> MessageId:
+        """From "ledger:entry[:index]" (the str() form)."""
+        parts = str(text).split(":")
+        if len(parts) not in (2, 3):
+            raise InvalidPositionError(f"expected ledger:entry[:index], got {text!r}")
+        try:
+            return cls(*(int(p) for p in parts))
+        except ValueError:
+            raise InvalidPositionError(f"expected integers in {text!r}") from None
+
+
+# Symbolic starts: before everything, and after everything published so far.
+EARLIEST = MessageId(-1, -1, -1)
+LATEST = MessageId(2**63 - 1, 2**63 - 1, 2**31 - 1)
+
+
+def parse_start(value: MessageId | str | bytes) -> MessageId:
+    if isinstance(value, MessageId):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return MessageId.from_bytes(bytes(value))
+    if value in ("earliest", "EARLIEST"):
+        return EARLIEST
+    if value in ("latest", "LATEST"):
+        return LATEST
+    return MessageId.parse(value)
+
+
+def position_before(position: MessageId) -> MessageId:
+    """The mark-delete position that makes `position` the next message delivered."""
+    if position.batch_index > 0:
+        return MessageId(position.ledger_id, position.entry_id, position.batch_index - 1)
+    if position.entry_id > 0:
+        return MessageId(position.ledger_id, position.entry_id - 1, LATEST.batch_index)
+    return MessageId(position.ledger_id - 1, LATEST.entry_id, LATEST.batch_index)

@@ -1,0 +1,188 @@
+"""Producer: batches messages into entries of a stream (one protobuf Batch envelope per
+entry: key, properties, publish time, event time, payload per message)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from streamlib.protocol.errors import BadRequestError, StreamlibError, TooLargeError
+from streamlib.stream import envelope_pb2 as envelope
+from streamlib.stream.positions import MessageId
+from streamlib.stream.writer import StreamWriter, now_ms
+
+MAX_ENTRY_BYTES = 5 * 1024 * 1024
+ENVELOPE_OVERHEAD = 1024  # room for keys, properties and framing within one entry
+
+
+class ProducerQueueIsFullError(StreamlibError):
+    """max_pending_messages are waiting for acknowledgement and block_if_queue_full is off."""
+
+
+@dataclass
+class _Batch:
+    messages: list[envelope.Message]
+    futures: list[asyncio.Future[MessageId]]
+    size: int = 0
+
+
+def _millis(value: int | float | dt.datetime | None) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, dt.datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise BadRequestError(f"event_time must be a datetime or epoch milliseconds, got {value!r}")
+
+
+class Producer:
+    def __init__(
+        self,
+        writer: StreamWriter,
+        *,
+        batching_max_messages: int = 1000,
+        batching_max_bytes: int = 128 * 1024,
+        batching_max_publish_delay_ms: float = 1.0,
+        max_pending_messages: int = 20_000,
+        block_if_queue_full: bool = True,
+    ) -> None:
+        if batching_max_messages < 1 or batching_max_bytes < 1 or max_pending_messages < 1:
+            raise BadRequestError("batching limits and max_pending_messages must be >= 1")
+        if batching_max_publish_delay_ms < 0:
+            raise BadRequestError("batching_max_publish_delay_ms must be >= 0")
+        self._writer = writer
+        self.stream = writer.name
+        self._max_messages = batching_max_messages
+        self._max_bytes = min(batching_max_bytes, MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD)
+        self._delay_s = batching_max_publish_delay_ms / 1000.0
+        self._max_pending = max_pending_messages
+        self._block = block_if_queue_full
+        self._batch = _Batch([], [])
+        self._timer: asyncio.TimerHandle | None = None
+        self._pending = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._closed = False
+
+    async def send_async(
+        self,
+        data: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | float | dt.datetime | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue a message (waiting for room if the queue is full and blocking is on);
+        the returned future gives its MessageId once the entry holding it is durable."""
+        if self._closed:
+            raise BadRequestError(f"producer of {self.stream!r} is closed")
+        message = self._message(data, key, properties, event_time)
+        while self._pending >= self._max_pending:
+            if not self._block:
+                raise ProducerQueueIsFullError(
+                    f"{self._pending} messages pending on {self.stream!r} (max_pending_messages)"
+                )
+            self._room.clear()
+            await self._room.wait()
+        size = message.ByteSize()
+        if self._batch.messages and self._batch.size + size > self._max_bytes:
+            self._seal()
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._batch.messages.append(message)
+        self._batch.futures.append(future)
+        self._batch.size += size
+        self._pending += 1
+        if len(self._batch.messages) >= self._max_messages or self._batch.size >= self._max_bytes:
+            self._seal()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._seal)
+        return future
+
+    async def send(
+        self,
+        data: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | float | dt.datetime | None = None,
+    ) -> MessageId:
+        """Send one message and wait until it is durable; its MessageId."""
+        return await (await self.send_async(data, key, properties, event_time))
+
+    def _message(
+        self,
+        data: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | float | dt.datetime | None,
+    ) -> envelope.Message:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise BadRequestError(f"message data must be bytes, got {type(data).__name__}")
+        if len(data) > MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD:
+            raise TooLargeError(
+                f"message of {len(data)} bytes is over the {MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD}"
+                "-byte limit"
+            )
+        if key is not None and not isinstance(key, str):
+            raise BadRequestError(f"key must be a str, got {type(key).__name__}")
+        props = dict(properties or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+            raise BadRequestError("properties map str to str")
+        message = envelope.Message(
+            properties=props,
+            publish_time_ms=now_ms(),
+            event_time_ms=_millis(event_time),
+            payload=bytes(data),
+        )
+        if key is not None:
+            message.key = key
+        return message
+
+    def _seal(self) -> None:
+        """Turn the open batch into one entry."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._batch = self._batch, _Batch([], [])
+        if not batch.messages:
+            return
+        data = envelope.Batch(format_version=1, messages=batch.messages).SerializeToString()
+        try:
+            entry = self._writer.append_nowait(data)
+        except StreamlibError as error:
+            self._settle(batch, error=error)
+            return
+        entry.add_done_callback(lambda done: self._settle(batch, done=done))
+
+    def _settle(
+        self,
+        batch: _Batch,
+        done: asyncio.Future[tuple[int, int]] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if done is not None:
+            error = done.exception()
+        for index, future in enumerate(batch.futures):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                assert done is not None
+                ledger_id, entry_id = done.result()
+                future.set_result(MessageId(ledger_id, entry_id, index))
+        self._pending -= len(batch.futures)
+        self._room.set()
+
+    async def flush(self) -> None:
+        """Send the open batch now and wait until everything sent is durable."""
+        self._seal()
+        await self._writer.flush()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._seal()
+        await self._writer.close()

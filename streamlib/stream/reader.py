@@ -1,0 +1,269 @@
+"""Reading a stream: the scanner (messages after a position, across the ledger list,
+tailing the current ledger with the bookies' long-poll) and the non-durable Reader."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from bookie.wire import bookie_pb2 as pb
+from metadata.services.streams import StreamRegistry
+from streamlib.ledger.handles import ReadHandle
+from streamlib.ledger.manager import LedgerManager
+from streamlib.protocol.errors import NoSuchLedgerError, StreamlibError
+from streamlib.stream import envelope_pb2 as envelope
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
+from streamlib.stream.writer import STREAM_PASSWORD
+
+
+class MessageDecodeError(StreamlibError):
+    """An entry of a stream is not a message batch (written outside the stream API?)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message as consumers see it."""
+
+    stream: str
+    message_id: MessageId
+    data: bytes
+    key: str | None
+    properties: dict[str, str]
+    publish_time_ms: int
+    event_time_ms: int
+    redelivery_count: int = 0
+    previous: MessageId = field(default=EARLIEST, repr=False, compare=False)
+
+    def value(self) -> bytes:
+        return self.data
+
+
+def decode_entry(
+    stream: str, ledger_id: int, entry_id: int, payload: bytes, previous: MessageId
+) -> list[Message]:
+    try:
+        batch = envelope.Batch.FromString(payload)
+    except DecodeError as error:
+        raise MessageDecodeError(
+            f"stream {stream!r} ledger {ledger_id} entry {entry_id} is not a message batch"
+        ) from error
+    messages = []
+    for index, m in enumerate(batch.messages):
+        position = MessageId(ledger_id, entry_id, index)
+        messages.append(
+            Message(
+                stream,
+                position,
+                m.payload,
+                m.key if m.HasField("key") else None,
+                dict(m.properties),
+                m.publish_time_ms,
+                m.event_time_ms,
+                previous=previous,
+            )
+        )
+        previous = position
+    return messages
+
+
+class StreamScanner:
+    """Messages strictly after `start_after`, in stream order. With tail=True it waits
+    for new messages (long-poll) and follows rolls; with tail=False it stops at the end
+    that is confirmed now."""
+
+    def __init__(
+        self,
+        ledgers: LedgerManager,
+        registry: StreamRegistry,
+        name: str,
+        start_after: MessageId,
+        *,
+        tail: bool = True,
+        poll_timeout_s: float = 5.0,
+        batch_entries: int = 256,
+    ) -> None:
+        self._ledgers = ledgers
+        self._registry = registry
+        self.name = name
+        self.start_after = start_after
+        self.tail = tail
+        self.poll_timeout_s = poll_timeout_s
+        self.batch_entries = batch_entries
+        self.long_polls = 0
+
+    async def end_position(self) -> MessageId:
+        """The position of the last message confirmed now (EARLIEST if none)."""
+        md, _ = await self._registry.read(self.name)
+        for info in reversed(md.ledgers):
+            try:
+                handle = await self._ledgers.open(
+                    info.ledger_id, password=STREAM_PASSWORD, recover=False
+                )
+            except NoSuchLedgerError:
+                continue
+            if handle.last_entry_id >= 0:
+                return MessageId(info.ledger_id, handle.last_entry_id, LATEST.batch_index)
+        return EARLIEST
+
+    async def messages(self) -> AsyncIterator[Message]:
+        after = self.start_after
+        if after == LATEST:
+            after = await self.end_position()
+        previous = after
+        watch = self._registry.store.watch(self._registry.stream_path(self.name))
+        finished: int | None = None  # the last ledger read to its end
+        try:
+            while True:
+                md, _ = await self._registry.read(self.name)
+                ids = [info.ledger_id for info in md.ledgers]
+                if finished is None:
+                    candidates = [i for i in ids if i >= after.ledger_id]
+                else:
+                    candidates = [i for i in ids if i > finished]
+                if not candidates:
+                    if not self.tail:
+                        return
+                    await self._wait(watch)
+                    continue
+                ledger_id = candidates[0]
+                async for message in self._ledger_messages(ledger_id, after, previous, ids):
+                    previous = message.message_id
+                    yield message
+                finished = ledger_id
+                if not self.tail and ledger_id == ids[-1]:
+                    return
+        finally:
+            await watch.close()
+
+    async def _wait(self, watch: object) -> None:
+        try:
+            await watch.next(self.poll_timeout_s)  # type: ignore[attr-defined]
+        except TimeoutError:
+            pass
+
+    async def _open(self, ledger_id: int, recover: bool) -> ReadHandle | None:
+        try:
+            return await self._ledgers.open(ledger_id, password=STREAM_PASSWORD, recover=recover)
+        except NoSuchLedgerError:
+            return None  # trimmed by retention meanwhile
+
+    async def _ledger_messages(
+        self,
+        ledger_id: int,
+        after: MessageId,
+        previous: MessageId,
+        ids: list[int],
+    ) -> AsyncIterator[Message]:
+        is_last = ledger_id == ids[-1]
+        # A ledger that is no longer the last was rolled away from (or abandoned by a
+        # crashed writer): recovering it gives its final end. The last one is tailed.
+        handle = await self._open(ledger_id, recover=not is_last)
+        if handle is None:
+            return
+        try:
+            async for message in self._entries(handle, ledger_id, after, previous):
+                yield message
+        finally:
+            await handle.close()
+
+    async def _entries(
+        self, handle: ReadHandle, ledger_id: int, after: MessageId, previous: MessageId
+    ) -> AsyncIterator[Message]:
+        next_entry = max(after.entry_id, 0) if after.ledger_id == ledger_id else 0
+        while True:
+            end = handle.last_entry_id
+            if next_entry <= end:
+                last = min(end, next_entry + self.batch_entries - 1)
+                for entry in await handle.read_entries(next_entry, last):
+                    if entry.flags & pb.TRUNCATE:
+                        continue  # unbounded mode's no-op entries are never messages
+                    for message in decode_entry(
+                        self.name, ledger_id, entry.entry_id, entry.payload, previous
+                    ):
+                        if message.message_id > after:
+                            previous = message.message_id
+                            yield message
+                next_entry = last + 1
+                continue
+            if handle.is_closed:
+                return
+            if not self.tail:
+                return
+            if await self._superseded(ledger_id):
+                recovered = await self._open(ledger_id, recover=True)
+                if recovered is None:
+                    return
+                await handle.close()
+                handle = recovered
+                continue
+            self.long_polls += 1
+            await handle.wait_for_more(next_entry, self.poll_timeout_s)
+
+    async def _superseded(self, ledger_id: int) -> bool:
+        md, _ = await self._registry.read(self.name)
+        return bool(md.ledgers) and md.ledgers[-1].ledger_id != ledger_id
+
+
+class Reader:
+    """A non-durable reader: reads from a position, remembers nothing."""
+
+    def __init__(self, scanner: StreamScanner, *, queue_size: int = 1000) -> None:
+        self._scanner = scanner
+        self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(queue_size)
+        self._task: asyncio.Task[None] | None = None
+        self._last: MessageId = scanner.start_after
+        self.stream = scanner.name
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._fill())
+
+    async def _fill(self) -> None:
+        try:
+            async for message in self._scanner.messages():
+                await self._queue.put(message)
+        except StreamlibError as error:
+            await self._queue.put(error)
+
+    async def read_next(self, timeout: float | None = None) -> Message:
+        """The next message; TimeoutError if none comes within timeout seconds."""
+        self._start()
+        item = await asyncio.wait_for(self._queue.get(), timeout)
+        if isinstance(item, BaseException):
+            raise item
+        self._last = item.message_id
+        return item
+
+    async def has_message_available(self) -> bool:
+        if not self._queue.empty():
+            return True
+        end = await self._scanner.end_position()
+        last = self._last
+        if last == LATEST:
+            return False
+        return end != EARLIEST and (end.ledger_id, end.entry_id) > (last.ledger_id, last.entry_id)
+
+    async def seek(self, position: MessageId | str) -> None:
+        """Read from just after position next (EARLIEST / LATEST allowed)."""
+        await self._stop()
+        self._scanner.start_after = parse_start(position)
+        self._last = self._scanner.start_after
+        self._queue = asyncio.Queue(self._queue.maxsize)
+
+    async def _stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def close(self) -> None:
+        await self._stop()
+
+    def __aiter__(self) -> Reader:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self.read_next()

@@ -1,0 +1,285 @@
+"""The single writer of a managed stream: takeover, appends, rolling.
+
+Takeover and rolling follow streamlib.protocol.stream_rules (protocol.txt "Opening a
+log", "Rolling ledgers"). Acknowledgements are delivered in append order across
+ledger boundaries. A writer that loses the stream to another (its ledger is fenced, or
+the list moved on without it) fails every later append with StreamFencedError; what
+it had acknowledged stays in the stream (the new writer recovered it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from metadata.errors import BadVersionError
+from metadata.schemas import LedgerInfo, StreamMetadata
+from metadata.services.streams import StreamRegistry
+from streamlib.ledger.handles import WriteHandle
+from streamlib.ledger.manager import LedgerManager
+from streamlib.protocol.errors import (
+    InvalidTermError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    StreamFencedError,
+    StreamlibError,
+)
+from streamlib.protocol.stream_rules import (
+    RolloverPolicy,
+    ledgers_to_recover,
+    roll_deadline_ms,
+    should_roll,
+)
+
+log = logging.getLogger(__name__)
+
+STREAM_PASSWORD = b""  # ledgers of a stream are opened by any reader of the stream
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class _Pending:
+    inner: asyncio.Future[int]
+    outer: asyncio.Future[tuple[int, int]]
+    ledger_id: int
+
+
+@dataclass
+class WriterStats:
+    takeover_attempts: int = 0
+    rolls: int = 0
+    ledgers_created: list[int] = field(default_factory=list)
+
+
+class StreamWriter:
+    def __init__(
+        self,
+        ledgers: LedgerManager,
+        registry: StreamRegistry,
+        name: str,
+        *,
+        max_takeover_attempts: int = 10,
+        on_roll: Callable[[], None] | None = None,
+    ) -> None:
+        self._ledgers = ledgers
+        self._registry = registry
+        self.name = name
+        self._max_attempts = max_takeover_attempts
+        self._current: WriteHandle | None = None
+        self._current_created_ms = 0
+        self._roll_deadline: int | None = None
+        self._rolling: asyncio.Task[None] | None = None
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._fenced: StreamlibError | None = None
+        self._rnd = random.Random()
+        self._policy = RolloverPolicy()
+        self._config: tuple[int, int, int] = (3, 2, 2)
+        self._on_roll = on_roll
+        self.stats = WriterStats()
+
+    @property
+    def ledger_id(self) -> int | None:
+        return self._current.ledger_id if self._current else None
+
+    # -- takeover -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Take over the stream: recover the last two ledgers, add a new one by CAS."""
+        for _ in range(self._max_attempts):
+            self.stats.takeover_attempts += 1
+            md, version = await self._registry.read(self.name)
+            self._load_config(md)
+            for ledger_id in ledgers_to_recover([info.ledger_id for info in md.ledgers]):
+                await self._recover(md, ledger_id)
+            handle = await self._create_ledger()
+            md.ledgers.append(LedgerInfo(ledger_id=handle.ledger_id, created_time_ms=now_ms()))
+            try:
+                await self._registry.write(self.name, md, version)
+            except BadVersionError:
+                await self._discard(handle)  # someone else moved: start again
+                continue
+            self._use(handle)
+            return
+        raise StreamFencedError(
+            f"stream {self.name!r}: could not take over in {self._max_attempts} attempts; "
+            "another writer keeps moving the ledger list"
+        )
+
+    def _load_config(self, md: StreamMetadata) -> None:
+        cfg = md.ledger_config
+        self._config = (cfg.ensemble_size or 3, cfg.write_quorum or 2, cfg.ack_quorum or 2)
+        r = md.rollover
+        self._policy = RolloverPolicy(r.max_entries, r.max_bytes, r.max_age_ms)
+
+    async def _recover(self, md: StreamMetadata, ledger_id: int) -> None:
+        """Fence and close a ledger of the list; record its final size in md."""
+        try:
+            handle = await self._ledgers.open(ledger_id, password=STREAM_PASSWORD)
+        except NoSuchLedgerError:
+            return  # deleted meanwhile (a leak swept up): nothing to fence
+        for info in md.ledgers:
+            if info.ledger_id == ledger_id:
+                info.entries = handle.last_entry_id + 1
+                info.size_bytes = handle.metadata.length
+
+    async def _create_ledger(self) -> WriteHandle:
+        e, qw, qa = self._config
+        handle = await self._ledgers.create(
+            e, qw, qa, password=STREAM_PASSWORD, custom_metadata={"stream": self.name.encode()}
+        )
+        self.stats.ledgers_created.append(handle.ledger_id)
+        return handle
+
+    async def _discard(self, handle: WriteHandle) -> None:
+        try:
+            await handle.close()
+            await self._ledgers.delete(handle.ledger_id)
+        except StreamlibError as error:  # left for the sweeper
+            log.info(
+                "stream %s: could not discard ledger %d: %s", self.name, handle.ledger_id, error
+            )
+
+    def _use(self, handle: WriteHandle) -> None:
+        self._current = handle
+        self._current_created_ms = now_ms()
+        self._roll_deadline = roll_deadline_ms(self._current_created_ms, self._policy, self._rnd)
+
+    # -- appends ------------------------------------------------------------------------
+
+    def append_nowait(self, data: bytes) -> asyncio.Future[tuple[int, int]]:
+        """Append one entry; the future gives (ledger id, entry id) once acknowledged,
+        in append order."""
+        if self._fenced is not None:
+            raise StreamFencedError(f"stream {self.name!r}: {self._fenced}")
+        if self._current is None:
+            raise StreamFencedError(f"stream {self.name!r}: the writer has not started")
+        handle = self._current
+        inner = handle.append_nowait([data])[0]
+        outer: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(inner, outer, handle.ledger_id))
+        inner.add_done_callback(self._drain)
+        self._maybe_roll()
+        return outer
+
+    async def append(self, data: bytes) -> tuple[int, int]:
+        return await self.append_nowait(data)
+
+    def _drain(self, _: object = None) -> None:
+        """Resolve outer futures strictly in append order."""
+        while self._pending and self._pending[0].inner.done():
+            item = self._pending.popleft()
+            if item.outer.done():
+                continue
+            error = item.inner.exception()
+            if error is None:
+                item.outer.set_result((item.ledger_id, item.inner.result()))
+                continue
+            if isinstance(error, LedgerFencedError | InvalidTermError):
+                self._fence(error)
+                error = StreamFencedError(
+                    f"stream {self.name!r} was taken over by another writer ({error})"
+                )
+            item.outer.set_exception(error)
+
+    def _fence(self, cause: StreamlibError) -> None:
+        if self._fenced is None:
+            self._fenced = cause
+            log.info("stream %s: fenced out (%s)", self.name, cause)
+
+    # -- rolling ------------------------------------------------------------------------
+
+    def _maybe_roll(self) -> None:
+        handle = self._current
+        if handle is None or self._rolling is not None:
+            return
+        entries = handle.next_entry_id  # entries handed to this ledger
+        if should_roll(entries, handle.length, now_ms(), self._roll_deadline, self._policy):
+            self._rolling = asyncio.get_running_loop().create_task(self._roll())
+
+    async def roll(self) -> None:
+        """Roll now (also used by age-based rolling on idle streams)."""
+        if self._rolling is None:
+            self._rolling = asyncio.get_running_loop().create_task(self._roll())
+        await self._rolling
+
+    async def _roll(self) -> None:
+        old = self._current
+        assert old is not None
+        try:
+            new = await self._create_ledger()
+            while True:
+                md, version = await self._registry.read(self.name)
+                if not md.ledgers or md.ledgers[-1].ledger_id != old.ledger_id:
+                    await self._discard(new)
+                    self._fence(StreamFencedError("the ledger list moved on without us"))
+                    return
+                md.ledgers[-1].entries = old.next_entry_id
+                md.ledgers[-1].size_bytes = old.length
+                md.ledgers.append(LedgerInfo(ledger_id=new.ledger_id, created_time_ms=now_ms()))
+                try:
+                    await self._registry.write(self.name, md, version)
+                    break
+                except BadVersionError:
+                    continue  # e.g. retention trimmed the front meanwhile: re-read
+            self._use(new)  # from here on appends go to the new ledger
+            self.stats.rolls += 1
+            try:
+                await old.close()  # after its pending appends
+            except (LedgerFencedError, InvalidTermError) as error:
+                self._fence(error)
+            if self._on_roll is not None:
+                self._on_roll()
+        except StreamlibError as error:
+            log.warning("stream %s: roll failed: %s", self.name, error)
+        finally:
+            self._rolling = None
+
+    async def check_age(self) -> None:
+        """Roll a ledger past its age even when no append comes (idle streams)."""
+        handle = self._current
+        if handle is None or self._rolling is not None or self._fenced is not None:
+            return
+        entries = handle.next_entry_id
+        if should_roll(entries, handle.length, now_ms(), self._roll_deadline, self._policy):
+            await self.roll()
+
+    # -- closing ------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        pending = [p.outer for p in self._pending]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def close(self) -> None:
+        if self._rolling is not None:
+            await asyncio.gather(self._rolling, return_exceptions=True)
+        await self.flush()
+        if self._current is not None and self._fenced is None:
+            try:
+                metadata = await self._current.close()
+            except (LedgerFencedError, InvalidTermError) as error:
+                self._fence(error)
+                return
+            await self._record_final(
+                metadata.ledger_id, metadata.last_entry_id + 1, metadata.length
+            )
+
+    async def _record_final(self, ledger_id: int, entries: int, size: int) -> None:
+        for _ in range(5):
+            md, version = await self._registry.read(self.name)
+            for info in md.ledgers:
+                if info.ledger_id == ledger_id:
+                    info.entries, info.size_bytes = entries, size
+            try:
+                await self._registry.write(self.name, md, version)
+                return
+            except BadVersionError:
+                continue
