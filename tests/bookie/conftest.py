@@ -42,6 +42,7 @@ def entry(
         master_key=key,
         flags=flags,
         term=term,
+        length=(entry_id + 1) * size,
     )
 
 

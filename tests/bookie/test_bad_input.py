@@ -53,6 +53,7 @@ add_entries = st.builds(
     master_key=keys,
     flags=flags,
     term=st.integers(0, 2**64 - 1),
+    length=ids,
 )
 reads = st.builds(
     pb.ReadRequest,

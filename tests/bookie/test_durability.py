@@ -32,6 +32,7 @@ def assert_reads_back(client, ledger_id: int, entry_ids: list[int], size: int) -
             assert r.status == pb.OK, (eid, r.message)
             assert r.entry.payload == payload_of(ledger_id, eid, size)
             assert r.entry.digest == b"digest-%d" % eid
+            assert r.entry.length == (eid + 1) * size
 
 
 def test_every_acknowledged_entry_reads_back_after_sigkill_during_adds(cluster: Cluster) -> None:

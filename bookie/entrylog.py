@@ -1,0 +1,135 @@
+"""Entry logs: the files that hold entry payloads after the journal.
+
+The background flush appends whole batches (sorted by ledger and entry, so one
+ledger's entries sit together for range reads) to the current log and fsyncs once;
+logs rotate past ``max_file_bytes``. A location is (log id, offset, length) of one
+framed record, the same bytes the journal wrote. A read verifies the CRC and turns
+any failure into :class:`StorageIOError`: the index says the entry exists, so the
+answer must be "unknown", never "no such entry".
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from itertools import accumulate
+from pathlib import Path
+
+from bookie.errors import DataDirectoryError, StorageIOError
+from bookie.journal import fsync_dir, write_all
+from bookie.records import RecordError, StoredEntry, decode_entry, parse_frame
+
+LOCATION = struct.Struct(">IQI")
+
+
+def pack_location(log_id: int, offset: int, length: int) -> bytes:
+    return LOCATION.pack(log_id, offset, length)
+
+
+def unpack_location(raw: bytes) -> tuple[int, int, int]:
+    log_id, offset, length = LOCATION.unpack(raw)
+    return log_id, offset, length
+
+
+class EntryLogger:
+    def __init__(self, directory: Path, *, max_file_bytes: int = 512 << 20) -> None:
+        self.directory = directory
+        self.max_file_bytes = max_file_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        self._read_fds: dict[int, int] = {}
+        self._lock = threading.Lock()  # guards _read_fds: reads run on the loop, deletes in GC
+        ids = self.log_ids()
+        self.current_id = (ids[-1] + 1) if ids else 1
+        self._write_fd = -1
+        self._write_offset = 0
+
+    def _path(self, log_id: int) -> Path:
+        return self.directory / f"entrylog-{log_id:08x}.log"
+
+    def log_ids(self) -> list[int]:
+        ids = []
+        for p in self.directory.glob("entrylog-*.log"):
+            try:
+                ids.append(int(p.stem.split("-", 1)[1], 16))
+            except ValueError:
+                raise DataDirectoryError(f"unexpected file among the entry logs: {p}") from None
+        return sorted(ids)
+
+    def append(self, parts: list[bytes], sizes: list[int]) -> tuple[int, list[int]]:
+        """Write records to the current log and fsync; (log id, offset of each record).
+
+        ``parts`` are the records' bytes in order (a record may be several parts) and
+        ``sizes`` each record's total length. A new log is started for every flush
+        after a restart (``current_id`` is past every existing log), so a log never
+        has a torn tail followed by new data.
+        """
+        if self._write_fd < 0 or self._write_offset >= self.max_file_bytes:
+            self._roll()
+        start = self._write_offset
+        offsets = [start + before for before in accumulate(sizes, initial=0)]
+        written = write_all(self._write_fd, parts)
+        os.fdatasync(self._write_fd)
+        self._write_offset = offsets.pop()
+        assert written == self._write_offset - start
+        return self.current_id, offsets
+
+    def roll(self) -> None:
+        """Start the next log now (compaction can only rewrite logs no longer written)."""
+        if self._write_fd >= 0:
+            self._roll()
+
+    def _roll(self) -> None:
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self.current_id += 1
+        path = self._path(self.current_id)
+        self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._write_offset = os.fstat(self._write_fd).st_size
+        fsync_dir(self.directory)
+
+    def _fd(self, log_id: int) -> int:
+        with self._lock:
+            fd = self._read_fds.get(log_id)
+            if fd is None:
+                fd = os.open(self._path(log_id), os.O_RDONLY)
+                self._read_fds[log_id] = fd
+            return fd
+
+    def read_record(self, log_id: int, offset: int, length: int) -> bytes:
+        """The framed record at a location, CRC-checked."""
+        try:
+            data = os.pread(self._fd(log_id), length, offset)
+        except OSError as e:
+            raise StorageIOError(f"entry log {log_id:08x} unreadable: {e}") from None
+        try:
+            parse_frame(data, 0)
+        except (RecordError, EOFError) as e:
+            raise StorageIOError(
+                f"entry log {log_id:08x} offset {offset}: stored entry is damaged ({e or 'short read'})"
+            ) from None
+        return data
+
+    def read(self, log_id: int, offset: int, length: int) -> StoredEntry:
+        data = self.read_record(log_id, offset, length)
+        body, _ = parse_frame(data, 0)
+        try:
+            return decode_entry(body)
+        except RecordError as e:
+            raise StorageIOError(f"entry log {log_id:08x} offset {offset}: {e}") from None
+
+    def delete(self, log_id: int) -> None:
+        with self._lock:
+            fd = self._read_fds.pop(log_id, None)
+        if fd is not None:
+            os.close(fd)
+        self._path(log_id).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1

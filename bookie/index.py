@@ -1,0 +1,195 @@
+"""The index: (ledger, entry) -> entry-log location, plus durable ledger state, in LMDB.
+
+Why LMDB rather than RocksDB (rocksdict): measured on this machine (2 cores, one
+disk) with 100,000 index records written in synced batches of 2,000, both commit
+a batch in ~3.3 ms, but a point lookup costs ~1.7 us in LMDB against ~4.9 us in
+rocksdict; reads are on the event loop, so lookups matter more. LMDB also runs no
+background compaction threads competing for the two cores, keeps one file, and a
+synced commit is a real durability point (we rely on that for the fence).
+
+Keys (big-endian, so an LMDB cursor walks one ledger's entries in order):
+  b"E" + ledger(8) + entry(8) -> location (log id, offset, length)
+  b"L" + ledger(8)            -> LedgerState
+  b"G" + log id(4)            -> total bytes written to that entry log
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from bookie.entrylog import LOCATION, unpack_location
+
+_ENTRY_KEY = struct.Struct(">cqq")
+_LEDGER_KEY = struct.Struct(">cq")
+_LOG_KEY = struct.Struct(">cI")
+_STATE = struct.Struct(">BQqqH")
+_FENCED = 1
+_U64 = struct.Struct(">Q")
+
+
+def entry_key(ledger_id: int, entry_id: int) -> bytes:
+    return _ENTRY_KEY.pack(b"E", ledger_id, entry_id)
+
+
+@dataclass(slots=True)
+class LedgerState:
+    """What a bookie must remember about a ledger beyond its entries."""
+
+    master_key: bytes
+    fenced: bool = False
+    term: int = 0
+    explicit_lac: int = -1
+    piggyback_lac: int = -1  # the highest LAC carried by an entry the bookie stored
+
+    @property
+    def lac(self) -> int:
+        return max(self.explicit_lac, self.piggyback_lac)
+
+    def pack(self) -> bytes:
+        flags = _FENCED if self.fenced else 0
+        head = _STATE.pack(
+            flags, self.term, self.explicit_lac, self.piggyback_lac, len(self.master_key)
+        )
+        return head + self.master_key
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> LedgerState:
+        flags, term, explicit, piggy, mk_len = _STATE.unpack_from(raw, 0)
+        mk = bytes(raw[_STATE.size : _STATE.size + mk_len])
+        return cls(mk, bool(flags & _FENCED), term, explicit, piggy)
+
+
+Location = tuple[int, int, int]
+
+
+class LedgerIndex:
+    def __init__(self, directory: Path, *, map_size: int = 64 << 30) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        # map_size is address space, not disk: LMDB files grow as needed up to it.
+        self.env = lmdb.open(str(directory), map_size=map_size, max_dbs=0, sync=True)
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- entries ----------------------------------------------------------------------
+
+    def get(self, ledger_id: int, entry_id: int) -> Location | None:
+        with self.env.begin(buffers=False) as txn:
+            raw = txn.get(entry_key(ledger_id, entry_id))
+        return None if raw is None else unpack_location(raw)
+
+    def all_locations(self) -> list[tuple[int, int, Location]]:
+        """(ledger, entry, location) of every indexed entry (for compaction accounting)."""
+        out: list[tuple[int, int, Location]] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor()
+            if not cur.set_range(b"E"):
+                return out
+            for key, value in cur:
+                if key[:1] != b"E":
+                    break
+                _, ledger, entry = _ENTRY_KEY.unpack(key)
+                out.append((ledger, entry, unpack_location(value)))
+        return out
+
+    def write_flush(
+        self,
+        log_id: int,
+        keys: list[tuple[int, int]],
+        offsets: list[int],
+        sizes: list[int],
+        states: dict[int, LedgerState],
+        log_bytes: dict[int, int],
+    ) -> None:
+        """One synced transaction: entries ``keys`` now live in ``log_id`` at ``offsets``
+        (``sizes`` long), plus dirty ledger states and entry-log sizes."""
+        pack_key, pack_loc = _ENTRY_KEY.pack, LOCATION.pack
+        with self.env.begin(write=True) as txn:
+            # putmulti: one C call for the batch (keys arrive sorted, so LMDB appends fast).
+            txn.cursor().putmulti(
+                [
+                    (pack_key(b"E", ledger, entry), pack_loc(log_id, offset, size))
+                    for (ledger, entry), offset, size in zip(keys, offsets, sizes, strict=True)
+                ]
+            )
+            for ledger, state in states.items():
+                txn.put(_LEDGER_KEY.pack(b"L", ledger), state.pack())
+            for log, nbytes in log_bytes.items():
+                key = _LOG_KEY.pack(b"G", log)
+                old = txn.get(key)
+                total = nbytes + (_U64.unpack(old)[0] if old is not None else 0)
+                txn.put(key, _U64.pack(total))
+
+    def delete_entries(self, ledger_id: int, above: int = -1) -> int:
+        """Delete every indexed entry of the ledger with id > ``above``; the count deleted."""
+        prefix = _LEDGER_KEY.pack(b"E", ledger_id)
+        n = 0
+        with self.env.begin(write=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(entry_key(ledger_id, above + 1)):
+                return 0
+            while cur.key().startswith(prefix):
+                if not cur.delete():
+                    break
+                n += 1
+        return n
+
+    # -- ledger state -----------------------------------------------------------------
+
+    def get_state(self, ledger_id: int) -> LedgerState | None:
+        with self.env.begin() as txn:
+            raw = txn.get(_LEDGER_KEY.pack(b"L", ledger_id))
+        return None if raw is None else LedgerState.unpack(raw)
+
+    def put_state(self, ledger_id: int, state: LedgerState) -> None:
+        """Synced: returns only once the state is on disk (the fence relies on this)."""
+        with self.env.begin(write=True) as txn:
+            txn.put(_LEDGER_KEY.pack(b"L", ledger_id), state.pack())
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self.delete_entries(ledger_id)
+        with self.env.begin(write=True) as txn:
+            txn.delete(_LEDGER_KEY.pack(b"L", ledger_id))
+
+    def ledger_ids(self) -> list[int]:
+        out: list[int] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor()
+            if not cur.set_range(b"L"):
+                return out
+            for key in cur.iternext(values=False):
+                if key[:1] != b"L":
+                    break
+                out.append(_LEDGER_KEY.unpack(key)[1])
+        return out
+
+    # -- entry log accounting ---------------------------------------------------------
+
+    def log_sizes(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        with self.env.begin() as txn:
+            cur = txn.cursor()
+            if not cur.set_range(b"G"):
+                return out
+            for key, value in cur:
+                if key[:1] != b"G":
+                    break
+                out[_LOG_KEY.unpack(key)[1]] = _U64.unpack(value)[0]
+        return out
+
+    def move_entries(
+        self,
+        log_id: int,
+        keys: list[tuple[int, int]],
+        offsets: list[int],
+        sizes: list[int],
+        dropped_log: int,
+    ) -> None:
+        """Point compacted entries at their new log and forget the old log's size."""
+        self.write_flush(log_id, keys, offsets, sizes, {}, {log_id: sum(sizes)} if keys else {})
+        with self.env.begin(write=True) as txn:
+            txn.delete(_LOG_KEY.pack(b"G", dropped_log))

@@ -1,0 +1,343 @@
+"""The journal: an append-only write-ahead log with group commit.
+
+Why group commit: Python pays per call and a disk pays per fsync, so one writer task
+takes EVERY record queued since its last commit (bounded by ``max_batch_bytes``),
+does one write and one fdatasync in a worker thread (the event loop keeps receiving
+meanwhile), then resolves one future shared by the whole batch. The batch being
+fsync'd is the "bounded time" of the gather: while it syncs, the next one fills.
+
+Files are ``journal-<seq>.log`` (hex seq), each starting with a framed header;
+they rotate past ``max_file_bytes``. The checkpoint mark ``checkpoint`` names the
+(seq, offset) up to which everything is also in the entry logs and index; replay
+starts there and files wholly before it are deleted.
+
+Replay rules: a bad record in the LAST file with no valid record after it is a torn
+tail (a crash mid-write; the bytes were never acknowledged) and is cut; any other
+bad record raises :class:`JournalCorruptError` naming the file and offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bookie.errors import DataDirectoryError, JournalCorruptError
+from bookie.records import (
+    FRAME_SIZE,
+    EntryHeader,
+    RecordError,
+    decode_header,
+    frame,
+    parse_frame,
+    valid_record_after,
+)
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">4sHQ")
+_HEADER_MAGIC = b"SLJF"
+_VERSION = 1
+HEADER_SIZE = FRAME_SIZE + _HEADER.size
+_MARK = struct.Struct(">QQ")
+CHECKPOINT_FILE = "checkpoint"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class JournalPosition:
+    """A point in the journal: the file's sequence number and a byte offset in it."""
+
+    seq: int
+    offset: int
+
+
+@dataclass(slots=True)
+class _Group:
+    future: asyncio.Future[JournalPosition]
+    records: list[bytes] = field(default_factory=list)
+    items: list[object] = field(default_factory=list)
+    nbytes: int = 0
+
+
+CommitHook = Callable[[int, int, float], None]  # entries, bytes, fsync seconds
+# Called in the writer task, in journal order, once a group is durable and before its
+# future resolves: the storage applies the group's entries to its write cache here,
+# so "applied up to position P" is exact when the flush takes its checkpoint.
+DurableHook = Callable[[list[object], "JournalPosition"], None]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def write_all(fd: int, buffers: list[bytes]) -> int:
+    """Write every buffer, in order, with writev: no joined copy of the batch is made."""
+    total = 0
+    pending: list[bytes | memoryview] = list(buffers)
+    i = 0
+    while i < len(pending):
+        batch = pending[i : i + _IOV_MAX]
+        n = os.writev(fd, batch)
+        total += n
+        if n == sum(map(len, batch)):  # the usual case: all of it
+            i += len(batch)
+            continue
+        while i < len(pending) and n >= len(pending[i]):  # whole buffers written
+            n -= len(pending[i])
+            i += 1
+        if n:  # a short write stopped inside this buffer
+            pending[i] = memoryview(pending[i])[n:]
+    return total
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _file_name(seq: int) -> str:
+    return f"journal-{seq:016x}.log"
+
+
+class Journal:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_file_bytes: int = 128 << 20,
+        max_batch_bytes: int = 4 << 20,
+        on_commit: CommitHook | None = None,
+        on_durable: DurableHook | None = None,
+    ) -> None:
+        self.directory = directory
+        self.max_file_bytes = max_file_bytes
+        self.max_batch_bytes = max_batch_bytes
+        self.on_commit = on_commit
+        self.on_durable = on_durable
+        self._fd = -1
+        self._seq = 0
+        self._offset = 0
+        # Commit groups waiting for the writer; a new group opens once the newest one
+        # holds max_batch_bytes, which bounds the size of one write + fdatasync.
+        self._groups: deque[_Group] = deque()
+        self.pending_bytes = 0  # queued, not yet written: the service's back-pressure signal
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._failed: BaseException | None = None
+        self._closing = False
+
+    # -- files ------------------------------------------------------------------
+
+    def _files(self) -> list[tuple[int, Path]]:
+        found = []
+        for p in self.directory.glob("journal-*.log"):
+            try:
+                found.append((int(p.stem.split("-", 1)[1], 16), p))
+            except ValueError:
+                raise DataDirectoryError(f"unexpected file in the journal directory: {p}") from None
+        return sorted(found)
+
+    def read_mark(self) -> JournalPosition | None:
+        path = self.directory / CHECKPOINT_FILE
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+        try:
+            body, _ = parse_frame(data, 0)
+        except (RecordError, EOFError) as e:
+            raise JournalCorruptError(f"{path}: the checkpoint mark is damaged ({e})") from None
+        seq, offset = _MARK.unpack(body)
+        return JournalPosition(seq, offset)
+
+    def write_mark(self, mark: JournalPosition) -> None:
+        """Durably record that everything before ``mark`` is in the entry logs; drop older files."""
+        write_file_atomically(
+            self.directory / CHECKPOINT_FILE, frame(_MARK.pack(mark.seq, mark.offset))
+        )
+        for seq, path in self._files():
+            if seq < mark.seq:
+                path.unlink()
+
+    def replay(self) -> Iterator[tuple[EntryHeader, bytes, JournalPosition]]:
+        """Every entry record (header, framed record) from the checkpoint mark on, in order.
+
+        Cuts a torn tail of the last file; raises JournalCorruptError for damage
+        anywhere else. Call before :meth:`start`.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        mark = self.read_mark() or JournalPosition(0, 0)
+        files = self._files()
+        for i, (seq, path) in enumerate(files):
+            if seq < mark.seq:
+                continue
+            last = i == len(files) - 1
+            data = path.read_bytes()
+            offset = self._check_header(path, data, seq, last)
+            if offset is None:
+                continue
+            if seq == mark.seq:
+                offset = max(offset, mark.offset)
+            while True:
+                try:
+                    body, end = parse_frame(data, offset)
+                except EOFError:
+                    if last and any(data[offset:]):
+                        self._cut(path, offset, "a partial record header")
+                    break
+                except RecordError as e:
+                    after = valid_record_after(data, offset)
+                    if not last or after is not None:
+                        raise JournalCorruptError(
+                            f"{path}: corrupt journal record at offset {offset} ({e}) with "
+                            f"valid data after it; refusing to start rather than skip an "
+                            f"acknowledged entry. Restore the journal or decommission this bookie."
+                        ) from None
+                    self._cut(path, offset, str(e))
+                    break
+                try:
+                    header = decode_header(body)
+                except RecordError as e:
+                    raise JournalCorruptError(
+                        f"{path}: undecodable journal record at offset {offset} ({e})"
+                    ) from None
+                record = data[offset:end]
+                offset = end
+                yield header, record, JournalPosition(seq, end)
+        self._seq = files[-1][0] if files else 0
+
+    def _check_header(self, path: Path, data: bytes, seq: int, last: bool) -> int | None:
+        try:
+            body, end = parse_frame(data, 0)
+            magic, version, hseq = _HEADER.unpack(body)
+        except (RecordError, EOFError, struct.error):
+            if last and len(data) <= HEADER_SIZE:
+                # Crashed while creating the file: nothing was ever written to it.
+                path.unlink()
+                return None
+            raise JournalCorruptError(f"{path}: damaged journal file header") from None
+        if magic != _HEADER_MAGIC or version != _VERSION or hseq != seq:
+            raise DataDirectoryError(f"{path}: not a version-{_VERSION} journal file #{seq}")
+        return end
+
+    @staticmethod
+    def _cut(path: Path, offset: int, why: str) -> None:
+        log.warning("%s: cutting the torn journal tail at offset %d (%s)", path, offset, why)
+        os.truncate(path, offset)
+
+    def _open_next_file(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._seq += 1
+        path = self.directory / _file_name(self._seq)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        header = frame(_HEADER.pack(_HEADER_MAGIC, _VERSION, self._seq))
+        os.write(self._fd, header)
+        os.fdatasync(self._fd)
+        fsync_dir(self.directory)
+        self._offset = len(header)
+
+    # -- the writer -----------------------------------------------------------------
+
+    @property
+    def position(self) -> JournalPosition:
+        """The end of what has been written so far."""
+        return JournalPosition(self._seq, self._offset)
+
+    def start(self) -> None:
+        """Open a fresh file (never append after a replayed tail) and start the writer."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._open_next_file()
+        self._wake = asyncio.Event()
+        self._writer = asyncio.get_running_loop().create_task(self._run(), name="journal-writer")
+
+    def append(
+        self, records: list[bytes], nbytes: int, items: list[object] | None = None
+    ) -> asyncio.Future[JournalPosition]:
+        """Queue framed records; the returned future resolves once they are fsync'd.
+
+        The future is shared by every caller in the same commit group, so awaiting
+        it costs nothing per entry.
+        """
+        if self._failed is not None:
+            fut: asyncio.Future[JournalPosition] = asyncio.get_running_loop().create_future()
+            fut.set_exception(OSError(f"the journal failed earlier: {self._failed}"))
+            return fut
+        if not self._groups or self._groups[-1].nbytes >= self.max_batch_bytes:
+            self._groups.append(_Group(asyncio.get_running_loop().create_future()))
+        group = self._groups[-1]
+        group.records.extend(records)
+        if items:
+            group.items.extend(items)
+        group.nbytes += nbytes
+        self.pending_bytes += nbytes
+        assert self._wake is not None
+        self._wake.set()
+        return group.future
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._groups:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            group = self._groups.popleft()
+            self.pending_bytes -= group.nbytes
+            batch, count, nbytes = group.future, len(group.records), group.nbytes
+            try:
+                pos, fsync_s = await asyncio.to_thread(self._write, group.records)
+            except OSError as e:
+                log.error("journal write failed; refusing further adds: %s", e)
+                self._failed = e
+                if not batch.done():
+                    batch.set_exception(e)
+                continue
+            if self.on_commit is not None:
+                self.on_commit(count, nbytes, fsync_s)
+            if self.on_durable is not None:
+                self.on_durable(group.items, pos)
+            if not batch.done():
+                batch.set_result(pos)
+
+    def _write(self, records: list[bytes]) -> tuple[JournalPosition, float]:
+        written = write_all(self._fd, records)
+        t0 = time.perf_counter()
+        os.fdatasync(self._fd)
+        fsync_s = time.perf_counter() - t0
+        self._offset += written
+        pos = JournalPosition(self._seq, self._offset)
+        if self._offset >= self.max_file_bytes:
+            self._open_next_file()
+        return pos, fsync_s
+
+    async def close(self) -> None:
+        """Commit what is queued, then stop the writer and close the file."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._writer is not None:
+            await self._writer
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

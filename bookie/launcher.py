@@ -1,0 +1,159 @@
+"""Start and stop real ``bookie serve`` processes (for the benchmark, tests and sandboxes).
+
+The child prints one line when it serves: ``bookie ID listening on HOST:PORT
+(metrics HOST:MPORT)``; :meth:`BookieProcess.start` waits for it with a bounded
+timeout and fails with the child's stderr if it exits first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+_LISTENING = re.compile(r"^bookie (\S+) listening on (\S+):(\d+) \(metrics (\S+):(\d+)\)")
+
+
+class BookieStartError(RuntimeError):
+    """``bookie serve`` exited or stayed silent instead of serving."""
+
+
+class BookieProcess:
+    def __init__(
+        self, data_dir: Path, *, metadata_uri: str | None = None, extra: list[str] | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.metadata_uri = metadata_uri
+        self.extra = list(extra or [])
+        self.env: dict[str, str] = {}  # extra environment for the next start (failpoints)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.bookie_id = ""
+        self.port = 0
+        self.metrics_port = 0
+        self.stderr_path = data_dir.parent / f"{data_dir.name}.stderr.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self, port: int = 0) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "bookie",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(port),
+        ]
+        if self.metadata_uri:
+            cmd += ["--metadata", self.metadata_uri]
+        return cmd + self.extra
+
+    def start(self, *, port: int | None = None, timeout_s: float = 30.0) -> BookieProcess:
+        """Start (or restart, on the same port by default) and wait for the listening line."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        use_port = self.port if port is None else port
+        stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - the child owns it
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        self.proc = subprocess.Popen(
+            self.command(use_port), stdout=subprocess.PIPE, stderr=stderr, env=env
+        )
+        stderr.close()
+        assert self.proc.stdout is not None
+        line = self._read_line(timeout_s)
+        m = _LISTENING.match(line)
+        if m is None:
+            self.kill()
+            raise BookieStartError(f"bookie did not start: {line!r}\n{self.stderr_tail()}")
+        self.bookie_id, self.port, self.metrics_port = m.group(1), int(m.group(3)), int(m.group(5))
+        return self
+
+    def _read_line(self, timeout_s: float) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        try:
+            while b"\n" not in buf:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return buf.decode(errors="replace") + " (timed out)"
+                if sel.select(remaining):
+                    chunk = os.read(self.proc.stdout.fileno(), 4096)
+                    if not chunk:
+                        return buf.decode(errors="replace") + f" (exited {self.proc.wait()})"
+                    buf += chunk
+        finally:
+            sel.close()
+        return buf.split(b"\n", 1)[0].decode(errors="replace")
+
+    def run_to_exit(self, timeout_s: float = 30.0) -> tuple[int, str]:
+        """Start and expect the child to exit (a refused start); (exit code, stderr)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            self.command(self.port), capture_output=True, timeout=timeout_s, check=False
+        )
+        return proc.returncode, proc.stderr.decode(errors="replace")
+
+    def stderr_tail(self, n: int = 4000) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-n:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM (graceful: flush, unregister) and wait; the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._close()
+        return rc
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        """Wait for the child to end on its own (a failpoint); its exit code."""
+        assert self.proc is not None
+        rc = self.proc.wait(timeout_s)
+        self._close()
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
+
+    def admin(self, method: str, path: str) -> dict[str, object]:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.metrics_port}{path}", method=method)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            result: dict[str, object] = json.loads(resp.read())
+            return result
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30
+        ) as resp:
+            return str(resp.read().decode())
