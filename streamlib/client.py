@@ -11,7 +11,6 @@ import asyncio
 from typing import Any
 
 import metadata
-from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
 from metadata.services.bookies import BookieRegistry
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
@@ -21,7 +20,7 @@ from streamlib.ledger.driver import Context
 from streamlib.ledger.manager import LedgerManager
 from streamlib.ledger.placement import PlacementPolicy
 from streamlib.ledger.pool import BookiePool
-from streamlib.protocol.errors import BadRequestError, NoSuchStreamError
+from streamlib.protocol.errors import BadRequestError
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.admin import StreamManager
 from streamlib.stream.consumer import Consumer, ranges_from_state, ranges_to_state
@@ -45,7 +44,11 @@ class Client:
         self.context = Context(
             LedgerMetadataManager(store), self.pool, PlacementPolicy(rack_aware=rack_aware)
         )
-        self.ledgers = LedgerManager(self.context, LedgerIdGenerator(store))
+        # Ids one at a time (one CAS each, and ledgers are created rarely) so they grow
+        # in creation order across processes, as ZooKeeper sequential ids do. Stream
+        # positions order by ledger id: a ledger enters a stream's list only if its id
+        # was reserved after that list was read, so list order is id order.
+        self.ledgers = LedgerManager(self.context, LedgerIdGenerator(store, batch_size=1))
         self.streams = StreamManager(StreamRegistry(store), self.ledgers)
         self._open: list[Any] = []  # producers / consumers / readers to close with us
 
@@ -127,11 +130,8 @@ class Client:
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
         begins with the message after it)."""
-        try:
-            await self.streams.registry.read(stream)
-        except MetadataNoSuchStream:
-            raise NoSuchStreamError(f"stream {stream!r} does not exist") from None
-        position = parse_start(start)
+        position = parse_start(start)  # bad input first, before any lookup
+        await self.streams.read(stream)
         scanner = StreamScanner(self.ledgers, self.streams.registry, stream, position)
         reader = Reader(scanner, queue_size=receiver_queue_size)
         self._open.append(reader)

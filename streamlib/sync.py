@@ -4,8 +4,9 @@
     writer = client.ledgers.create()
     writer.append(b"hello")
 
-One event loop runs in a daemon thread per connected client. Every coroutine method of
-a streamlib object becomes a blocking call on that loop; async iterators become plain
+One event loop runs in a daemon thread per connected client. Every method of a
+streamlib object runs on that loop's thread (coroutines as blocking calls, plain
+methods too, since they may schedule work on the loop); async iterators become plain
 iterators; returned streamlib objects are wrapped the same way.
 """
 
@@ -28,6 +29,14 @@ class _LoopThread:
 
     def run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a plain function on the loop thread (it may use the running loop)."""
+
+        async def on_loop() -> Any:
+            return fn(*args, **kwargs)
+
+        return self.run(on_loop())
 
     def stop(self) -> None:
         if self.loop.is_running():
@@ -70,6 +79,12 @@ class SyncProxy:
                 return self._iterate(attr(*args, **kwargs))
 
             return iterate
+        if callable(attr) and not isinstance(attr, type):
+
+            def plain(*args: Any, **kwargs: Any) -> Any:
+                return self._wrap(self._runner.call(attr, *args, **kwargs))
+
+            return plain
         return self._wrap(attr)
 
     def _iterate(self, agen: AsyncIterator[Any]) -> Iterator[Any]:

@@ -232,9 +232,11 @@ class StreamWriter:
             self._use(new)  # from here on appends go to the new ledger
             self.stats.rolls += 1
             try:
-                await old.close()  # after its pending appends
+                closed = await old.close()  # after its pending appends
             except (LedgerFencedError, InvalidTermError) as error:
                 self._fence(error)
+            else:  # sends flowed in during the roll: record the final size
+                await self._record_final(closed.ledger_id, closed.last_entry_id + 1, closed.length)
             if self._on_roll is not None:
                 self._on_roll()
         except StreamlibError as error:

@@ -1,0 +1,266 @@
+"""Managed streams and the pub/sub API on real bookies (issue: Managed streams)."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from metadata.schemas import LedgerInfo
+from streamlib.errors import (
+    InvalidPositionError,
+    NoSuchStreamError,
+    StreamFencedError,
+    TooLargeError,
+)
+from streamlib.protocol import LedgerState
+from streamlib.stream.positions import EARLIEST, MessageId
+
+
+async def read_all(client, stream):
+    """Every message now in the stream, via a non-durable reader. (Of an open ledger,
+    readers see entries up to the LAC: close the producer first to see them all.)"""
+    reader = await client.create_reader(stream, EARLIEST)
+    messages = []
+    while await reader.has_message_available():
+        messages.append(await reader.read_next(timeout=30))
+    await reader.close()
+    return messages
+
+
+async def test_two_writers_duel_without_losing_an_acknowledged_message(any_cluster):
+    any_cluster.start_bookies(3)
+    clients = [await any_cluster.client(), await any_cluster.client()]
+    acked: dict[int, list[bytes]] = {0: [], 1: []}
+    producers = [None, None]
+    for round_no in range(6):
+        me = round_no % 2
+        producers[me] = await clients[me].create_producer("duel", batching_max_publish_delay_ms=0)
+        # A burst in flight while the other side takes over on the next round.
+        futures = [
+            await producers[me].send_async(b"w%d-r%d-%d" % (me, round_no, i)) for i in range(20)
+        ]
+        for i, future in enumerate(futures):
+            try:
+                await future
+                acked[me].append(b"w%d-r%d-%d" % (me, round_no, i))
+            except StreamFencedError:
+                pass
+        other = producers[1 - me]
+        if other is not None:
+            with pytest.raises(StreamFencedError):
+                await other.send(b"from the fenced writer")
+    await producers[1].close()  # the last writer seals its ledger: all of it is readable
+    seen = [m.data for m in await read_all(clients[0], "duel")]
+    assert len(seen) == len(set(seen)), "a message appears twice"
+    for writer in (0, 1):
+        mine = [d for d in seen if d.startswith(b"w%d-" % writer)]
+        # every acknowledged message is there, in acknowledgement order
+        assert [d for d in mine if d in acked[writer]] == acked[writer]
+    assert sum(len(v) for v in acked.values()) >= 100
+
+
+async def test_takeover_while_a_roll_is_in_flight_fences_both_ledgers(cluster):
+    # The old writer is still writing to L1 while L2 was already added to the list
+    # (a roll between its CAS and its close). A takeover must fence L1 too.
+    cluster.start_bookies(3)
+    a_client, b_client = await cluster.client(), await cluster.client()
+    producer_a = await a_client.create_producer("rolling", batching_max_publish_delay_ms=0)
+    first = [await producer_a.send(b"a-%d" % i) for i in range(5)]
+    l1 = first[0].ledger_id
+    registry = a_client.streams.registry
+    l2 = await a_client.ledgers.create(3, 2, 2, custom_metadata={"stream": b"rolling"})
+    md, version = await registry.read("rolling")
+    md.ledgers.append(LedgerInfo(ledger_id=l2.ledger_id, created_time_ms=int(time.time() * 1000)))
+    await registry.write("rolling", md, version)
+    more = await producer_a.send(b"a-5")  # still flowing to L1 during the "roll"
+    assert more.ledger_id == l1
+
+    await b_client.create_producer("rolling")  # takeover: fences L1 AND L2
+    l1_md = await b_client.ledgers.metadata(l1)
+    assert l1_md.state is LedgerState.CLOSED and l1_md.last_entry_id == more.entry_id
+    with pytest.raises(StreamFencedError):
+        await producer_a.send(b"a-6")
+    data = [m.data for m in await read_all(b_client, "rolling")]
+    assert data == [b"a-%d" % i for i in range(6)]
+
+
+async def test_rolling_by_entries_keeps_every_message_in_order(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("small", rollover={"max_entries": 4})
+    producer = await client.create_producer("small", batching_max_publish_delay_ms=0)
+    sent = [await producer.send(b"m-%02d" % i) for i in range(18)]
+    await producer.close()
+    # It rolled several times; sends kept flowing into the old ledger while each roll's
+    # metadata update was in flight, so a ledger may hold a few more than 4 entries.
+    assert len({m.ledger_id for m in sent}) >= 3
+    assert sent == sorted(sent)
+    assert [m.data for m in await read_all(client, "small")] == [b"m-%02d" % i for i in range(18)]
+    stats = await client.streams.stats("small")
+    assert stats["entries"] == 18 and len(stats["ledgers"]) >= 3
+
+
+async def test_retention_never_deletes_what_a_durable_cursor_needs(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("kept", rollover={"max_entries": 3}, retention={"time_ms": 1})
+    slow = await client.subscribe("kept", "slow", initial_position="earliest")
+    fast = await client.subscribe("kept", "fast", initial_position="earliest")
+    producer = await client.create_producer("kept", batching_max_publish_delay_ms=0)
+    sent = []
+    while len({m.ledger_id for m in sent}) < 4 and len(sent) < 300:  # rolled 3 times
+        sent.append(await producer.send(b"%d" % len(sent)))
+    await producer.close()
+    ledgers = sorted({m.ledger_id for m in sent})
+    assert len(ledgers) >= 3
+    for _ in range(len(sent)):
+        fast.acknowledge(await fast.receive(timeout=30))
+    await fast.persist()
+    await slow.persist()  # still at EARLIEST: it needs everything
+    far_future = int(time.time() * 1000) + 10**9
+    assert await client.streams.trim("kept", now=far_future) == []
+    # The slow consumer consumes the first two ledgers and one message of the third.
+    upto = next(i for i, m in enumerate(sent) if m.ledger_id == ledgers[2])
+    for _ in range(upto + 1):
+        slow.acknowledge(await slow.receive(timeout=30))
+    await slow.persist()
+    assert (await slow_mark(client)) == sent[upto]
+    # Exactly the ledgers before the slowest cursor's ledger go; never the current one.
+    assert await client.streams.trim("kept", now=far_future) == ledgers[:2]
+    md, _ = await client.streams.read("kept")
+    assert [i.ledger_id for i in md.ledgers] == ledgers[2:]
+    assert not set(ledgers[:2]) & set(await client.ledgers.list())
+    kept = [m.data for m in await read_all(client, "kept")]
+    assert kept == [b"%d" % i for i, m in enumerate(sent) if m.ledger_id >= ledgers[2]]
+
+
+async def slow_mark(client):
+    return (await client.streams.cursors("kept"))["slow"]
+
+
+async def test_acknowledge_cumulative_negative_ack_and_seek(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("acks", batching_max_messages=3)
+    for i in range(9):
+        await producer.send_async(b"%d" % i)
+    await producer.flush()
+    consumer = await client.subscribe(
+        "acks", "s", initial_position="earliest", negative_ack_redelivery_delay_ms=10
+    )
+    got = [await consumer.receive(timeout=30) for _ in range(4)]
+    assert [m.data for m in got] == [b"0", b"1", b"2", b"3"]
+    assert got[3].message_id.batch_index == 0 and got[2].message_id.batch_index == 2
+    consumer.acknowledge_cumulative(got[2])
+    assert consumer.mark_delete_position == got[2].message_id
+    consumer.negative_acknowledge(got[3])
+    # It comes back after its delay (messages already queued may come first).
+    later = [await consumer.receive(timeout=30) for _ in range(6)]
+    again = [m for m in later if m.data == b"3"]
+    assert len(again) == 1 and again[0].redelivery_count == 1
+    assert [m.data for m in later if m.data != b"3"] == [b"%d" % i for i in range(4, 9)]
+    # seek by id: message 1 comes next
+    await consumer.seek(got[1].message_id)
+    assert (await consumer.receive(timeout=30)).data == b"1"
+    # seek by time: everything was published after t0
+    await consumer.seek(0)
+    assert (await consumer.receive(timeout=30)).data == b"0"
+
+
+async def test_tailing_consumer_waits_on_the_long_poll(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("tail", batching_max_publish_delay_ms=0)
+    consumer = await client.subscribe("tail", "t", initial_position="latest")
+    received = []
+
+    async def consume() -> None:
+        for _ in range(5):
+            message = await consumer.receive(timeout=30)
+            received.append(message.data)
+            consumer.acknowledge(message)
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0)  # let the consumer start waiting before anything is sent
+    for i in range(5):
+        await producer.send(b"live-%d" % i)
+    await asyncio.wait_for(task, 30)
+    assert received == [b"live-%d" % i for i in range(5)]
+    # It waited on the bookies' long poll: a handful of polls for five sends one by
+    # one, not a spin (each poll returns as soon as the LAC moves).
+    assert 1 <= consumer._scanner.long_polls <= 15
+
+
+async def test_bad_input_gets_typed_errors(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    with pytest.raises(NoSuchStreamError):
+        await client.subscribe("no-such-stream", "s")
+    with pytest.raises(NoSuchStreamError):
+        await client.create_reader("no-such-stream")
+    with pytest.raises(InvalidPositionError):
+        await client.create_reader("no-such-stream", b"garbage")
+    producer = await client.create_producer("errors")
+    with pytest.raises(TooLargeError):
+        await producer.send(b"x" * (6 * 1024 * 1024))
+    assert (await producer.send(b"fine")).ledger_id > 0  # the producer still works
+
+
+CONSUMER_SCRIPT = r"""
+import sys, streamlib
+client = streamlib.connect(sys.argv[1])
+consumer = client.subscribe("crash", "sub", initial_position="earliest")
+for i in range(10):
+    message = consumer.receive(timeout=30)
+    if i % 2 == 0:
+        consumer.acknowledge(message)
+consumer.persist()
+print("persisted", flush=True)
+sys.stdin.readline()  # wait to be killed
+"""
+
+
+async def test_consumer_sigkill_and_restart_redelivers_only_unacknowledged(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("crash", batching_max_messages=4)
+    for i in range(10):
+        await producer.send_async(b"%d" % i)
+    await producer.flush()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONSUMER_SCRIPT, cluster.metadata_uri],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Read the pipe off the event loop: this loop also runs the producer's client.
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
+        assert line.strip() == "persisted"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    consumer = await client.subscribe("crash", "sub")
+    again = [(await consumer.receive(timeout=30)).data for _ in range(5)]
+    assert again == [b"1", b"3", b"5", b"7", b"9"]
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout=0.5)  # nothing else: the acknowledged stay gone
+
+
+async def test_message_ids_serialise_and_the_reader_starts_after_one(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("ids", batching_max_publish_delay_ms=0)
+    ids = [await producer.send(b"%d" % i) for i in range(4)]
+    start = MessageId.from_bytes(ids[1].to_bytes())
+    reader = await client.create_reader("ids", start)
+    assert (await reader.read_next(timeout=30)).data == b"2"
+    reader2 = await client.create_reader("ids", str(ids[2]))
+    assert (await reader2.read_next(timeout=30)).data == b"3"
