@@ -53,8 +53,6 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 def _start_autorecovery(args: argparse.Namespace, bookie_id: str) -> subprocess.Popen[bytes]:
     # A child process: the bookie package must never import the client (streamlib).
-    if not args.metadata:
-        raise ValueError("--autorecovery needs --metadata")
     command = [sys.executable, "-m", "streamlib.autorecovery", "--metadata", args.metadata]
     command += ["--id", bookie_id, "--log-level", args.log_level, "--exit-with-stdin"]
     # The child's stdin is a pipe only we hold: if we die (even by SIGKILL) it sees EOF
@@ -66,6 +64,8 @@ def _start_autorecovery(args: argparse.Namespace, bookie_id: str) -> subprocess.
 async def _serve(args: argparse.Namespace) -> int:
     from bookie.server import BookieConfig, BookieServer
 
+    if args.autorecovery and not args.metadata:
+        raise ValueError("--autorecovery needs --metadata")
     config = BookieConfig(
         data_dir=args.data_dir,
         journal_dir=args.journal_dir,

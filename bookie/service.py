@@ -187,6 +187,10 @@ class BookieService:
             h = EntryHeader(
                 ae.ledger_id, ae.entry_id, ae.last_add_confirmed, ae.flags, ae.term, ae.master_key
             )
+            if h.flags & pb.RECOVERY_ADD:
+                # A request-only bit: the stored entry is the writer's, byte for byte, so
+                # a recovered or re-replicated copy reads back identical to the original.
+                ae.flags = h.flags & ~pb.RECOVERY_ADD
             body = ae.SerializeToString()
             try:
                 validation.check_add(h, ae, len(body), max_entry_bytes)

@@ -133,11 +133,13 @@ def plan_replication(
                 )
             else:
                 writer_owned = True
+    if md.state is LedgerState.IN_RECOVERY and (copies or writer_owned):
+        # A recovery is running or was abandoned; the state table allows no swap until
+        # it ends, and finishing it is safe (recoveries converge on one CLOSED).
+        return ReplicationPlan(recover=True)
     recover = False
     wait_until_ms = None
-    if md.state is LedgerState.IN_RECOVERY and writer_owned:
-        recover = True  # someone began recovery and died: finish it, nobody writes now
-    elif writer_owned:
+    if writer_owned:
         deadline = marked_ms + grace_period_ms
         if now_ms >= deadline:
             recover = True

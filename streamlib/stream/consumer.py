@@ -115,6 +115,8 @@ class Consumer:
         self._start()
         if not self._redeliver.empty():
             item: Message | BaseException = self._redeliver.get_nowait()
+        elif not self._queue.empty():
+            item = self._queue.get_nowait()
         else:
             get = asyncio.ensure_future(self._queue.get())
             again = asyncio.ensure_future(self._redeliver.get())

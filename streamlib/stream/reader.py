@@ -192,15 +192,18 @@ class StreamScanner:
                 return
             if not self.tail:
                 return
-            if await self._superseded(ledger_id):
+            self.long_polls += 1
+            before = handle.last_entry_id
+            await handle.wait_for_more(next_entry, self.poll_timeout_s)
+            # A poll that brought nothing may mean the writer crashed after adding a newer
+            # ledger to the list: then this ledger is recovered for its end.
+            idle = handle.last_entry_id == before and not handle.is_closed
+            if idle and await self._superseded(ledger_id):
                 recovered = await self._open(ledger_id, recover=True)
                 if recovered is None:
                     return
                 await handle.close()
                 handle = recovered
-                continue
-            self.long_polls += 1
-            await handle.wait_for_more(next_entry, self.poll_timeout_s)
 
     async def _superseded(self, ledger_id: int) -> bool:
         md, _ = await self._registry.read(self.name)
@@ -231,7 +234,10 @@ class Reader:
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""
         self._start()
-        item = await asyncio.wait_for(self._queue.get(), timeout)
+        if not self._queue.empty():
+            item = self._queue.get_nowait()  # the common case while catching up
+        else:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
         if isinstance(item, BaseException):
             raise item
         self._last = item.message_id

@@ -1,0 +1,123 @@
+"""`streamlib bench stream`: publish throughput (batching on), publish latency at a fixed
+rate, end-to-end publish -> consume latency, and catch-up read throughput, on three
+local bookies with E3/Qw3/Qa2."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from streamlib.bench import percentile
+from streamlib.bench.cluster import local_cluster
+from streamlib.client import Client
+from streamlib.stream.positions import EARLIEST
+
+
+async def _publish_throughput(client: Client, args: argparse.Namespace) -> float:
+    await client.streams.create("bench-throughput", 3, 3, 2)
+    producer = await client.create_producer("bench-throughput", batching_max_publish_delay_ms=2)
+    payload = b"x" * args.message_bytes
+    start = time.perf_counter()
+    last = None
+    for _ in range(args.messages):
+        last = await producer.send_async(payload)
+    assert last is not None
+    await last
+    elapsed = time.perf_counter() - start
+    await producer.close()
+    return args.messages / elapsed
+
+
+async def _fixed_rate(client: Client, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    """Publish at args.rate msgs/s while a consumer tails; (publish, end-to-end) latencies."""
+    await client.streams.create("bench-latency", 3, 3, 2)
+    producer = await client.create_producer("bench-latency", batching_max_publish_delay_ms=1)
+    consumer = await client.subscribe("bench-latency", "bench", initial_position="latest")
+    payload = b"x" * args.message_bytes
+    total = int(args.rate * args.seconds)
+    publish: list[float] = []
+    end_to_end: list[float] = []
+    sent_at: dict[int, float] = {}
+
+    async def consume() -> None:
+        for _ in range(total):
+            message = await consumer.receive(timeout=60)
+            end_to_end.append(time.perf_counter() - sent_at[int(message.properties["n"])])
+            consumer.acknowledge(message)
+
+    consuming = asyncio.ensure_future(consume())
+    start = time.perf_counter()
+    pending = []
+    for n in range(total):
+        due = start + n / args.rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)  # pacing the load, not synchronisation
+        sent_at[n] = time.perf_counter()
+        future = await producer.send_async(payload, properties={"n": str(n)})
+
+        def acked(_: object, t0: float = sent_at[n]) -> None:
+            publish.append(time.perf_counter() - t0)
+
+        future.add_done_callback(acked)
+        pending.append(future)
+    await asyncio.gather(*pending)
+    await asyncio.wait_for(consuming, 120)
+    await producer.close()
+    await consumer.close()
+    return publish, end_to_end
+
+
+async def _catch_up(client: Client, args: argparse.Namespace) -> float:
+    reader = await client.create_reader("bench-throughput", EARLIEST, receiver_queue_size=10_000)
+    start = time.perf_counter()
+    for _ in range(args.messages):
+        await reader.read_next(timeout=60)
+    elapsed = time.perf_counter() - start
+    await reader.close()
+    return args.messages / elapsed
+
+
+async def _run(uri: str, args: argparse.Namespace) -> dict[str, Any]:
+    client = await Client.connect(uri)
+    try:
+        published = await _publish_throughput(client, args)
+        publish, end_to_end = await _fixed_rate(client, args)
+        catch_up = await _catch_up(client, args)
+    finally:
+        await client.close()
+    publish.sort()
+    end_to_end.sort()
+    return {
+        "publish_msgs_per_s": published,
+        "publish_p50_ms": 1000 * percentile(publish, 0.5),
+        "publish_p99_ms": 1000 * percentile(publish, 0.99),
+        "e2e_p50_ms": 1000 * percentile(end_to_end, 0.5),
+        "e2e_p99_ms": 1000 * percentile(end_to_end, 0.99),
+        "catch_up_msgs_per_s": catch_up,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    with local_cluster(3) as cluster:
+        r = asyncio.run(_run(cluster.metadata_uri, args))
+    print(
+        f"stream: {args.message_bytes} B messages, batching on, E3/Qw3/Qa2, 3 local bookies\n"
+        f"  publish throughput   {r['publish_msgs_per_s']:,.0f} msgs/s ({args.messages} messages)\n"
+        f"  publish latency      p50 {r['publish_p50_ms']:.1f} ms  p99 {r['publish_p99_ms']:.1f} ms"
+        f"  at {args.rate:,} msgs/s\n"
+        f"  end-to-end latency   p50 {r['e2e_p50_ms']:.1f} ms  p99 {r['e2e_p99_ms']:.1f} ms\n"
+        f"  catch-up reads       {r['catch_up_msgs_per_s']:,.0f} msgs/s"
+    )
+    return 0
+
+
+def add_parser(which: Any) -> None:
+    parser = which.add_parser("stream", help="publish / consume throughput and latency")
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--message-bytes", type=int, default=1024)
+    parser.add_argument("--rate", type=int, default=2000, help="msgs/s for the latency phase")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of the latency phase")
+    parser.set_defaults(run=run)

@@ -1,0 +1,123 @@
+"""Auto-recovery on real processes: bookies, auto-recovery daemons, a sqlite store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from bookie.launcher import BookieProcess
+from streamlib.client import Client
+from tests.autorecovery.conftest import (
+    RecoveryCluster,
+    assert_fully_replicated,
+    equals,
+    is_empty,
+    wait_for,
+)
+
+FAST = ["--lost-bookie-delay", "0.5", "--grace-period", "2", "--check-interval", "0"]
+
+
+async def write_ledger(
+    client: Client, entries: int, *, e: int = 3, qw: int = 2, close: bool = True
+) -> tuple[int, dict[int, bytes]]:
+    writer = await client.ledgers.create(e, qw, 2, password=b"secret")
+    payloads = [
+        f"ledger {writer.ledger_id} entry {i} ".encode() * (1 + i % 7) for i in range(entries)
+    ]
+    ids = await writer.append_many(payloads)
+    if close:
+        await writer.close()
+    return writer.ledger_id, dict(zip(ids, payloads, strict=True))
+
+
+async def test_sigkilled_bookie_is_re_replicated_for_closed_and_open_ledgers(
+    any_rcluster: RecoveryCluster,
+) -> None:
+    rcluster = any_rcluster
+    # Every ledger is written to the first three bookies; the fourth joins afterwards,
+    # the only possible replacement.
+    rcluster.start_bookies(3)
+    client = await rcluster.client()
+    written = [
+        await write_ledger(client, 40, qw=2),
+        await write_ledger(client, 25, qw=3),
+        await write_ledger(client, 30, qw=2, close=False),  # an idle writer keeps it OPEN
+    ]
+    # A writer that keeps going: its ensemble change seals the fragment on the victim.
+    active = await client.ledgers.create(3, 2, 2, password=b"secret")
+    before = [f"active {i}".encode() for i in range(15)]
+    await active.append_many(before)
+    rcluster.start_bookies(1)
+    victim = rcluster.bookies[1].bookie_id
+    # Two nodes: both work (the per-ledger lock keeps them apart), one audits.
+    rcluster.start_daemon("node-a", *FAST)
+    rcluster.start_daemon("node-b", *FAST)
+    await wait_for(rcluster.auditor, "an auditor to be elected")
+    rcluster.by_id(victim).kill()
+    after = [f"active {i}".encode() for i in range(15, 30)]
+    await active.append_many(after)
+    await active.close()
+    written.append((active.ledger_id, dict(enumerate(before + after))))
+    await wait_for(
+        lambda: is_empty(rcluster.ledgers_naming(victim)), f"no ledger to name {victim}", 90
+    )
+    await wait_for(lambda: is_empty(rcluster.marks()), "every mark to be cleared")
+    reader = await rcluster.client()
+    for ledger_id, expected in written:
+        md = await reader.ledgers.metadata(ledger_id)
+        assert victim not in md.bookies()
+        await assert_fully_replicated(reader, md, expected)
+        # And a plain reader sees every acknowledged entry.
+        handle = await reader.ledgers.open(ledger_id, password=b"secret")
+        assert await handle.read(0, max(expected)) == [expected[i] for i in sorted(expected)]
+
+
+async def test_auditor_death_hands_over_to_another_node(any_rcluster: RecoveryCluster) -> None:
+    rcluster = any_rcluster
+    rcluster.start_bookies(4)
+    client = await rcluster.client()
+    ledger_id, expected = await write_ledger(client, 20)
+    first = rcluster.start_daemon("node-1", *FAST)
+    await wait_for(lambda: equals(rcluster.auditor(), "node-1"), "node-1 to be the auditor")
+    rcluster.start_daemon("node-2", *FAST)
+    first.kill()
+    await wait_for(lambda: equals(rcluster.auditor(), "node-2"), "node-2 to take over", 30)
+    # The new auditor does the job: a lost bookie gets its ledger repaired.
+    victim = sorted((await client.ledgers.metadata(ledger_id)).bookies())[0]
+    rcluster.by_id(victim).kill()
+    await wait_for(lambda: is_empty(rcluster.ledgers_naming(victim)), "the ledger repaired")
+    await assert_fully_replicated(client, await client.ledgers.metadata(ledger_id), expected)
+
+
+async def test_bookie_back_within_the_delay_cancels_the_audit(rcluster: RecoveryCluster) -> None:
+    delay_s = 8.0  # room for a bookie restart on a busy machine
+    rcluster.start_bookies(4)
+    client = await rcluster.client()
+    ledger_id, _ = await write_ledger(client, 10)
+    victim_id = sorted((await client.ledgers.metadata(ledger_id)).bookies())[0]
+    victim: BookieProcess = rcluster.by_id(victim_id)
+    daemon = rcluster.start_daemon(
+        "node", "--lost-bookie-delay", str(delay_s), "--check-interval", "0"
+    )
+    await wait_for(rcluster.auditor, "the auditor")
+    lost_at = time.monotonic()
+    victim.stop()  # graceful: unregisters at once
+    await wait_for(
+        lambda: _logged(daemon.log_text, f"bookie {victim_id} lost"), "the auditor to see it"
+    )
+    victim.start()
+    await wait_for(
+        lambda: _logged(daemon.log_text, f"bookie {victim_id} came back"), "the cancellation"
+    )
+    assert time.monotonic() - lost_at < delay_s, "restart too slow for this test's delay"
+    # Past the delay, nothing was marked and the ledger still names its bookie. (Waiting
+    # out the delay is the point of the check: an absence has no event to wait on.)
+    await asyncio.sleep(max(0.0, lost_at + delay_s + 1.0 - time.monotonic()))
+    assert await rcluster.marks() == []
+    assert victim_id in (await client.ledgers.metadata(ledger_id)).bookies()
+    assert "marked" not in daemon.log_text()
+
+
+async def _logged(text: object, needle: str) -> bool:
+    return needle in text()  # type: ignore[operator]
