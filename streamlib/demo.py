@@ -1,6 +1,6 @@
-"""The end-to-end demo `streamlib sandbox --demo` runs against a fresh cluster: it
-writes a replicated ledger while a second client tails it, then a third client takes
-over with fencing recovery, and prints what happened at each step."""
+"""The end-to-end demo `streamlib sandbox --demo` runs against a fresh cluster: publish
+and consume on a stream, a tailing consumer, a writer takeover that fences the old
+producer, and a replay from the durable cursor; it prints what happened at each step."""
 
 from __future__ import annotations
 
@@ -8,61 +8,73 @@ import asyncio
 import time
 
 from streamlib.client import Client
-from streamlib.errors import LedgerFencedError
+from streamlib.errors import StreamFencedError
+
+STREAM = "demo-orders"
 
 
 async def _demo(uri: str, messages: int) -> None:
-    writer_client = await Client.connect(uri)
-    tail_client = await Client.connect(uri)
-    recover_client = await Client.connect(uri)
+    publisher, subscriber, successor = (
+        await Client.connect(uri),
+        await Client.connect(uri),
+        await Client.connect(uri),
+    )
     try:
-        writer = await writer_client.ledgers.create(ensemble=3, write_quorum=3, ack_quorum=2)
-        md = writer.metadata
-        print(
-            f"created ledger {writer.ledger_id} on {', '.join(md.last_fragment.ensemble)} "
-            f"(ensemble {md.ensemble_size}, write quorum {md.write_quorum}, "
-            f"ack quorum {md.ack_quorum})"
-        )
-        tail_handle = await tail_client.ledgers.open(writer.ledger_id, recover=False)
-        seen: list[bytes] = []
-
-        async def tail() -> None:
-            async for _, payload in tail_handle.tail(0):
-                seen.append(payload)
-                if len(seen) == messages:
-                    return
-
-        tailing = asyncio.ensure_future(tail())
+        await publisher.streams.create(STREAM, ensemble=3, write_quorum=3, ack_quorum=2)
+        print(f"created stream {STREAM!r}: every entry on 3 bookies, acknowledged at 2 fsyncs")
+        consumer = await subscriber.subscribe(STREAM, "billing", initial_position="earliest")
+        producer = await publisher.create_producer(STREAM)
         start = time.perf_counter()
-        batch = [b"message %d" % i for i in range(messages)]
-        ids = await writer.append_many(batch)
+        futures = [
+            await producer.send_async(b"order %d" % i, key=f"customer-{i % 7}")
+            for i in range(messages)
+        ]
+        ids = await asyncio.gather(*futures)
         elapsed = time.perf_counter() - start
+        entries = len({(m.ledger_id, m.entry_id) for m in ids})
         print(
-            f"appended {len(ids)} entries (ids {ids[0]}..{ids[-1]}) in {elapsed * 1000:.0f} ms; "
-            f"each acknowledged once {md.ack_quorum} bookies had fsync'd it"
+            f"published {messages} messages in {elapsed * 1000:.0f} ms, batched into {entries} "
+            f"entries; first id {ids[0]}, last id {ids[-1]}"
         )
-        await asyncio.wait_for(tailing, timeout=30)
+        received = []
+        while len(received) < messages:
+            message = await consumer.receive(timeout=30)
+            received.append(message)
+            if len(received) % 2 == 0:
+                consumer.acknowledge_cumulative(message)
+        assert [m.data for m in received] == [b"order %d" % i for i in range(messages)]
         print(
-            f"a tailing reader received all {len(seen)} entries through the long-poll "
-            f"({tail_handle.long_polls} polls), first {seen[0]!r}, last {seen[-1]!r}"
+            f"subscription 'billing' received all {messages} in order "
+            f"(last: {received[-1].data!r}, key {received[-1].key!r}) and acknowledged them"
         )
-        recovered = await recover_client.ledgers.open(writer.ledger_id)
-        print(
-            f"a second writer recovered the ledger with fencing: CLOSED at entry "
-            f"{recovered.last_entry_id}, {recovered.metadata.length} bytes"
-        )
+        await consumer.close()
+
+        taker = await successor.create_producer(STREAM)
+        print("a second producer took the stream over (it fenced the first one's ledger)")
         try:
-            await writer.append(b"one more")
-            raise SystemExit("the old writer was not fenced: this must never happen")
-        except LedgerFencedError:
-            print("the old writer's next append was refused: LedgerFencedError (fenced)")
-        read_back = await recovered.read(0, recovered.last_entry_id)
-        assert read_back == batch, "read back differs from what was written"
-        print(f"read back {len(read_back)} entries: identical to what was written")
-        await recover_client.ledgers.delete(writer.ledger_id)
-        print(f"deleted ledger {writer.ledger_id}; the bookies garbage-collect its entries")
+            await producer.send(b"late order")
+            raise SystemExit("the old producer was not fenced: this must never happen")
+        except StreamFencedError:
+            print("the old producer's next send was refused: StreamFencedError")
+        new_id = await taker.send(b"order from the new writer")
+        await taker.close()
+        print(f"the new producer published {new_id}")
+
+        again = await subscriber.subscribe(STREAM, "billing")
+        resumed = await again.receive(timeout=30)
+        print(
+            f"the subscription resumed from its durable cursor: next message "
+            f"{resumed.data!r} ({resumed.message_id}); nothing acknowledged came again"
+        )
+        again.acknowledge(resumed)
+        await again.close()
+        stats = await publisher.streams.stats(STREAM)
+        print(
+            f"stream stats: {len(stats['ledgers'])} ledgers, {stats['entries']} entries, "
+            f"backlog of 'billing': {stats['subscriptions']['billing']['backlog_entries']} entries"
+        )
     finally:
-        for client in (writer_client, tail_client, recover_client):
+        for client in (publisher, subscriber, successor):
             await client.close()
 
 

@@ -108,7 +108,9 @@ def test_demo_runs_end_to_end_and_exits_zero(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "sandbox ready: 3 bookies" in out
-    assert "LedgerFencedError" in out
+    assert "received all 1000 in order" in out
+    assert "StreamFencedError" in out
+    assert "resumed from its durable cursor" in out
     assert "demo finished: OK" in out
     assert "sandbox stopped" in out
 
