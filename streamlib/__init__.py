@@ -16,7 +16,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "connect"]
+__all__ = ["EARLIEST", "LATEST", "Client", "MessageId", "connect"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +30,8 @@ def __getattr__(name: str) -> Any:
         from streamlib.sync import connect
 
         return connect
+    if name in ("MessageId", "EARLIEST", "LATEST"):
+        from streamlib.stream import positions
+
+        return getattr(positions, name)
     raise AttributeError(f"module 'streamlib' has no attribute {name!r}")
