@@ -9,6 +9,7 @@ import time
 
 from streamlib.client import Client
 from streamlib.errors import StreamFencedError
+from streamlib.stream.reader import Message
 
 STREAM = "demo-orders"
 
@@ -36,7 +37,7 @@ async def _demo(uri: str, messages: int) -> None:
             f"published {messages} messages in {elapsed * 1000:.0f} ms, batched into {entries} "
             f"entries; first id {ids[0]}, last id {ids[-1]}"
         )
-        received = []
+        received: list[Message] = []
         while len(received) < messages:
             message = await consumer.receive(timeout=30)
             received.append(message)

@@ -270,35 +270,46 @@ class ReadHandle:
         attempt = dict.fromkeys((e for e in range(first, last + 1) if e not in found), 0)
         negatives = dict.fromkeys(attempt, 0)
         while attempt:
-            by_bookie: dict[str, list[int]] = {}
-            for entry_id, tries in attempt.items():
-                bookies = self.metadata.write_set_bookies(entry_id)
-                if tries >= len(bookies):
-                    if negatives[entry_id] == len(bookies):
-                        raise NoSuchEntryError(
-                            f"ledger {self.ledger_id} entry {entry_id}: no bookie has it"
-                        )
-                    raise BookieIOError(
-                        f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
-                    )
-                by_bookie.setdefault(bookies[tries], []).append(entry_id)
+            by_bookie = self._cover(attempt, negatives)
             results = await asyncio.gather(
                 *(self._read_from(b, ids) for b, ids in by_bookie.items())
             )
             for entries, missing in results:
                 for entry in entries:
-                    found[entry.entry_id] = entry
-                    attempt.pop(entry.entry_id, None)
+                    if attempt.pop(entry.entry_id, None) is not None:
+                        found[entry.entry_id] = entry
                 for entry_id, negative in missing:
-                    attempt[entry_id] += 1
-                    negatives[entry_id] += negative
+                    if entry_id in attempt:
+                        attempt[entry_id] += 1
+                        negatives[entry_id] += negative
         return [found[e] for e in range(first, last + 1)]
+
+    def _cover(self, attempt: dict[int, int], negatives: dict[int, int]) -> dict[str, list[int]]:
+        """Which bookie to ask for which entries: each entry's next untried replica, with
+        the entries gathered on as few bookies as possible, since a range read returns
+        the whole span (with E = Qw one bookie holds them all)."""
+        by_bookie: dict[str, list[int]] = {}
+        for entry_id, tries in attempt.items():
+            bookies = self.metadata.write_set_bookies(entry_id)
+            if tries >= len(bookies):
+                if negatives[entry_id] == len(bookies):
+                    raise NoSuchEntryError(
+                        f"ledger {self.ledger_id} entry {entry_id}: no bookie has it"
+                    )
+                raise BookieIOError(
+                    f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
+                )
+            untried = bookies[tries:]
+            chosen = next((b for b in untried if b in by_bookie), untried[0])
+            by_bookie.setdefault(chosen, []).append(entry_id)
+        return by_bookie
 
     async def _read_from(
         self, bookie: str, entry_ids: list[int]
     ) -> tuple[list[EntryData], list[tuple[int, bool]]]:
         """Range-read entry_ids' span from one bookie; return (good entries, [(missing id,
-        was it a clean negative)])."""
+        was it a clean negative)]). Entries past where the bookie stopped (its size limit)
+        are neither: they are asked again, from the same bookie."""
         wanted = set(entry_ids)
         request = pb.ReadRequest(
             ledger_id=self.ledger_id, first_entry_id=min(wanted), last_entry_id=max(wanted)
@@ -309,7 +320,10 @@ class ReadHandle:
             return [], [(e, False) for e in entry_ids]
         good: list[EntryData] = []
         negative: set[int] = set()
+        answered = max(wanted)
         if response.status == pb.OK:
+            if response.results and response.results[-1].entry_id < max(wanted):
+                answered = response.results[-1].entry_id
             for result in response.results:
                 if result.entry_id not in wanted:
                     continue
@@ -322,7 +336,7 @@ class ReadHandle:
         elif response.status == pb.NO_SUCH_LEDGER:
             negative = set(wanted)
         got = {e.entry_id for e in good}
-        return good, [(e, e in negative) for e in entry_ids if e not in got]
+        return good, [(e, e in negative) for e in entry_ids if e not in got and e <= answered]
 
     def _valid(self, entry: EntryData) -> bool:
         return self._digest.is_valid(

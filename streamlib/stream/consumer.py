@@ -11,7 +11,6 @@ persisted yet) comes again -- at-least-once, as in Pulsar.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 
@@ -101,10 +100,15 @@ class Consumer:
             self._timeout_task = asyncio.get_running_loop().create_task(self._ack_timeouts())
 
     async def _fill(self) -> None:
+        queue = self._queue
         try:
             async for message in self._scanner.messages():
-                if not self._acks.is_acked(message.message_id):
-                    await self._queue.put(message)
+                if self._acks.is_acked(message.message_id):
+                    continue
+                if queue.full():
+                    await queue.put(message)
+                else:
+                    queue.put_nowait(message)
         except StreamlibError as error:
             await self._queue.put(error)
 
@@ -164,7 +168,7 @@ class Consumer:
     def negative_acknowledge(self, message: Message) -> None:
         """Have the message delivered again after the redelivery delay."""
         self._unacked.pop(message.message_id, None)
-        again = dataclasses.replace(message, redelivery_count=message.redelivery_count + 1)
+        again = message.redelivered()
         asyncio.get_running_loop().call_later(self._nack_delay_s, self._redeliver.put_nowait, again)
 
     async def _ack_timeouts(self) -> None:
@@ -176,9 +180,7 @@ class Consumer:
             for position, (message, received_at) in list(self._unacked.items()):
                 if now - received_at >= self._ack_timeout_s:
                     del self._unacked[position]
-                    again = dataclasses.replace(
-                        message, redelivery_count=message.redelivery_count + 1
-                    )
+                    again = message.redelivered()
                     self._redeliver.put_nowait(again)
 
     # -- the durable cursor -------------------------------------------------------------

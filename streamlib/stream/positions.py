@@ -8,29 +8,33 @@ Serialised to 20 bytes (three big-endian integers) or to the string "ledger:entr
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import NamedTuple
 
 from streamlib.protocol.errors import InvalidPositionError
 
 _PACKED = struct.Struct(">qqi")
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class MessageId:
+class MessageId(NamedTuple):
+    """(ledger id, entry id, index within the entry's batch), ordered as a tuple.
+
+    Constructing one does not validate (it is on the hot path of every message);
+    ids that come from outside -- bytes, strings, user calls -- go through
+    :meth:`checked`, :meth:`from_bytes`, :meth:`parse` or :func:`parse_start`."""
+
     ledger_id: int
     entry_id: int
     batch_index: int = 0
 
-    SIZE: ClassVar[int] = _PACKED.size
-
-    def __post_init__(self) -> None:
-        for name in ("ledger_id", "entry_id", "batch_index"):
-            value = getattr(self, name)
+    def checked(self) -> MessageId:
+        for name, value in zip(self._fields, self, strict=True):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidPositionError(f"{name} must be an int, got {value!r}")
         if self.batch_index < -1 or self.entry_id < -1 or self.ledger_id < -1:
-            raise InvalidPositionError(f"invalid message id {self}")
+            raise InvalidPositionError(f"invalid message id {tuple(self)}")
+        if self.ledger_id >= 2**63 or self.entry_id >= 2**63 or self.batch_index >= 2**31:
+            raise InvalidPositionError(f"message id out of range {tuple(self)}")
+        return self
 
     def to_bytes(self) -> bytes:
         return _PACKED.pack(self.ledger_id, self.entry_id, self.batch_index)
@@ -41,7 +45,7 @@ class MessageId:
             raise InvalidPositionError(
                 f"a serialised message id is {_PACKED.size} bytes, got {data!r:.60}"
             )
-        return cls(*_PACKED.unpack(data))
+        return cls(*_PACKED.unpack(data)).checked()
 
     def __str__(self) -> str:
         return f"{self.ledger_id}:{self.entry_id}:{self.batch_index}"
@@ -53,10 +57,12 @@ class MessageId:
         if len(parts) not in (2, 3):
             raise InvalidPositionError(f"expected ledger:entry[:index], got {text!r}")
         try:
-            return cls(*(int(p) for p in parts))
+            return cls(*(int(p) for p in parts)).checked()
         except ValueError:
             raise InvalidPositionError(f"expected integers in {text!r}") from None
 
+
+SIZE = _PACKED.size
 
 # Symbolic starts: before everything, and after everything published so far.
 EARLIEST = MessageId(-1, -1, -1)
@@ -65,7 +71,9 @@ LATEST = MessageId(2**63 - 1, 2**63 - 1, 2**31 - 1)
 
 def parse_start(value: MessageId | str | bytes) -> MessageId:
     if isinstance(value, MessageId):
-        return value
+        return value.checked()
+    if isinstance(value, tuple):
+        return MessageId(*value).checked()
     if isinstance(value, bytes | bytearray):
         return MessageId.from_bytes(bytes(value))
     if value in ("earliest", "EARLIEST"):

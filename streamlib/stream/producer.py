@@ -124,19 +124,17 @@ class Producer:
                 f"message of {len(data)} bytes is over the {MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD}"
                 "-byte limit"
             )
-        if key is not None and not isinstance(key, str):
-            raise BadRequestError(f"key must be a str, got {type(key).__name__}")
-        props = dict(properties or {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
-            raise BadRequestError("properties map str to str")
-        message = envelope.Message(
-            properties=props,
-            publish_time_ms=now_ms(),
-            event_time_ms=_millis(event_time),
-            payload=bytes(data),
-        )
+        message = envelope.Message(publish_time_ms=now_ms(), payload=bytes(data))
+        if event_time is not None:
+            message.event_time_ms = _millis(event_time)
         if key is not None:
+            if not isinstance(key, str):
+                raise BadRequestError(f"key must be a str, got {type(key).__name__}")
             message.key = key
+        if properties:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
+                raise BadRequestError("properties map str to str")
+            message.properties.update(properties)
         return message
 
     def _seal(self) -> None:

@@ -4,8 +4,8 @@ tailing the current ledger with the bookies' long-poll) and the non-durable Read
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
@@ -13,6 +13,7 @@ from bookie.wire import bookie_pb2 as pb
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import ReadHandle
 from streamlib.ledger.manager import LedgerManager
+from streamlib.protocol.actions import EntryData
 from streamlib.protocol.errors import NoSuchLedgerError, StreamlibError
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
@@ -23,22 +24,58 @@ class MessageDecodeError(StreamlibError):
     """An entry of a stream is not a message batch (written outside the stream API?)."""
 
 
-@dataclass(frozen=True)
 class Message:
-    """One message as consumers see it."""
+    """One message as consumers see it. Its fields are read from the entry's envelope
+    when first used, so reading many messages costs little until they are looked at."""
 
-    stream: str
-    message_id: MessageId
-    data: bytes
-    key: str | None
-    properties: dict[str, str]
-    publish_time_ms: int
-    event_time_ms: int
-    redelivery_count: int = 0
-    previous: MessageId = field(default=EARLIEST, repr=False, compare=False)
+    __slots__ = ("_pb", "message_id", "previous", "redelivery_count", "stream")
+
+    def __init__(
+        self,
+        stream: str,
+        message_id: MessageId,
+        envelope_message: envelope.Message,
+        previous: MessageId = EARLIEST,
+        redelivery_count: int = 0,
+    ) -> None:
+        self.stream = stream
+        self.message_id = message_id
+        self._pb = envelope_message
+        self.previous = previous  # the message delivered before this one (cursor ranges)
+        self.redelivery_count = redelivery_count
+
+    @property
+    def data(self) -> bytes:
+        return self._pb.payload
 
     def value(self) -> bytes:
-        return self.data
+        return self._pb.payload
+
+    @property
+    def key(self) -> str | None:
+        return self._pb.key if self._pb.HasField("key") else None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self._pb.properties)
+
+    @property
+    def publish_time_ms(self) -> int:
+        return self._pb.publish_time_ms
+
+    @property
+    def event_time_ms(self) -> int:
+        """0 when the producer set none."""
+        return self._pb.event_time_ms
+
+    def redelivered(self) -> Message:
+        """The same message, delivered once more."""
+        return Message(
+            self.stream, self.message_id, self._pb, self.previous, self.redelivery_count + 1
+        )
+
+    def __repr__(self) -> str:
+        return f"Message({self.stream!r}, {self.message_id}, {self.data[:40]!r})"
 
 
 def decode_entry(
@@ -53,18 +90,7 @@ def decode_entry(
     messages = []
     for index, m in enumerate(batch.messages):
         position = MessageId(ledger_id, entry_id, index)
-        messages.append(
-            Message(
-                stream,
-                position,
-                m.payload,
-                m.key if m.HasField("key") else None,
-                dict(m.properties),
-                m.publish_time_ms,
-                m.event_time_ms,
-                previous=previous,
-            )
-        )
+        messages.append(Message(stream, position, m, previous))
         previous = position
     return messages
 
@@ -109,6 +135,12 @@ class StreamScanner:
         return EARLIEST
 
     async def messages(self) -> AsyncIterator[Message]:
+        async for batch in self.batches():
+            for message in batch:
+                yield message
+
+    async def batches(self) -> AsyncIterator[list[Message]]:
+        """The messages of each entry, in order (never an empty list)."""
         after = self.start_after
         if after == LATEST:
             after = await self.end_position()
@@ -129,9 +161,9 @@ class StreamScanner:
                     await self._wait(watch)
                     continue
                 ledger_id = candidates[0]
-                async for message in self._ledger_messages(ledger_id, after, previous, ids):
-                    previous = message.message_id
-                    yield message
+                async for batch in self._ledger_messages(ledger_id, after, previous, ids):
+                    previous = batch[-1].message_id
+                    yield batch
                 finished = ledger_id
                 if not self.tail and ledger_id == ids[-1]:
                     return
@@ -156,7 +188,7 @@ class StreamScanner:
         after: MessageId,
         previous: MessageId,
         ids: list[int],
-    ) -> AsyncIterator[Message]:
+    ) -> AsyncIterator[list[Message]]:
         is_last = ledger_id == ids[-1]
         # A ledger that is no longer the last was rolled away from (or abandoned by a
         # crashed writer): recovering it gives its final end. The last one is tailed.
@@ -164,28 +196,79 @@ class StreamScanner:
         if handle is None:
             return
         try:
-            async for message in self._entries(handle, ledger_id, after, previous):
-                yield message
+            async for batch in self._entries(handle, ledger_id, after, previous):
+                yield batch
         finally:
             await handle.close()
 
     async def _entries(
         self, handle: ReadHandle, ledger_id: int, after: MessageId, previous: MessageId
-    ) -> AsyncIterator[Message]:
+    ) -> AsyncIterator[list[Message]]:
         next_entry = max(after.entry_id, 0) if after.ledger_id == ledger_id else 0
+        # One range of read-ahead: the bookies fetch the next range while this one is
+        # decoded and consumed.
+        ahead: tuple[int, asyncio.Task[list[EntryData]]] | None = None
+        try:
+            while True:
+                end = handle.last_entry_id
+                if next_entry > end:
+                    break
+                last = min(end, next_entry + self.batch_entries - 1)
+                if ahead is not None and ahead[0] == next_entry:
+                    entries = await ahead[1]
+                else:
+                    entries = await handle.read_entries(next_entry, last)
+                ahead = None
+                if last < end:
+                    following = min(end, last + self.batch_entries)
+                    ahead = (
+                        last + 1,
+                        asyncio.ensure_future(handle.read_entries(last + 1, following)),
+                    )
+                for batch in self._decode(entries, ledger_id, after, previous):
+                    previous = batch[-1].message_id
+                    yield batch
+                next_entry = last + 1
+        finally:
+            if ahead is not None:
+                ahead[1].cancel()
+                await asyncio.gather(ahead[1], return_exceptions=True)
+        async for batch in self._tail(handle, ledger_id, next_entry, after, previous):
+            yield batch
+
+    def _decode(
+        self, entries: list[EntryData], ledger_id: int, after: MessageId, previous: MessageId
+    ) -> list[list[Message]]:
+        batches = []
+        for entry in entries:
+            if entry.flags & pb.TRUNCATE:
+                continue  # unbounded mode's no-op entries are never messages
+            batch = decode_entry(self.name, ledger_id, entry.entry_id, entry.payload, previous)
+            if batch and batch[0].message_id <= after:
+                batch = [m for m in batch if m.message_id > after]
+                if batch:
+                    batch[0].previous = after
+            if batch:
+                previous = batch[-1].message_id
+                batches.append(batch)
+        return batches
+
+    async def _tail(
+        self,
+        handle: ReadHandle,
+        ledger_id: int,
+        next_entry: int,
+        after: MessageId,
+        previous: MessageId,
+    ) -> AsyncIterator[list[Message]]:
         while True:
             end = handle.last_entry_id
             if next_entry <= end:
                 last = min(end, next_entry + self.batch_entries - 1)
-                for entry in await handle.read_entries(next_entry, last):
-                    if entry.flags & pb.TRUNCATE:
-                        continue  # unbounded mode's no-op entries are never messages
-                    for message in decode_entry(
-                        self.name, ledger_id, entry.entry_id, entry.payload, previous
-                    ):
-                        if message.message_id > after:
-                            previous = message.message_id
-                            yield message
+                entries = await handle.read_entries(next_entry, last)
+                for batch in self._decode(entries, ledger_id, after, previous):
+                    previous = batch[-1].message_id
+                    yield batch
                 next_entry = last + 1
                 continue
             if handle.is_closed:
@@ -215,7 +298,11 @@ class Reader:
 
     def __init__(self, scanner: StreamScanner, *, queue_size: int = 1000) -> None:
         self._scanner = scanner
-        self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(queue_size)
+        # Whole entries travel through the queue; single messages come off `_buffer`.
+        self._queue: asyncio.Queue[list[Message] | BaseException] = asyncio.Queue(
+            max(1, queue_size // 16)
+        )
+        self._buffer: collections.deque[Message] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._last: MessageId = scanner.start_after
         self.stream = scanner.name
@@ -226,25 +313,28 @@ class Reader:
 
     async def _fill(self) -> None:
         try:
-            async for message in self._scanner.messages():
-                await self._queue.put(message)
+            async for batch in self._scanner.batches():
+                await self._queue.put(batch)
         except StreamlibError as error:
             await self._queue.put(error)
 
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""
-        self._start()
-        if not self._queue.empty():
-            item = self._queue.get_nowait()  # the common case while catching up
-        else:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        if isinstance(item, BaseException):
-            raise item
-        self._last = item.message_id
-        return item
+        if not self._buffer:
+            self._start()
+            if self._queue.empty():
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            else:
+                item = self._queue.get_nowait()  # the common case while catching up
+            if isinstance(item, BaseException):
+                raise item
+            self._buffer.extend(item)
+        message = self._buffer.popleft()
+        self._last = message.message_id
+        return message
 
     async def has_message_available(self) -> bool:
-        if not self._queue.empty():
+        if self._buffer or not self._queue.empty():
             return True
         end = await self._scanner.end_position()
         last = self._last
@@ -258,6 +348,7 @@ class Reader:
         self._scanner.start_after = parse_start(position)
         self._last = self._scanner.start_after
         self._queue = asyncio.Queue(self._queue.maxsize)
+        self._buffer.clear()
 
     async def _stop(self) -> None:
         if self._task is not None:
