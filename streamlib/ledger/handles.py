@@ -45,6 +45,8 @@ class WriteHandle:
         *,
         explicit_lac_interval_s: float = 0.1,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
+        last_add_confirmed: int = -1,
+        length: int = 0,
     ) -> None:
         self._digest = DigestManager(
             metadata.ledger_id, metadata.digest_type, metadata.password_hash
@@ -55,6 +57,8 @@ class WriteHandle:
             master_key=master_key(metadata.password_hash),
             digest=self._digest,
             term=metadata.term,
+            last_add_confirmed=last_add_confirmed,
+            length=length,
         )
         self._context = context
         self._driver = Driver(self._writer, metadata.ledger_id, context, self)
@@ -208,6 +212,12 @@ class WriteHandle:
             self._driver._spawn(send(bookie))
 
 
+def _payloads(entries: list[EntryData]) -> list[bytes]:
+    """The data of entries, without the TRUNCATE no-ops of unbounded ledgers (they mark a
+    takeover, not data; read_entries still shows them, with their flags)."""
+    return [e.payload for e in entries if not e.flags & pb.TRUNCATE]
+
+
 class ReadHandle:
     """Reads a ledger. A recovered (or closed) ledger reads up to its last entry; a
     ledger opened without recovery reads up to the LAC it has learned."""
@@ -253,11 +263,11 @@ class ReadHandle:
                 f"ledger {self.ledger_id}: entry {last} is past the last confirmed entry "
                 f"{self.last_entry_id}"
             )
-        return [e.payload for e in await self.read_entries(first, last)]
+        return _payloads(await self.read_entries(first, last))
 
     async def read_unconfirmed(self, first: int, last: int) -> list[bytes]:
         """Entries first..last, possibly past the LAC (they may still be lost by recovery)."""
-        return [e.payload for e in await self.read_entries(first, last)]
+        return _payloads(await self.read_entries(first, last))
 
     async def read_entries(self, first: int, last: int) -> list[EntryData]:
         if first < self.metadata.first_entry_id or last < first:

@@ -22,6 +22,7 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
+from streamlib.protocol.term_recovery import TermRecovery
 
 
 class _RecoverySink:
@@ -107,6 +108,11 @@ class LedgerManager:
         if password_hash(password) != metadata.password_hash:
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         await self._context.pool.prepare(metadata.bookies())
+        if recover and metadata.unbounded and not metadata.is_closed:
+            raise BadRequestError(
+                f"ledger {ledger_id} is unbounded: open(recover=False) to read it, "
+                "take_over() to become its writer"
+            )
         if not recover or metadata.is_closed:
             handle = ReadHandle(metadata, version, self._context, lac=-1)
             if not metadata.is_closed:
@@ -139,6 +145,47 @@ class LedgerManager:
             return await sink.future
         finally:
             await driver.cancel_pending()
+
+    async def take_over(
+        self, ledger_id: int, password: bytes = b"", *, attempts: int = 3
+    ) -> WriteHandle:
+        """Become the writer of an unbounded ledger: claim term + 1 by CAS, recover the
+        last fragment under it, seal the old term with the TRUNCATE no-op and reopen.
+        The previous writer's next add fails with InvalidTermError."""
+        for attempt in range(attempts):
+            metadata, version = await self._read(ledger_id)
+            if not metadata.unbounded:
+                raise BadRequestError(f"ledger {ledger_id} is bounded: open() recovers it")
+            if password_hash(password) != metadata.password_hash:
+                raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+            await self._context.pool.prepare(metadata.bookies())
+            recovery = TermRecovery(
+                metadata,
+                version,
+                master_key=master_key(metadata.password_hash),
+                digest=DigestManager(ledger_id, metadata.digest_type, metadata.password_hash),
+            )
+            sink = _RecoverySink()
+            driver = Driver(recovery, ledger_id, self._context, sink)
+            driver.execute(recovery.start())
+            try:
+                reopened, version = await sink.future
+            except RecoveryAbortedError:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))  # back off, then claim a new term
+                continue
+            finally:
+                await driver.cancel_pending()
+            await self._context.pool.prepare(reopened.bookies())
+            return WriteHandle(
+                reopened,
+                version,
+                self._context,
+                last_add_confirmed=recovery.last_add_confirmed,
+                length=recovery.length,
+            )
+        raise RecoveryAbortedError(f"ledger {ledger_id}: no takeover in {attempts} attempts")
 
     async def delete(self, ledger_id: int) -> None:
         """Delete the ledger's metadata; bookies garbage-collect its entries."""

@@ -81,6 +81,9 @@ class RecoveryOptions:
     unsafe_skip_write_back: bool = False
 
 
+WRITE_BACK_RETRIES = 3  # per entry and bookie, on timeouts
+
+
 class Phase(enum.Enum):
     MARK = "mark"
     FENCE = "fence"
@@ -122,9 +125,13 @@ class LedgerRecovery:
         self._recovered: dict[int, EntryData] = {}  # written back, as rewritten
         self._wb_acks: dict[int, set[str]] = {}
         self._wb_pending: set[int] = set()  # not yet on Qa of their current write set
+        self._wb_tries: dict[tuple[int, str], int] = {}  # (entry, bookie) -> timeouts
         self._failed_bookies: set[str] = set()
         self._replacing: str | None = None
         self._local_fragments: list[Fragment] = []  # replacements made by this recovery
+        # Bookies of a write set a write-back must reach before it counts: Qa here; term
+        # mode (unbounded ledgers) needs the whole write set (guaranteed write quorum).
+        self._write_back_quorum = metadata.ack_quorum
         self._length_answers: set[str] = set()
 
     @property
@@ -182,11 +189,15 @@ class LedgerRecovery:
         md = self.metadata
         self._read_ensemble = md.last_fragment.ensemble
         self._coverage = EnsembleCoverage(md.ensemble_size, md.write_quorum, md.ack_quorum)
-        fence = not self.options.unsafe_skip_fencing
+        fence = self._fence_flag()
         return [
             ReadLac(bookie, self.ledger_id, fence, self.master_key, md.term)
             for bookie in self._read_ensemble
         ]
+
+    def _fence_flag(self) -> bool:
+        """Bounded ledgers fence with the flag; term mode fences with the term instead."""
+        return not self.options.unsafe_skip_fencing
 
     def on_lac_result(self, bookie: str, status: int | None, lac: int = -1) -> list[Action]:
         """A fencing LAC read answered (status None = timed out / unreachable)."""
@@ -222,7 +233,7 @@ class LedgerRecovery:
 
     def _read_more(self) -> list[Action]:
         actions: list[Action] = []
-        fence = not self.options.unsafe_skip_fencing
+        fence = self._fence_flag()
         window = self.options.read_window
         if self._next_read - self._frontier > window // 2:
             return actions  # top up in chunks, so reads travel as ranges
@@ -389,7 +400,7 @@ class LedgerRecovery:
     def _written_back(self, entry_id: int) -> bool:
         """Qa bookies of the entry's CURRENT write set (local fragments included) have it."""
         holders = self._wb_acks[entry_id] & set(self.metadata.write_set_bookies(entry_id))
-        return len(holders) >= self.metadata.ack_quorum
+        return len(holders) >= self._write_back_quorum
 
     def on_add_result(self, bookie: str, entry_id: int, status: int | None) -> list[Action]:
         """A write-back answered (status None = timed out / unreachable)."""
@@ -407,7 +418,16 @@ class LedgerRecovery:
             return self._fail(UnauthorizedError(f"bookie {bookie}: wrong ledger password"))
         if status == StatusCode.INVALID_TERM:
             return self._fail(InvalidTermError(f"bookie {bookie}: a newer term exists"))
+        if status is None and self._retry(entry_id, bookie):
+            return [self._recovery_add(bookie, self._recovered[entry_id])]
         return self._bookie_failed(bookie)
+
+    def _retry(self, entry_id: int, bookie: str) -> bool:
+        """A timeout may be a lost message, not a dead bookie: send again a few times
+        before replacing the bookie."""
+        tries = self._wb_tries.get((entry_id, bookie), 0)
+        self._wb_tries[(entry_id, bookie)] = tries + 1
+        return tries < WRITE_BACK_RETRIES
 
     def _bookie_failed(self, bookie: str) -> list[Action]:
         if bookie in self._failed_bookies or self._replacing is not None:
@@ -417,7 +437,9 @@ class LedgerRecovery:
             return []
         self._failed_bookies.add(bookie)
         self._replacing = bookie
-        exclude = frozenset(self.metadata.bookies()) | frozenset(self._failed_bookies)
+        # Like the writer's ensemble change: not a bookie of the current ensemble, nor one
+        # that failed us (a bookie of an older fragment may serve again).
+        exclude = frozenset(self.metadata.last_fragment.ensemble) | frozenset(self._failed_bookies)
         slot = self.metadata.last_fragment.ensemble.index(bookie)
         return [ChooseBookies(1, exclude, Purpose.RECOVERY_REPLACEMENT, (slot,))]
 
@@ -465,6 +487,10 @@ class LedgerRecovery:
         if self.phase is not Phase.DRAIN or self._wb_pending:
             return []
         assert self.last_entry_id is not None
+        return self._finish()
+
+    def _finish(self) -> list[Action]:
+        """The last entry is known and written back: seal the ledger."""
         self.phase = Phase.CLOSE
         return [self._close_cas(self.metadata, self.version)]
 

@@ -74,7 +74,7 @@ class CloseConflictOutcome(enum.Enum):
 
 
 def on_writer_close_conflict(
-    state: LedgerState, last_entry_id: int, writer_lac: int
+    state: LedgerState, last_entry_id: int, writer_lac: int, *, same_term: bool = True
 ) -> CloseConflictOutcome:
     """What a writer does when its CLOSE CAS failed and it re-read the metadata
     (protocol.txt "Closing a ledger as a writer"):
@@ -85,7 +85,12 @@ def on_writer_close_conflict(
     | IN_RECOVERY   | -                  | FAIL_IN_RECOVERY      |
     | CLOSED        | == writer's LAC    | SUCCESS               |
     | CLOSED        | != writer's LAC    | FAIL_CLOSED_ELSEWHERE |
+
+    Term mode adds one row first: a term other than the writer's means another writer
+    took over (and may have reopened the ledger): FAIL_IN_RECOVERY, whatever the state.
     """
+    if not same_term:
+        return CloseConflictOutcome.FAIL_IN_RECOVERY
     if state is LedgerState.OPEN:
         return CloseConflictOutcome.RETRY
     if state is LedgerState.IN_RECOVERY:
@@ -100,16 +105,24 @@ class EnsembleChangeConflictOutcome(enum.Enum):
     FAIL_ADDS = "fail_adds"  # no longer OPEN: fail every outstanding add
 
 
-def on_ensemble_change_conflict(state: LedgerState) -> EnsembleChangeConflictOutcome:
+def on_ensemble_change_conflict(
+    state: LedgerState, *, same_term: bool = True
+) -> EnsembleChangeConflictOutcome:
     """protocol.txt: "If the CAS write fails ... We reread the metadata. If the state of
     the ledger is no longer OPEN, we send an error to the client for any outstanding
     writes. Otherwise, we try to replace the failed node again."
 
-    | re-read state        | outcome   |
-    |----------------------|-----------|
-    | OPEN                 | RETRY     |
-    | IN_RECOVERY, CLOSED  | FAIL_ADDS |
+    | re-read state        | re-read term       | outcome   |
+    |----------------------|--------------------|-----------|
+    | any                  | not the writer's   | FAIL_ADDS |
+    | OPEN                 | the writer's       | RETRY     |
+    | IN_RECOVERY, CLOSED  | the writer's       | FAIL_ADDS |
+
+    The term row is term mode's: a takeover may already have REOPENED the ledger under
+    a higher term, so "still OPEN" no longer means "still mine" (the simulator found an
+    old writer landing its ensemble change on the new term's metadata and completing
+    adds through a bookie that had not seen the new term).
     """
-    if state is LedgerState.OPEN:
+    if same_term and state is LedgerState.OPEN:
         return EnsembleChangeConflictOutcome.RETRY
     return EnsembleChangeConflictOutcome.FAIL_ADDS

@@ -350,9 +350,17 @@ class LedgerWriter:
         if self.state is WriterState.CLOSING:
             return self._close_conflict(metadata, version)
         if self._changing is not None:
-            outcome = on_ensemble_change_conflict(metadata.state)
+            same_term = metadata.term == self.metadata.term
+            outcome = on_ensemble_change_conflict(metadata.state, same_term=same_term)
             if outcome is EnsembleChangeConflictOutcome.FAIL_ADDS:
                 self._changing = None
+                if not same_term:
+                    return self._fail(
+                        InvalidTermError(
+                            f"ledger {self.ledger_id}: term {metadata.term} took over from "
+                            f"term {self.metadata.term}"
+                        )
+                    )
                 return self._fail(
                     LedgerFencedError(f"ledger {self.ledger_id} is {metadata.state.value}")
                 )
@@ -397,7 +405,12 @@ class LedgerWriter:
 
     def _close_conflict(self, metadata: LedgerMetadata, version: int) -> list[Action]:
         lac = self.tracker.last_add_confirmed
-        outcome = on_writer_close_conflict(metadata.state, metadata.last_entry_id, lac)
+        outcome = on_writer_close_conflict(
+            metadata.state,
+            metadata.last_entry_id,
+            lac,
+            same_term=metadata.term == self.metadata.term,
+        )
         if outcome is CloseConflictOutcome.RETRY:
             self.metadata, self.version = metadata, version
             return [self._close_cas()]

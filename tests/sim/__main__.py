@@ -12,6 +12,7 @@ import sys
 import time
 
 from tests.sim.scenario import MUTATIONS, InvariantViolation, run_seed
+from tests.sim.unbounded import run_unbounded_seed
 
 
 def main() -> int:
@@ -21,12 +22,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="replay just this seed")
     parser.add_argument("--mutation", choices=sorted(MUTATIONS), default="none")
     parser.add_argument("--trace", action="store_true", help="print the trace of --seed")
+    parser.add_argument("--unbounded", action="store_true", help="term mode scenarios")
+    parser.add_argument(
+        "--skip-truncate", action="store_true", help="with --unbounded: the unsafe variant"
+    )
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     start = time.perf_counter()
     for count, seed in enumerate(seeds, start=1):
         try:
-            scenario = run_seed(seed, args.mutation)
+            if args.unbounded:
+                scenario = run_unbounded_seed(seed, skip_truncate=args.skip_truncate)
+            else:
+                scenario = run_seed(seed, args.mutation)
         except InvariantViolation as violation:
             print(violation)
             print(f"FAILED at seed {seed} after {count} seeds")

@@ -99,6 +99,8 @@ class Scenario:
         self.writer = LedgerWriter(self.initial, 0, master_key=MASTER_KEY, digest=self.digest)
         self.entries_to_write = rnd.randint(8, 40)
         self.written = 0
+        self.may_close = True
+        self.sent: dict[tuple[int, int], bytes] = {}  # (id(writer), entry) -> payload
 
     # -- the clients --------------------------------------------------------------------
 
@@ -111,12 +113,14 @@ class Scenario:
         count = self.world.rnd.randint(1, 3)
         first = self.writer.tracker.next_entry_id
         payloads = [self.payload(first + i) for i in range(count)]
+        for i, payload in enumerate(payloads):
+            self.sent[(id(self.writer), first + i)] = payload
         _, actions = self.writer.append(payloads)
         self.written += count
         self.world.log(f"writer appends {first}..{first + count - 1}")
         self.execute("writer", self.writer, actions)
         if self.written >= self.entries_to_write:
-            if self.world.rnd.random() < 0.5:
+            if self.may_close and self.world.rnd.random() < 0.5:
                 self.world.log("writer closes")
                 self.execute("writer", self.writer, self.writer.close())
         else:
@@ -219,7 +223,7 @@ class Scenario:
             )
         elif isinstance(action, CompleteAdds):
             for entry_id in range(action.first_entry_id, action.last_entry_id + 1):
-                self.acked[entry_id] = self.payload(entry_id)
+                self.record_ack(entry_id, self.sent[(id(machine), entry_id)])
             world.log(f"writer acknowledged ..{action.last_entry_id}")
             self.check_closed_covers_acks()
         elif isinstance(action, FailAdds):
@@ -237,6 +241,9 @@ class Scenario:
                 world.at(world.rnd.randint(20, 80), lambda: self.start_recovery(attempt + 1))
         else:  # pragma: no cover - a new action kind must be taught to the simulator
             raise AssertionError(f"unknown action {action!r}")
+
+    def record_ack(self, entry_id: int, payload: bytes) -> None:
+        self.acked[entry_id] = payload
 
     # -- faults -------------------------------------------------------------------------
 

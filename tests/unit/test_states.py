@@ -78,3 +78,16 @@ def test_writer_close_conflict_table(state, last_entry, lac, outcome):
 )
 def test_ensemble_change_conflict_table(state, outcome):
     assert on_ensemble_change_conflict(state) is outcome
+
+
+@pytest.mark.parametrize("state", list(LedgerState))
+def test_a_new_term_fails_the_old_writer_whatever_the_state(state):
+    # Term mode: a takeover may have REOPENED the ledger (OPEN again, higher term).
+    assert (
+        on_ensemble_change_conflict(state, same_term=False)
+        is EnsembleChangeConflictOutcome.FAIL_ADDS
+    )
+    assert (
+        on_writer_close_conflict(state, 10, 10, same_term=False)
+        is CloseConflictOutcome.FAIL_IN_RECOVERY
+    )

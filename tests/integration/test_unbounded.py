@@ -1,0 +1,54 @@
+"""Unbounded ledgers (term mode) on real bookies: takeover ping-pong between two writers."""
+
+import pytest
+
+from streamlib.errors import BadRequestError, InvalidTermError
+
+
+async def test_takeover_ping_pong_loses_and_duplicates_nothing(any_cluster):
+    any_cluster.start_bookies(3)
+    clients = [await any_cluster.client(), await any_cluster.client()]
+    first = await clients[0].ledgers.create(3, 3, 2, password=b"pw", unbounded=True)
+    ledger_id = first.ledger_id
+    writers = [first, None]
+    acked: list[tuple[int, bytes]] = []
+    for term_round in range(8):
+        me = term_round % 2
+        if term_round:
+            writers[me] = await clients[me].ledgers.take_over(ledger_id, password=b"pw")
+        writer = writers[me]
+        # A burst in flight, some of it maybe racing the next takeover.
+        datas = [b"r%d-%d" % (term_round, i) for i in range(15)]
+        ids = await writer.append_many(datas)
+        acked += list(zip(ids, datas, strict=True))
+        old = writers[1 - me]
+        if old is not None:
+            with pytest.raises(InvalidTermError):
+                await old.append(b"from the old term")
+    metadata = await clients[0].ledgers.metadata(ledger_id)
+    assert metadata.term == 8 and metadata.unbounded
+    reader = await clients[1].ledgers.open(ledger_id, password=b"pw", recover=False)
+    last_id = acked[-1][0]
+    for _ in range(20):  # the last entry's LAC comes with the writer's explicit LAC
+        if reader.last_add_confirmed >= last_id:
+            break
+        await reader.wait_for_more(reader.last_add_confirmed + 1, 5.0)
+    assert reader.last_add_confirmed >= last_id
+    entries = await reader.read_entries(0, last_id)
+    data = {e.entry_id: e.payload for e in entries if not e.flags & 2}
+    assert {i: d for i, d in acked} == {i: data[i] for i, _ in acked}
+    assert len(data) == len(acked)  # nothing else: the no-ops are not data
+    payloads = await reader.read(0, last_id)
+    assert payloads == [d for _, d in sorted(acked)]
+
+
+async def test_unbounded_ledgers_are_taken_over_not_recovered(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    writer = await client.ledgers.create(3, 2, 2, unbounded=True)
+    await writer.append(b"x")
+    with pytest.raises(BadRequestError):
+        await client.ledgers.open(writer.ledger_id)  # recover=True would close it
+    bounded = await client.ledgers.create(3, 2, 2)
+    with pytest.raises(BadRequestError):
+        await client.ledgers.take_over(bounded.ledger_id)
