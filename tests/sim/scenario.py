@@ -112,19 +112,23 @@ class Scenario:
             return
         count = self.world.rnd.randint(1, 3)
         first = self.writer.tracker.next_entry_id
-        payloads = [self.payload(first + i) for i in range(count)]
-        for i, payload in enumerate(payloads):
-            self.sent[(id(self.writer), first + i)] = payload
-        _, actions = self.writer.append(payloads)
+        self.append([self.payload(first + i) for i in range(count)])
         self.written += count
-        self.world.log(f"writer appends {first}..{first + count - 1}")
-        self.execute("writer", self.writer, actions)
         if self.written >= self.entries_to_write:
             if self.may_close and self.world.rnd.random() < 0.5:
                 self.world.log("writer closes")
                 self.execute("writer", self.writer, self.writer.close())
         else:
             self.world.at(self.world.rnd.randint(1, 25), self.writer_append)
+
+    def append(self, payloads: list[bytes]) -> None:
+        """The current writer appends (remembering what it sent, to check its acks)."""
+        first = self.writer.tracker.next_entry_id
+        for i, payload in enumerate(payloads):
+            self.sent[(id(self.writer), first + i)] = payload
+        _, actions = self.writer.append(payloads)
+        self.world.log(f"writer appends {first}..{first + len(payloads) - 1}")
+        self.execute("writer", self.writer, actions)
 
     def start_recovery(self, attempt: int = 0) -> None:
         metadata, version = self.world.metadata.read(LEDGER_ID)

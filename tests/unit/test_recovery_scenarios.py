@@ -56,15 +56,13 @@ def test_fencing_txt_seed_scenario():
 
 def test_old_writer_is_fenced_out_after_recovery():
     s = quiet_scenario()
-    _, actions = s.writer.append([s.payload(0), s.payload(1)])
-    s.execute("writer", s.writer, actions)
+    s.append([s.payload(0), s.payload(1)])
     settle(s)
     assert sorted(s.acked) == [0, 1]
     s.start_recovery()
     settle(s)
     s.written = 2
-    _, actions = s.writer.append([s.payload(2)])
-    s.execute("writer", s.writer, actions)
+    s.append([s.payload(2)])
     settle(s)
     assert s.writer.state is WriterState.FAILED
     assert type(s.writer.error).__name__ == "LedgerFencedError"
