@@ -1,0 +1,32 @@
+"""Every `streamlib bench` runs end to end and prints its figures (tiny sizes; speed is
+never asserted: benchmarks report it)."""
+
+import subprocess
+import sys
+
+import pytest
+
+STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["protocol", "--entries", "2000"], ["entries/s", "acks/s"]),
+        (["metadata", "--seconds", "0.3"], ["ops/s", "p99"]),
+        (
+            ["ledger", "--entries", "300", "--window", "50", "--recovery-entries", "20"],
+            ["appends/s", "p999", "recovery of an open ledger"],
+        ),
+        (
+            ["stream", "--messages", "500", "--rate", "200", "--seconds", "0.5"],
+            ["publish throughput", "end-to-end latency", "catch-up reads"],
+        ),
+    ],
+    ids=["protocol", "metadata", "ledger", "stream"],
+)
+def test_benchmark_prints_its_figures(args, expected):
+    result = subprocess.run([*STREAMLIB, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for text in expected:
+        assert text in result.stdout, result.stdout
