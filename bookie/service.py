@@ -209,6 +209,17 @@ class BookieService:
 
     # -- reads ----------------------------------------------------------------------------
 
+    async def _state_for_read(
+        self, fence: bool, req: pb.ReadRequest | pb.ReadLacRequest
+    ) -> LedgerState:
+        """A fencing read fences (durably, first); a term read adopts the term; a plain
+        read needs the ledger to be known here."""
+        if fence:
+            return await self.storage.fence(req.ledger_id, req.master_key, req.term)
+        if req.term:
+            return await self.storage.adopt_term(req.ledger_id, req.master_key, req.term)
+        return self._known(req.ledger_id)
+
     async def ReadEntries(self, req: pb.ReadRequest | Malformed, context: Any) -> pb.ReadResponse:
         started = time.perf_counter()
         if isinstance(req, Malformed):
@@ -216,13 +227,7 @@ class BookieService:
                 status=pb.BAD_REQUEST, message=f"malformed ReadRequest: {req.error}"
             )
         try:
-            fence = validation.check_read(req)
-            if fence:
-                st = await self.storage.fence(req.ledger_id, req.master_key, req.term)
-            elif req.term:
-                st = await self.storage.adopt_term(req.ledger_id, req.master_key, req.term)
-            else:
-                st = self._known(req.ledger_id)
+            st = await self._state_for_read(validation.check_read(req), req)
         except RequestError as err:
             return pb.ReadResponse(status=err.status, message=str(err), term=err.term)
         max_bytes = min(req.max_bytes or DEFAULT_READ_MAX_BYTES, DEFAULT_READ_MAX_BYTES)
@@ -256,13 +261,7 @@ class BookieService:
                 status=pb.BAD_REQUEST, message=f"malformed ReadLacRequest: {req.error}"
             )
         try:
-            fence = validation.check_read_lac(req)
-            if fence:
-                st = await self.storage.fence(req.ledger_id, req.master_key, req.term)
-            elif req.term:
-                st = await self.storage.adopt_term(req.ledger_id, req.master_key, req.term)
-            else:
-                st = self._known(req.ledger_id)
+            st = await self._state_for_read(validation.check_read_lac(req), req)
             lac = st.lac
             if req.timeout_ms > 0 and lac <= req.previous_lac:
                 timeout_s = min(req.timeout_ms / 1000, validation.MAX_LONG_POLL_S)

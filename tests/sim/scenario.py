@@ -310,8 +310,7 @@ class Scenario:
         world, rnd = self.world, self.world.rnd
         world.at(1, self.writer_append)
         world.at(rnd.randint(10, 250), self.start_recovery)
-        if rnd.random() < 0.5:
-            world.at(rnd.randint(10, 400), self.start_recovery)
+        self.schedule_more_recoveries()
         for _ in range(rnd.choice([0, 1, 1, 2])):
             victim = rnd.choice(sorted(world.bookies))
             world.at(rnd.randint(1, 300), lambda v=victim: self.crash(v, rnd.randint(30, 400)))
@@ -320,18 +319,27 @@ class Scenario:
             steps += 1
             if steps > max_steps:
                 self.fail("the simulation did not settle (livelock?)")
-        # Quiet the world and make sure the ledger ends closed (a recovery may have
-        # aborted for good while bookies were down): every bookie back, no drops.
+        # Quiet the world -- every bookie back, no drops -- and finish there.
         for bookie in world.bookies.values():
             bookie.alive = True
         world.net.drop_rate = 0.0
-        metadata, _ = world.metadata.read(LEDGER_ID)
-        if metadata.state is not LedgerState.CLOSED:
-            world.log("final recovery in a quiet world")
-            self.start_recovery(attempt=100)
-            while world.step():
-                pass
+        self.finish_quietly()
+        while world.step():
+            pass
         self.check_final()
+
+    def schedule_more_recoveries(self) -> None:
+        """A second, concurrent recovery half the time."""
+        if self.world.rnd.random() < 0.5:
+            self.world.at(self.world.rnd.randint(10, 400), self.start_recovery)
+
+    def finish_quietly(self) -> None:
+        """Make sure the ledger ends closed (a recovery may have aborted for good while
+        bookies were down)."""
+        metadata, _ = self.world.metadata.read(LEDGER_ID)
+        if metadata.state is not LedgerState.CLOSED:
+            self.world.log("final recovery in a quiet world")
+            self.start_recovery(attempt=100)
 
 
 def run_seed(seed: int, mutation: str = "none") -> Scenario:
