@@ -153,6 +153,25 @@ class WriteHandle:
         await self._driver.cancel_pending()
         return metadata
 
+    async def release(self) -> int:
+        """Stop writing WITHOUT closing (an unbounded ledger lives on: the next writer takes
+        it over): wait for pending appends and publish the LAC to the bookies now, so
+        readers can read every acknowledged entry. Returns the LAC."""
+        lac = await self.force()
+        self._cancel_lac_timer()
+        request = pb.WriteLacRequest(
+            ledger_id=self.ledger_id,
+            master_key=self._writer.master_key,
+            last_add_confirmed=lac,
+            term=self._writer.term,
+        )
+        await asyncio.gather(
+            *(self._context.pool.get(b).write_lac(request) for b in self._writer.ensemble),
+            return_exceptions=True,  # best effort: the next writer's entries carry it too
+        )
+        await self._driver.cancel_pending()
+        return lac
+
     # -- outcomes from the writer -------------------------------------------------------
 
     def on_outcome(self, action: Action) -> None:

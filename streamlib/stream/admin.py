@@ -85,13 +85,12 @@ class StreamManager:
         validate_quorums(ensemble, write_quorum, ack_quorum)
         roll = _policy(rollover, RolloverPolicy)
         keep = _policy(retention, RetentionPolicy)
-        if mode not in ("managed", "unbounded"):
+        modes = {"managed": StreamMode.MANAGED, "unbounded": StreamMode.UNBOUNDED}
+        if mode not in modes:
             raise BadRequestError(f"mode is 'managed' or 'unbounded', got {mode!r}")
-        if mode == "unbounded":
-            raise BadRequestError("unbounded streams are not available yet (managed only)")
         md = StreamMetadata(
             name=name,
-            mode=StreamMode.MANAGED,
+            mode=modes[mode],
             ledger_config=LedgerConfig(
                 ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum
             ),

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from metadata.errors import BadVersionError
-from metadata.schemas import LedgerInfo, StreamMetadata
+from metadata.schemas import LedgerInfo, StreamMetadata, StreamMode
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import WriteHandle
 from streamlib.ledger.manager import LedgerManager
@@ -92,11 +92,16 @@ class StreamWriter:
     # -- takeover -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Take over the stream: recover the last two ledgers, add a new one by CAS."""
+        """Take over the stream: recover the last two ledgers, add a new one by CAS. An
+        unbounded stream lives in ONE unbounded ledger, taken over by term instead."""
         for _ in range(self._max_attempts):
             self.stats.takeover_attempts += 1
             md, version = await self._registry.read(self.name)
             self._load_config(md)
+            if md.mode == StreamMode.UNBOUNDED:
+                if await self._start_unbounded(md, version):
+                    return
+                continue
             for ledger_id in ledgers_to_recover([info.ledger_id for info in md.ledgers]):
                 await self._recover(md, ledger_id)
             handle = await self._create_ledger()
@@ -112,6 +117,30 @@ class StreamWriter:
             f"stream {self.name!r}: could not take over in {self._max_attempts} attempts; "
             "another writer keeps moving the ledger list"
         )
+
+    async def _start_unbounded(self, md: StreamMetadata, version: int) -> bool:
+        """Take the stream's one ledger over by term (creating it on first use)."""
+        if md.ledgers:
+            handle = await self._ledgers.take_over(md.ledgers[0].ledger_id, STREAM_PASSWORD)
+            self._use(handle)
+            return True
+        e, qw, qa = self._config
+        handle = await self._ledgers.create(
+            e,
+            qw,
+            qa,
+            password=STREAM_PASSWORD,
+            custom_metadata={"stream": self.name.encode()},
+            unbounded=True,
+        )
+        md.ledgers.append(LedgerInfo(ledger_id=handle.ledger_id, created_time_ms=now_ms()))
+        try:
+            await self._registry.write(self.name, md, version)
+        except BadVersionError:
+            await self._discard(handle)  # another producer created it first: take it over
+            return False
+        self._use(handle)
+        return True
 
     def _load_config(self, md: StreamMetadata) -> None:
         cfg = md.ledger_config
@@ -198,8 +227,8 @@ class StreamWriter:
 
     def _maybe_roll(self) -> None:
         handle = self._current
-        if handle is None or self._rolling is not None:
-            return
+        if handle is None or self._rolling is not None or handle.metadata.unbounded:
+            return  # an unbounded stream never rolls its ledger
         entries = handle.next_entry_id  # entries handed to this ledger
         if should_roll(entries, handle.length, now_ms(), self._roll_deadline, self._policy):
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
@@ -265,6 +294,9 @@ class StreamWriter:
             await asyncio.gather(self._rolling, return_exceptions=True)
         await self.flush()
         if self._current is not None and self._fenced is None:
+            if self._current.metadata.unbounded:
+                await self._current.release()  # the stream's one ledger stays open
+                return
             try:
                 metadata = await self._current.close()
             except (LedgerFencedError, InvalidTermError) as error:

@@ -52,3 +52,32 @@ async def test_unbounded_ledgers_are_taken_over_not_recovered(cluster):
     bounded = await client.ledgers.create(3, 2, 2)
     with pytest.raises(BadRequestError):
         await client.ledgers.take_over(bounded.ledger_id)
+
+
+async def test_pubsub_works_unchanged_on_an_unbounded_stream(cluster):
+    cluster.start_bookies(3)
+    a, b = await cluster.client(), await cluster.client()
+    await a.streams.create("one-ledger", 3, 3, 2, mode="unbounded")
+    consumer = await b.subscribe("one-ledger", "s", initial_position="earliest")
+    sent = []
+    for round_no in range(4):  # producers take the stream over from each other, by term
+        producer = await (a if round_no % 2 == 0 else b).create_producer(
+            "one-ledger", batching_max_messages=3
+        )
+        for i in range(7):
+            sent.append(b"r%d-%d" % (round_no, i))
+            await producer.send_async(sent[-1])
+        await producer.flush()
+        await producer.close()
+    md, _ = await a.streams.read("one-ledger")
+    assert len(md.ledgers) == 1  # one ledger, never rolled
+    ledger = await a.ledgers.metadata(md.ledgers[0].ledger_id)
+    assert ledger.unbounded and ledger.term == 4
+    received = []
+    for _ in range(len(sent)):
+        message = await consumer.receive(timeout=30)
+        received.append(message.data)
+        consumer.acknowledge(message)
+    assert received == sent  # no no-op ever shows up as a message
+    reader = await a.create_reader("one-ledger")
+    assert [(await reader.read_next(timeout=30)).data for _ in sent] == sent
