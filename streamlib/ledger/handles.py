@@ -153,6 +153,11 @@ class WriteHandle:
         await self._driver.cancel_pending()
         return metadata
 
+    def roll_fragment(self) -> None:
+        """Start a new fragment on bookies chosen by placement (unbounded ledgers roll
+        fragments by size or age); appends keep flowing meanwhile."""
+        self._driver.execute(self._writer.roll_fragment())
+
     async def release(self) -> int:
         """Stop writing WITHOUT closing (an unbounded ledger lives on: the next writer takes
         it over): wait for pending appends and publish the LAC to the bookies now, so

@@ -38,6 +38,7 @@ class Purpose(enum.Enum):
     RECOVERY_CLOSE = "recovery_close"
     RECOVERY_REPLACEMENT = "recovery_replacement"
     REOPEN = "reopen"
+    FRAGMENT_ROLL = "fragment_roll"
 
 
 @dataclass(frozen=True, slots=True)

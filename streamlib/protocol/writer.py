@@ -120,6 +120,8 @@ class LedgerWriter:
         self._changing: dict[int, str | None] | None = None
         self._recently_failed: set[str] = set()
         self.ensemble_changes = 0
+        self.fragment_rolls = 0
+        self._planned = False  # the change in flight is a fragment roll, not a failure
         self._close_requested = False
         # Write sets repeat every E entries: compute them once.
         self._write_sets = ensemble_write_sets(metadata.ensemble_size, metadata.write_quorum)
@@ -254,6 +256,7 @@ class LedgerWriter:
         return actions + self._maybe_close()
 
     def _fail(self, error: StreamlibError) -> list[Action]:
+        self._planned = False
         self.state = WriterState.FAILED
         self.error = error
         failed = self.tracker.fail_all()
@@ -284,27 +287,51 @@ class LedgerWriter:
             )
         ]
 
+    def roll_fragment(self) -> list[Action]:
+        """Start a new fragment on bookies chosen by placement (unbounded ledgers roll
+        fragments by size or age, so retention can drop old ones). A voluntary ensemble
+        change: it waits its turn, counts against no cap, and if placement finds nothing
+        the writer simply stays on its ensemble."""
+        if self.state is not WriterState.WRITING or self._close_requested:
+            return []
+        if self._changing is not None or self._failed:
+            return []
+        self._planned = True
+        self.tracker.holding = True
+        slots = tuple(range(self.metadata.ensemble_size))
+        self._changing = dict.fromkeys(slots)
+        exclude = frozenset(self._recently_failed)
+        return [ChooseBookies(len(slots), exclude, Purpose.FRAGMENT_ROLL, slots)]
+
     def on_bookies_chosen(self, bookies: Sequence[str]) -> list[Action]:
         if self._changing is None or self.state is WriterState.FAILED:
             return []
         slots = sorted(self._changing)
-        if len(bookies) != len(slots) or set(bookies) & set(self.ensemble):
+        overlap = set(bookies) & set(self.ensemble) if not self._planned else set()
+        if len(bookies) != len(slots) or overlap or len(set(bookies)) != len(bookies):
             raise BadRequestError(f"placement returned {list(bookies)} for {len(slots)} slots")
         self._changing = dict(zip(slots, bookies, strict=True))
         return [self._ensemble_change_cas()]
 
     def on_bookies_unavailable(self, error: StreamlibError) -> list[Action]:
-        """Placement found no replacement: the writer cannot go on."""
+        """Placement found no replacement: the writer cannot go on (a planned fragment
+        roll is just called off)."""
         if self._changing is None:
             return []
         self._changing = None
+        if self._planned:
+            self._planned = False
+            return self._completed(self.tracker.release())
         return self._fail(error)
 
     def _ensemble_change_cas(self) -> WriteMetadata:
         assert self._changing is not None
         replacements = {i: b for i, b in self._changing.items() if b is not None}
         new = self.metadata.with_ensemble_change(self.tracker.last_add_confirmed + 1, replacements)
-        return WriteMetadata(new, self.version, Purpose.ENSEMBLE_CHANGE)
+        return WriteMetadata(new, self.version, self._change_purpose())
+
+    def _change_purpose(self) -> Purpose:
+        return Purpose.FRAGMENT_ROLL if self._planned else Purpose.ENSEMBLE_CHANGE
 
     def on_metadata_written(self, metadata: LedgerMetadata, version: int) -> list[Action]:
         if self.state is WriterState.FAILED:
@@ -319,7 +346,11 @@ class LedgerWriter:
 
     def _ensemble_changed(self, metadata: LedgerMetadata, version: int) -> list[Action]:
         self._changing = None
-        self.ensemble_changes += 1
+        if self._planned:
+            self._planned = False
+            self.fragment_rolls += 1
+        else:
+            self.ensemble_changes += 1
         actions = self._adopt(metadata, version)
         if self._failed:  # failures that arrived during the change
             return actions + self._start_ensemble_change()
@@ -343,7 +374,7 @@ class LedgerWriter:
         if self.state is WriterState.CLOSING:
             return [ReadMetadata(Purpose.WRITER_CLOSE)]
         if self._changing is not None:
-            return [ReadMetadata(Purpose.ENSEMBLE_CHANGE)]
+            return [ReadMetadata(self._change_purpose())]
         return []
 
     def on_metadata_read(self, metadata: LedgerMetadata, version: int) -> list[Action]:

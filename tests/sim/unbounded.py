@@ -60,6 +60,17 @@ class UnboundedScenario(Scenario):
         self.max_takeovers = self.world.rnd.randint(1, 4)
         self.may_close = False  # an unbounded ledger lives on: writers hand it over
         self.final = False
+        self.schedule_fragment_roll()
+
+    def schedule_fragment_roll(self) -> None:
+        """Writers also roll fragments (planned ensemble changes) now and then."""
+        self.world.at(self.world.rnd.randint(20, 150), self.roll_fragment)
+
+    def roll_fragment(self) -> None:
+        if self.final:
+            return
+        self.world.log("writer rolls its fragment")
+        self.execute("writer", self.writer, self.writer.roll_fragment())
 
     def payload(self, entry_id: int) -> bytes:
         return f"seed{self.world.seed}-w{self.writer_no}-e{entry_id}".encode()
@@ -118,6 +129,7 @@ class UnboundedScenario(Scenario):
         self.written = 0
         self.entries_to_write = self.world.rnd.randint(3, 15)
         self.world.at(1, self.writer_append)
+        self.schedule_fragment_roll()
         self.takeovers += 1
         if self.takeovers < self.max_takeovers:
             self.world.at(self.world.rnd.randint(10, 200), self.start_recovery)
