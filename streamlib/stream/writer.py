@@ -83,6 +83,8 @@ class StreamWriter:
         self._policy = RolloverPolicy()
         self._config: tuple[int, int, int] = (3, 2, 2)
         self._on_roll = on_roll
+        self._fragment_first = -1
+        self._fragment_base_length = 0
         self.stats = WriterStats()
 
     @property
@@ -227,11 +229,27 @@ class StreamWriter:
 
     def _maybe_roll(self) -> None:
         handle = self._current
-        if handle is None or self._rolling is not None or handle.metadata.unbounded:
-            return  # an unbounded stream never rolls its ledger
+        if handle is None or self._rolling is not None:
+            return
+        if handle.metadata.unbounded:
+            self._maybe_roll_fragment(handle)
+            return
         entries = handle.next_entry_id  # entries handed to this ledger
         if should_roll(entries, handle.length, now_ms(), self._roll_deadline, self._policy):
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
+
+    def _maybe_roll_fragment(self, handle: WriteHandle) -> None:
+        """An unbounded stream never rolls its ledger: the rollover policy rolls the
+        ledger's fragments instead (a planned ensemble change, asynchronous)."""
+        first = handle.metadata.last_fragment.first_entry_id
+        if first != self._fragment_first:  # a new fragment began: restart its counters
+            self._fragment_first = first
+            self._fragment_base_length = handle.length
+            self._roll_deadline = roll_deadline_ms(now_ms(), self._policy, self._rnd)
+        entries = handle.next_entry_id - first
+        size = handle.length - self._fragment_base_length
+        if should_roll(entries, size, now_ms(), self._roll_deadline, self._policy):
+            handle.roll_fragment()  # a no-op while one is in flight
 
     async def roll(self) -> None:
         """Roll now (also used by age-based rolling on idle streams)."""

@@ -81,3 +81,19 @@ async def test_pubsub_works_unchanged_on_an_unbounded_stream(cluster):
     assert received == sent  # no no-op ever shows up as a message
     reader = await a.create_reader("one-ledger")
     assert [(await reader.read_next(timeout=30)).data for _ in sent] == sent
+
+
+async def test_an_unbounded_stream_rolls_fragments_not_ledgers(cluster):
+    cluster.start_bookies(4)
+    client = await cluster.client()
+    await client.streams.create("rolling-one", 3, 2, 2, mode="unbounded",
+                                rollover={"max_entries": 5})  # fmt: skip
+    producer = await client.create_producer("rolling-one", batching_max_publish_delay_ms=0)
+    sent = [await producer.send(b"%d" % i) for i in range(30)]
+    await producer.close()
+    assert len({m.ledger_id for m in sent}) == 1
+    ledger = await client.ledgers.metadata(sent[0].ledger_id)
+    assert len(ledger.fragments) >= 3  # rolled by size while sends kept flowing
+    reader = await client.create_reader("rolling-one")
+    received = [(await reader.read_next(timeout=30)).data for _ in sent]
+    assert received == [b"%d" % i for i in range(30)]
