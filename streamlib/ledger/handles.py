@@ -301,31 +301,34 @@ class ReadHandle:
             cached = self._cache.pop(entry_id, None)
             if cached is not None:
                 found[entry_id] = cached
-        attempt = dict.fromkeys((e for e in range(first, last + 1) if e not in found), 0)
-        negatives = dict.fromkeys(attempt, 0)
-        while attempt:
-            by_bookie = self._cover(attempt, negatives)
+        # For each entry still wanted: the replicas already asked, and how many of them
+        # said it does not exist (only if all did is it a NoSuchEntry).
+        tried: dict[int, set[str]] = {e: set() for e in range(first, last + 1) if e not in found}
+        negatives = dict.fromkeys(tried, 0)
+        while tried:
+            by_bookie = self._cover(tried, negatives)
             results = await asyncio.gather(
                 *(self._read_from(b, ids) for b, ids in by_bookie.items())
             )
-            for entries, missing in results:
+            for bookie, (entries, missing) in zip(by_bookie, results, strict=True):
                 for entry in entries:
-                    if attempt.pop(entry.entry_id, None) is not None:
+                    if tried.pop(entry.entry_id, None) is not None:
                         found[entry.entry_id] = entry
                 for entry_id, negative in missing:
-                    if entry_id in attempt:
-                        attempt[entry_id] += 1
+                    if entry_id in tried:
+                        tried[entry_id].add(bookie)
                         negatives[entry_id] += negative
         return [found[e] for e in range(first, last + 1)]
 
-    def _cover(self, attempt: dict[int, int], negatives: dict[int, int]) -> dict[str, list[int]]:
-        """Which bookie to ask for which entries: each entry's next untried replica, with
-        the entries gathered on as few bookies as possible, since a range read returns
-        the whole span (with E = Qw one bookie holds them all)."""
+    def _cover(self, tried: dict[int, set[str]], negatives: dict[int, int]) -> dict[str, list[int]]:
+        """Which bookie to ask for which entries: for each entry a replica not asked yet,
+        gathering entries on as few bookies as possible, since a range read returns the
+        whole span (with E = Qw one bookie holds them all)."""
         by_bookie: dict[str, list[int]] = {}
-        for entry_id, tries in attempt.items():
+        for entry_id, asked in tried.items():
             bookies = self.metadata.write_set_bookies(entry_id)
-            if tries >= len(bookies):
+            untried = [b for b in bookies if b not in asked]
+            if not untried:
                 if negatives[entry_id] == len(bookies):
                     raise NoSuchEntryError(
                         f"ledger {self.ledger_id} entry {entry_id}: no bookie has it"
@@ -333,7 +336,6 @@ class ReadHandle:
                 raise BookieIOError(
                     f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
                 )
-            untried = bookies[tries:]
             chosen = next((b for b in untried if b in by_bookie), untried[0])
             by_bookie.setdefault(chosen, []).append(entry_id)
         return by_bookie
