@@ -17,12 +17,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from streamlib import bench, sandbox
+    from streamlib import commands as everyday
     from streamlib.autorecovery import cli as autorecovery_cli
 
     sandbox.add_parser(commands)
     admin = commands.add_parser("admin", help="administer bookies, ledgers, streams, recovery")
     admin_commands = admin.add_subparsers(dest="admin", metavar="ADMIN", required=True)
     autorecovery_cli.add_parsers(commands, admin_commands)
+    everyday.add_parsers(commands, admin_commands)
     bench.add_parser(commands)
     return parser
 

@@ -11,11 +11,11 @@ from typing import Any
 
 
 def add_parser(commands: Any) -> None:
-    from streamlib.bench import bookie, ledger, metadata, protocol, stream
+    from streamlib.bench import bookie, ledger, metadata, protocol, spark, stream
 
     parser = commands.add_parser("bench", help="run a benchmark and print its figures")
     which = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (protocol, metadata, bookie, ledger, stream):
+    for module in (protocol, metadata, bookie, ledger, stream, spark):
         module.add_parser(which)
 
 

@@ -1,0 +1,161 @@
+"""`streamlib admin streams list | show NAME | delete NAME | trim NAME`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from streamlib.commands.common import (
+    Subparsers,
+    add_common,
+    ms_to_text,
+    print_fields,
+    print_json,
+    print_table,
+    progress,
+    run_with_client,
+    size_to_text,
+)
+from streamlib.protocol.errors import NoSuchStreamError
+
+if TYPE_CHECKING:
+    from streamlib.client import Client
+
+
+def add_parsers(admin_commands: Subparsers) -> None:
+    group = admin_commands.add_parser("streams", help="list, show, delete or trim streams")
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="every stream, with its size and subscriptions")
+    add_common(listing)
+    listing.set_defaults(run=run_with_client(_list))
+    for name, text, body in (
+        ("show", "a stream's policies, ledgers and subscriptions", _show),
+        ("delete", "delete a stream, its cursors and its ledgers", _delete),
+        ("trim", "apply the stream's retention now (delete consumed, expired ledgers)", _trim),
+    ):
+        p = actions.add_parser(name, help=text)
+        p.add_argument("stream", metavar="NAME")
+        add_common(p)
+        p.set_defaults(run=run_with_client(body))
+
+
+async def stream_record(client: Client, name: str) -> dict[str, Any]:
+    md, _ = await client.streams.read(name)
+    stats = await client.streams.stats(name)
+    config = md.ledger_config
+    stats["config"] = {
+        "ensemble": config.ensemble_size,
+        "write_quorum": config.write_quorum,
+        "ack_quorum": config.ack_quorum,
+        "rollover": {
+            "max_entries": md.rollover.max_entries,
+            "max_bytes": md.rollover.max_bytes,
+            "max_age_ms": md.rollover.max_age_ms,
+        },
+        "retention": {"time_ms": md.retention.time_ms, "size_bytes": md.retention.size_bytes},
+        "created_ms": md.created_time_ms,
+    }
+    return stats
+
+
+async def _list(client: Client, args: argparse.Namespace) -> int:
+    records = []
+    for name in sorted(await client.streams.list()):
+        try:
+            records.append(await client.streams.stats(name))
+        except NoSuchStreamError:
+            continue  # deleted while we listed
+    if args.json:
+        print_json(records)
+        return 0
+    print_table(
+        ["stream", "ledgers", "entries", "size", "subscriptions"],
+        [
+            (
+                r["name"],
+                len(r["ledgers"]),
+                r["entries"],
+                size_to_text(r["size_bytes"]),
+                " ".join(sorted(r["subscriptions"])) or "-",
+            )
+            for r in records
+        ],
+        title=f"{len(records)} streams",
+    )
+    return 0
+
+
+def _limit(value: int, unit: str = "") -> str:
+    return f"{value}{unit}" if value else "unlimited"
+
+
+async def _show(client: Client, args: argparse.Namespace) -> int:
+    record = await stream_record(client, args.stream)
+    if args.json:
+        print_json(record)
+        return 0
+    config = record["config"]
+    roll, keep = config["rollover"], config["retention"]
+    print_fields(
+        [
+            ("stream", record["name"]),
+            ("created", ms_to_text(config["created_ms"])),
+            (
+                "quorums",
+                f"ensemble {config['ensemble']}, write quorum {config['write_quorum']}, "
+                f"ack quorum {config['ack_quorum']}",
+            ),
+            (
+                "rollover",
+                f"entries {_limit(roll['max_entries'])}, bytes {_limit(roll['max_bytes'])}, "
+                f"age {_limit(roll['max_age_ms'], ' ms')}",
+            ),
+            (
+                "retention",
+                f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}",
+            ),
+            ("entries", record["entries"]),
+            ("size", size_to_text(record["size_bytes"])),
+        ]
+    )
+    print_table(
+        ["ledger", "entries", "bytes", "created"],
+        [
+            (i["ledger_id"], i["entries"], i["size_bytes"], ms_to_text(i["created_time_ms"]))
+            for i in record["ledgers"]
+        ],
+        title="ledgers",
+    )
+    print_table(
+        ["subscription", "mark-delete", "backlog entries"],
+        [
+            (sub, s["mark_delete"], s["backlog_entries"])
+            for sub, s in sorted(record["subscriptions"].items())
+        ],
+        title="subscriptions",
+    )
+    return 0
+
+
+async def _delete(client: Client, args: argparse.Namespace) -> int:
+    md, _ = await client.streams.read(args.stream)
+    with progress(f"deleting {args.stream}", None, enabled=not args.json):
+        await client.streams.delete(args.stream)
+    ledgers = [i.ledger_id for i in md.ledgers]
+    if args.json:
+        print_json({"deleted": args.stream, "ledgers": ledgers})
+    else:
+        print(f"deleted stream {args.stream!r} and its {len(ledgers)} ledgers")
+    return 0
+
+
+async def _trim(client: Client, args: argparse.Namespace) -> int:
+    with progress(f"trimming {args.stream}", None, enabled=not args.json):
+        deleted = await client.streams.trim(args.stream)
+    if args.json:
+        print_json({"stream": args.stream, "deleted_ledgers": deleted})
+    elif deleted:
+        print(f"trimmed {args.stream!r}: deleted ledgers {' '.join(map(str, deleted))}")
+    else:
+        print(f"trimmed {args.stream!r}: nothing to delete under its retention policy")
+    return 0

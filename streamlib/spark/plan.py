@@ -1,0 +1,252 @@
+"""Planning reads of streams for Spark, without Spark: offsets, partitions (segments of
+one ledger's entries), admission control by message count, and reading one segment.
+
+Offsets are positions: for every stream, the MessageId of the last message already
+read (EARLIEST when none). A micro-batch or batch read covers the messages strictly
+after its start offset up to and including its end offset. The end of a stream is what
+is confirmed now: a closed ledger's last entry, the LAC of an open one (so a reader
+never disturbs the writer: ledgers are opened with recover=False).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+
+from bookie.wire import bookie_pb2 as pb
+from streamlib.client import Client
+from streamlib.ledger.handles import ReadHandle
+from streamlib.protocol.actions import EntryData
+from streamlib.protocol.errors import BadRequestError, NoSuchLedgerError
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
+from streamlib.stream.reader import Message, decode_entry
+from streamlib.stream.writer import STREAM_PASSWORD
+
+# Entries fetched per read call when an executor reads a segment or the driver counts.
+READ_ENTRIES = 256
+
+
+class InvalidOffsetsError(BadRequestError):
+    """startingOffsets / endingOffsets is not earliest, latest or a JSON object of
+    stream -> position."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The part of one ledger a Spark task reads: entries first..last, keeping only the
+    messages in (after, until]. Plain data: it is pickled to executors."""
+
+    stream: str
+    ledger_id: int
+    first_entry: int
+    last_entry: int
+    after: MessageId
+    until: MessageId
+
+
+def entry_end(ledger_id: int, entry_id: int) -> MessageId:
+    """The position of the last message of an entry, whatever its batch size."""
+    return MessageId(ledger_id, entry_id, LATEST.batch_index)
+
+
+def parse_streams(value: str | None) -> list[str]:
+    names = [n.strip() for n in (value or "").split(",") if n.strip()]
+    if not names:
+        raise BadRequestError("option 'stream' is required: one stream name or a comma list")
+    if len(set(names)) != len(names):
+        raise BadRequestError(f"option 'stream' names a stream twice: {value!r}")
+    return names
+
+
+def parse_offsets(value: str, streams: list[str], option: str) -> dict[str, MessageId | str]:
+    """'earliest' | 'latest' | JSON {"stream": "ledger:entry:index" | "earliest" | "latest"}.
+    The symbolic 'latest' is resolved against the streams later (it needs a client)."""
+    text = value.strip()
+    if text.lower() in ("earliest", "latest"):
+        return dict.fromkeys(streams, text.lower())
+    try:
+        given = json.loads(text)
+    except ValueError:
+        raise InvalidOffsetsError(
+            f"{option} must be earliest, latest or JSON like "
+            f'{{"{streams[0]}": "3:0:5"}}, got {value!r}'
+        ) from None
+    if not isinstance(given, dict):
+        raise InvalidOffsetsError(f"{option} JSON must be an object, got {value!r}")
+    unknown = set(given) - set(streams)
+    if unknown:
+        raise InvalidOffsetsError(f"{option} names streams not read: {sorted(unknown)}")
+    result: dict[str, MessageId | str] = {}
+    for name in streams:
+        position = given.get(name, "earliest" if option == "startingOffsets" else "latest")
+        if not isinstance(position, str):
+            raise InvalidOffsetsError(f"{option}[{name!r}] must be a string, got {position!r}")
+        if position.lower() in ("earliest", "latest"):
+            result[name] = position.lower()
+        else:
+            try:
+                result[name] = parse_start(position)
+            except BadRequestError as error:
+                raise InvalidOffsetsError(f"{option}[{name!r}]: {error}") from None
+    return result
+
+
+def to_json(offsets: dict[str, MessageId]) -> dict[str, str]:
+    return {name: str(position) for name, position in sorted(offsets.items())}
+
+
+def from_json(offsets: dict[str, str]) -> dict[str, MessageId]:
+    return {name: MessageId.parse(position) for name, position in offsets.items()}
+
+
+async def _open(client: Client, ledger_id: int) -> ReadHandle | None:
+    try:
+        return await client.ledgers.open(ledger_id, password=STREAM_PASSWORD, recover=False)
+    except NoSuchLedgerError:
+        return None  # deleted by retention since the list was read
+
+
+async def _ledger_ids(client: Client, stream: str) -> list[int]:
+    md, _ = await client.streams.read(stream)
+    return [info.ledger_id for info in md.ledgers]
+
+
+async def end_position(client: Client, stream: str) -> MessageId:
+    """The last message confirmed now (EARLIEST for a stream with none)."""
+    for ledger_id in reversed(await _ledger_ids(client, stream)):
+        handle = await _open(client, ledger_id)
+        if handle is None:
+            continue
+        try:
+            if handle.last_entry_id >= handle.metadata.first_entry_id:
+                return entry_end(ledger_id, handle.last_entry_id)
+        finally:
+            await handle.close()
+    return EARLIEST
+
+
+async def resolve(
+    client: Client, offsets: dict[str, MessageId | str], latest_is_end: bool
+) -> dict[str, MessageId]:
+    """Symbolic offsets to positions: earliest -> EARLIEST; latest -> the end now."""
+    resolved = {}
+    for name, position in offsets.items():
+        if position == "earliest":
+            resolved[name] = EARLIEST
+        elif position == "latest" or (latest_is_end and position == LATEST):
+            resolved[name] = await end_position(client, name)
+        else:
+            assert isinstance(position, MessageId)
+            resolved[name] = position
+    return resolved
+
+
+async def _ranges(
+    client: Client, stream: str, after: MessageId, until: MessageId
+) -> AsyncIterator[tuple[ReadHandle, int, int]]:
+    """(handle, first entry, last entry) of every ledger holding messages in (after, until],
+    clipped to what is confirmed; handles are closed by the caller's iteration."""
+    for ledger_id in await _ledger_ids(client, stream):
+        if ledger_id < after.ledger_id or ledger_id > until.ledger_id:
+            continue
+        handle = await _open(client, ledger_id)
+        if handle is None:
+            continue
+        try:
+            first = handle.metadata.first_entry_id
+            if ledger_id == after.ledger_id:
+                first = max(first, after.entry_id)
+            last = handle.last_entry_id
+            if ledger_id == until.ledger_id:
+                last = min(last, until.entry_id)
+            if first <= last:
+                yield handle, first, last
+        finally:
+            await handle.close()
+
+
+async def segments(
+    client: Client, stream: str, after: MessageId, until: MessageId, entries_per_partition: int
+) -> list[Segment]:
+    """Input partitions of (after, until]: each ledger's entry range cut into pieces of at
+    most entries_per_partition entries, so tasks read in parallel."""
+    found = []
+    async for handle, first, last in _ranges(client, stream, after, until):
+        for start in range(first, last + 1, entries_per_partition):
+            end = min(last, start + entries_per_partition - 1)
+            found.append(Segment(stream, handle.ledger_id, start, end, after, until))
+    return found
+
+
+def _messages(stream: str, ledger_id: int, entries: Iterable[EntryData]) -> Iterable[Message]:
+    for entry in entries:
+        if entry.flags & pb.TRUNCATE:
+            continue  # unbounded mode's no-op entries are never messages
+        yield from decode_entry(stream, ledger_id, entry.entry_id, entry.payload, EARLIEST)
+
+
+async def _scan(
+    client: Client, stream: str, after: MessageId, until: MessageId
+) -> AsyncIterator[list[Message]]:
+    """The messages in (after, until], one list per read call."""
+    async for handle, first, last in _ranges(client, stream, after, until):
+        for start in range(first, last + 1, READ_ENTRIES):
+            end = min(last, start + READ_ENTRIES - 1)
+            entries = await handle.read_entries(start, end)
+            batch = [
+                m
+                for m in _messages(stream, handle.ledger_id, entries)
+                if after < m.message_id <= until
+            ]
+            if batch:
+                yield batch
+
+
+async def read_segment_entries(client: Client, segment: Segment) -> list[EntryData]:
+    """The segment's entries, no-op entries left out (filter messages by after/until)."""
+    handle = await _open(client, segment.ledger_id)
+    if handle is None:
+        return []  # trimmed by retention after planning: nothing left to read
+    try:
+        if handle.last_entry_id < segment.last_entry:
+            raise BadRequestError(
+                f"stream {segment.stream!r} ledger {segment.ledger_id}: planned entry "
+                f"{segment.last_entry} is past the confirmed end {handle.last_entry_id}"
+            )
+        entries = await handle.read_entries(segment.first_entry, segment.last_entry)
+    finally:
+        await handle.close()
+    return [e for e in entries if not e.flags & pb.TRUNCATE]
+
+
+async def read_segment(client: Client, segment: Segment) -> list[Message]:
+    entries = await read_segment_entries(client, segment)
+    return [
+        m
+        for m in _messages(segment.stream, segment.ledger_id, entries)
+        if segment.after < m.message_id <= segment.until
+    ]
+
+
+async def advance(
+    client: Client, stream: str, after: MessageId, until: MessageId, max_messages: int
+) -> tuple[MessageId, int]:
+    """Admission control: the position after at most max_messages messages past `after`
+    (never beyond `until`), and how many messages that admits."""
+    if max_messages <= 0 or after >= until:
+        return after, 0
+    position, count = after, 0
+    async for batch in _scan(client, stream, after, until):
+        take = batch[: max_messages - count]
+        position = take[-1].message_id
+        count += len(take)
+        if count >= max_messages:
+            break
+    return position, count
+
+
+def split_budget(total: int, streams: list[str]) -> dict[str, int]:
+    """A message budget shared as evenly as possible, earlier streams getting the rest."""
+    share, rest = divmod(total, len(streams))
+    return {name: share + (1 if i < rest else 0) for i, name in enumerate(streams)}

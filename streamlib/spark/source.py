@@ -1,0 +1,229 @@
+"""The `streamlib` data source: batch reads and micro-batch streaming reads of streams.
+
+The reader objects are pickled from the driver to Spark's Python workers, so they hold
+only options and plain data; every call that needs the cluster opens its own client
+(`_run`) and closes it before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from streamlib.client import Client
+from streamlib.protocol.errors import BadRequestError
+from streamlib.spark import plan
+from streamlib.spark.rows import SCHEMA, segment_batches
+from streamlib.stream.positions import MessageId
+
+T = TypeVar("T")
+
+DEFAULT_ENTRIES_PER_PARTITION = 64
+
+
+def _run(uri: str, work: Callable[[Client], Awaitable[T]]) -> T:
+    async def main() -> T:
+        client = await Client.connect(uri)
+        try:
+            return await work(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+class Options:
+    """The source's options, checked once in the driver."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.metadata = options.get("metadata") or ""
+        if not self.metadata:
+            raise BadRequestError(
+                "option 'metadata' is required: the metadata store URI, e.g. sqlite:///path/meta.db"
+            )
+        self.streams = plan.parse_streams(options.get("stream"))
+        self.starting = plan.parse_offsets(
+            options.get("startingOffsets") or "earliest", self.streams, "startingOffsets"
+        )
+        self.ending = plan.parse_offsets(
+            options.get("endingOffsets") or "latest", self.streams, "endingOffsets"
+        )
+        self.max_messages = _positive(options, "maxMessagesPerTrigger", None)
+        self.entries_per_partition = _positive(
+            options, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION
+        )
+
+
+def _positive(options: Mapping[str, str], name: str, default: int | None) -> Any:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise BadRequestError(f"option {name!r} must be a positive integer, got {value!r}")
+    return number
+
+
+class SegmentPartition(InputPartition):
+    def __init__(self, segment: plan.Segment) -> None:
+        super().__init__(segment)
+        self.segment = segment
+
+
+async def _partitions(
+    client: Client,
+    options: Options,
+    start: dict[str, MessageId],
+    end: dict[str, MessageId],
+) -> list[SegmentPartition]:
+    found = []
+    for name in options.streams:
+        after, until = start[name], end[name]
+        if after < until:
+            for segment in await plan.segments(
+                client, name, after, until, options.entries_per_partition
+            ):
+                found.append(SegmentPartition(segment))
+    return found
+
+
+def _read(uri: str, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    assert isinstance(partition, SegmentPartition)
+    segment = partition.segment
+    entries = _run(uri, lambda client: plan.read_segment_entries(client, segment))
+    return segment_batches(segment, entries)
+
+
+class StreamlibBatchReader(DataSourceReader):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+
+        async def work(client: Client) -> list[SegmentPartition]:
+            start = await plan.resolve(client, options.starting, latest_is_end=True)
+            end = await plan.resolve(client, options.ending, latest_is_end=True)
+            return await _partitions(client, options, start, end)
+
+        return _run(options.metadata, work)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options.metadata, partition)
+
+
+class StreamlibStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches: offsets are {stream: "ledger:entry:index"} of the last message read."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._target: dict[str, MessageId] | None = None  # Trigger.AvailableNow's end
+
+    def initialOffset(self) -> dict:
+        options = self.options
+        start = _run(
+            options.metadata,
+            lambda client: plan.resolve(client, options.starting, latest_is_end=True),
+        )
+        return plan.to_json(start)
+
+    def _start(self, start: dict) -> dict[str, MessageId]:
+        positions = plan.from_json(start)
+        missing = [n for n in self.options.streams if n not in positions]
+        if missing:  # a stream added to the option since the checkpoint was written
+            more = {n: self.options.starting[n] for n in missing}
+            positions.update(
+                _run(
+                    self.options.metadata,
+                    lambda client: plan.resolve(client, more, latest_is_end=True),
+                )
+            )
+        return positions
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        options = self.options
+        self._target = _run(options.metadata, lambda client: self._ends(client))
+
+    async def _ends(self, client: Client) -> dict[str, MessageId]:
+        return {name: await plan.end_position(client, name) for name in self.options.streams}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_messages)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        positions = self._start(start)
+        options = self.options
+        target = self._target
+
+        async def work(client: Client) -> dict[str, MessageId]:
+            ends = target if target is not None else await self._ends(client)
+            ends = {n: max(ends.get(n, positions[n]), positions[n]) for n in options.streams}
+            if not isinstance(limit, ReadMaxRows):
+                return ends
+            budget = plan.split_budget(limit.max_rows, options.streams)
+            admitted = {}
+            for name in options.streams:
+                admitted[name], _ = await plan.advance(
+                    client, name, positions[name], ends[name], budget[name]
+                )
+            return admitted
+
+        return plan.to_json(_run(options.metadata, work))
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        options = self.options
+        after, until = self._start(start), plan.from_json(end)
+        return _run(options.metadata, lambda client: _partitions(client, options, after, until))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(self.options.metadata, partition)
+
+
+class StreamlibDataSource(DataSource):
+    """spark.read / readStream / write / writeStream .format("streamlib")."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "streamlib"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return StreamlibBatchReader(Options(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamlibStreamReader(Options(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from streamlib.spark.sink import StreamlibWriter
+
+        return StreamlibWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from streamlib.spark.sink import StreamlibStreamWriter
+
+        return StreamlibStreamWriter(self.options, schema, overwrite)

@@ -1,0 +1,162 @@
+"""`streamlib admin ...` against a real sandbox: tables by default, --json for
+scripts, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from metadata.services.underreplication import UnderReplicationManager
+from streamlib.client import Client
+from tests.cli.conftest import assert_one_line_error, run_cli
+
+
+def test_bookies_list_and_info(uri: str) -> None:
+    table = run_cli("admin", "bookies", "list", metadata=uri)
+    assert table.code == 0, table
+    assert "3 bookies" in table.out
+    for i in range(3):
+        assert f"sandbox-bookie-{i}" in table.out
+    assert table.out.count("writable") == 3
+
+    records = json.loads(run_cli("admin", "bookies", "list", "--json", metadata=uri).out)
+    assert [r["id"] for r in records] == [f"sandbox-bookie-{i}" for i in range(3)]
+    assert all(r["address"].startswith("127.0.0.1:") for r in records)
+
+    run_cli("produce", "on-bookies", "-m", "x", metadata=uri)
+    info = json.loads(
+        run_cli("admin", "bookies", "info", "sandbox-bookie-1", "--json", metadata=uri).out
+    )
+    assert info["id"] == "sandbox-bookie-1" and info["ledgers"]  # 3 bookies, ensemble 3
+    readable = run_cli("admin", "bookies", "info", "sandbox-bookie-1", metadata=uri)
+    assert readable.lines[0].split() == ["id", "sandbox-bookie-1"]
+    assert_one_line_error(
+        run_cli("admin", "bookies", "info", "no-such-bookie", metadata=uri), "NoSuchBookieError"
+    )
+
+
+async def test_ledgers_list_show_recover_delete(uri: str) -> None:
+    run_cli("produce", "ledgered", "-m", "a", "-m", "b", metadata=uri)
+    listed = json.loads(run_cli("admin", "ledgers", "list", "--json", metadata=uri).out)
+    stream_ledger = next(r for r in listed if r["stream"] == "ledgered")
+    assert stream_ledger["state"] == "CLOSED" and stream_ledger["last_entry_id"] == 0
+    table = run_cli("admin", "ledgers", "list", metadata=uri)
+    assert "ledgered" in table.out and "3/2/2" in table.out
+
+    shown = run_cli("admin", "ledgers", "show", str(stream_ledger["ledger_id"]), metadata=uri)
+    assert shown.code == 0, shown
+    assert shown.lines[1].split() == ["state", "CLOSED"]
+    assert "fragments" in shown.out
+    assert_one_line_error(
+        run_cli("admin", "ledgers", "delete", str(stream_ledger["ledger_id"]), metadata=uri),
+        "LedgerInUseError",
+        "ledgered",
+    )
+
+    async with await Client.connect(uri) as client:
+        writer = await client.ledgers.create(3, 2, 2)
+        for i in range(3):
+            await writer.append(b"entry %d" % i)
+        ledger_id = writer.ledger_id  # left OPEN, as a crashed writer leaves it
+        recovered = run_cli("admin", "ledgers", "recover", str(ledger_id), metadata=uri)
+        assert recovered.code == 0, recovered
+        assert (
+            recovered.out.strip() == f"ledger {ledger_id}: OPEN -> CLOSED, last entry 2, 21 bytes"
+        )
+        assert (await client.ledgers.metadata(ledger_id)).is_closed
+
+    deleted = run_cli("admin", "ledgers", "delete", str(ledger_id), metadata=uri)
+    assert deleted.out.strip() == f"deleted ledger {ledger_id}"
+    assert_one_line_error(
+        run_cli("admin", "ledgers", "show", str(ledger_id), metadata=uri), "NoSuchLedgerError"
+    )
+
+
+async def test_streams_list_show_trim_delete(uri: str) -> None:
+    async with await Client.connect(uri) as client:
+        # Any closed ledger is over a 1-byte size limit, so retention may drop all but the last.
+        await client.streams.create("retained", retention={"size_bytes": 1})
+    for i in range(3):  # each producer takes over: a new ledger per command
+        run_cli("produce", "retained", "-m", f"batch {i}", metadata=uri)
+
+    listed = json.loads(run_cli("admin", "streams", "list", "--json", metadata=uri).out)
+    retained = next(r for r in listed if r["name"] == "retained")
+    assert len(retained["ledgers"]) == 3 and retained["entries"] == 3
+    assert "retained" in run_cli("admin", "streams", "list", metadata=uri).out
+
+    shown = run_cli("admin", "streams", "show", "retained", metadata=uri)
+    assert shown.code == 0, shown
+    assert "retention  time unlimited, size 1 B" in shown.out
+    assert "ensemble 3, write quorum 2, ack quorum 2" in shown.out
+    ledger_ids = [r["ledger_id"] for r in retained["ledgers"]]
+
+    trimmed = run_cli("admin", "streams", "trim", "retained", metadata=uri)
+    assert trimmed.out.strip() == (
+        f"trimmed 'retained': deleted ledgers {ledger_ids[0]} {ledger_ids[1]}"
+    )
+    again = json.loads(run_cli("admin", "streams", "trim", "retained", "--json", metadata=uri).out)
+    assert again == {"stream": "retained", "deleted_ledgers": []}
+    read = run_cli("read", "retained", metadata=uri)
+    assert [line.split("  ")[1] for line in read.lines] == ["batch 2"]
+
+    deleted = run_cli("admin", "streams", "delete", "retained", metadata=uri)
+    assert deleted.out.strip() == "deleted stream 'retained' and its 1 ledgers"
+    assert_one_line_error(
+        run_cli("admin", "streams", "show", "retained", metadata=uri), "NoSuchStreamError"
+    )
+
+
+def test_cursors_list_and_reset(uri: str) -> None:
+    run_cli("produce", "cursored", "-m", "one", "-m", "two", metadata=uri)
+    consumed = run_cli("consume", "cursored", "-s", "billing", "--initial-position", "earliest",
+                       "-n", "2", metadata=uri)  # fmt: skip
+    last_id = consumed.lines[-1].split()[0]
+    subs = json.loads(run_cli("admin", "cursors", "list", "cursored", "--json", metadata=uri).out)
+    assert subs == {"billing": {"mark_delete": last_id, "backlog_entries": 0}}
+    table = run_cli("admin", "cursors", "list", "cursored", metadata=uri)
+    assert "billing" in table.out and last_id in table.out
+
+    reset = run_cli("admin", "cursors", "reset", "cursored", "billing", "earliest", metadata=uri)
+    assert (
+        reset.out.strip()
+        == "reset 'cursored' subscription 'billing' to earliest (mark-delete now -1:-1:-1)"
+    )
+    replay = run_cli("consume", "cursored", "-s", "billing", "-n", "2", metadata=uri)
+    assert [line.split("  ")[1] for line in replay.lines] == ["one", "two"]
+    assert_one_line_error(
+        run_cli("admin", "cursors", "reset", "cursored", "billing", "x:y", metadata=uri),
+        "InvalidPositionError",
+    )
+
+
+async def test_under_replicated_list(uri: str) -> None:
+    empty = run_cli("admin", "under-replicated", "list", metadata=uri)
+    assert empty.out.strip() == "no ledger is under-replicated"
+    async with await Client.connect(uri) as client:
+        marks = UnderReplicationManager(client.store)
+        await marks.mark(123, ["lost-bookie:3181"])
+        try:
+            table = run_cli("admin", "under-replicated", "list", metadata=uri)
+            assert "123" in table.out and "lost-bookie:3181" in table.out
+            records = json.loads(
+                run_cli("admin", "under-replicated", "list", "--json", metadata=uri).out
+            )
+            assert records[0]["ledger_id"] == 123 and records[0]["being_repaired"] is False
+            assert records[0]["missing_bookies"] == ["lost-bookie:3181"]
+        finally:
+            await marks.done(123)
+
+
+def test_simpletest_writes_reads_back_and_deletes(uri: str) -> None:
+    before = json.loads(run_cli("admin", "ledgers", "list", "--json", metadata=uri).out)
+    ok = run_cli("admin", "simpletest", "--entries", "300", metadata=uri)
+    assert ok.code == 0, ok
+    assert ok.out.startswith("simpletest OK: wrote 300 entries to ledger ")
+    report = json.loads(
+        run_cli("admin", "simpletest", "--entries", "5", "--json", metadata=uri).out
+    )
+    assert report["ok"] is True and report["entries"] == 5 and len(report["bookies"]) == 3
+    after = json.loads(run_cli("admin", "ledgers", "list", "--json", metadata=uri).out)
+    assert after == before  # the test ledgers are gone
+    assert_one_line_error(
+        run_cli("admin", "simpletest", "--ensemble", "5", metadata=uri), "NotEnoughBookiesError"
+    )
