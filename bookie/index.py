@@ -140,6 +140,20 @@ class LedgerIndex:
 
     # -- ledger state -----------------------------------------------------------------
 
+    def delete_entries_below(self, ledger_id: int, first: int) -> int:
+        """Delete every indexed entry of the ledger with id < ``first``; the count."""
+        end = entry_key(ledger_id, first)
+        n = 0
+        with self.env.begin(write=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(entry_key(ledger_id, 0)):
+                return 0
+            while cur.key() < end:
+                if not cur.delete():
+                    break
+                n += 1
+        return n
+
     def get_state(self, ledger_id: int) -> LedgerState | None:
         with self.env.begin() as txn:
             raw = txn.get(_LEDGER_KEY.pack(b"L", ledger_id))

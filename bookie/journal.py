@@ -139,6 +139,7 @@ class Journal:
         # Commit groups waiting for the writer; a new group opens once the newest one
         # holds max_batch_bytes, which bounds the size of one write + fdatasync.
         self._groups: deque[_Group] = deque()
+        self._in_flight: asyncio.Future[JournalPosition] | None = None  # being written
         self.pending_bytes = 0  # queued, not yet written: the service's back-pressure signal
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -293,6 +294,18 @@ class Journal:
         self._wake.set()
         return group.future
 
+    async def barrier(self) -> None:
+        """Wait until everything queued so far is durable and applied (or failed).
+
+        A fence or a term change takes effect for adds checked after it; adds checked
+        before it may still be on their way to the disk and must be readable before the
+        fencing read is answered, or a recovery could miss an entry that is acknowledged
+        a moment later (BookKeeper puts accepted entries in its write cache before the
+        journal write; here they enter it once durable, so the fence waits for them)."""
+        last = self._groups[-1].future if self._groups else self._in_flight
+        if last is not None and not last.done():
+            await asyncio.wait([last])
+
     async def _run(self) -> None:
         assert self._wake is not None
         while True:
@@ -305,6 +318,7 @@ class Journal:
             group = self._groups.popleft()
             self.pending_bytes -= group.nbytes
             batch, count, nbytes = group.future, len(group.records), group.nbytes
+            self._in_flight = batch
             try:
                 pos, fsync_s = await asyncio.to_thread(self._write, group.records)
             except OSError as e:

@@ -11,7 +11,7 @@ import time
 
 import metadata
 from bookie.cookie import BookieCookie
-from metadata.errors import NodeExistsError
+from metadata.errors import NodeExistsError, NoSuchLedgerError
 from metadata.schemas import BookieInfo, Cookie
 from metadata.services.bookies import BookieRegistry
 from metadata.services.cookies import CookieStore
@@ -78,6 +78,16 @@ class MetadataLink:
 
     async def ledger_exists(self, ledger_id: int) -> bool:
         return bool(await self.ledgers.exists(ledger_id))
+
+    async def first_entry(self, ledger_id: int) -> int | None:
+        """The ledger's first entry still listed (fragment retention drops the ones
+        before it), or None when its metadata is gone. Other failures raise: a metadata
+        outage must never look like a deletion."""
+        try:
+            stored, _ = await self.ledgers.read(ledger_id)
+        except NoSuchLedgerError:
+            return None
+        return max(0, stored.first_entry_id)
 
     async def close(self) -> None:
         try:

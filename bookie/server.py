@@ -210,22 +210,30 @@ class BookieServer:
 
     # -- garbage collection -------------------------------------------------------------
 
-    async def gc_round(self) -> tuple[list[int], list[int]]:
-        """One GC round: (ledgers deleted, entry logs compacted). Skipped without metadata."""
+    async def gc_round(self) -> tuple[list[int], dict[int, int], list[int]]:
+        """One GC round: (ledgers deleted, {ledger: entries deleted below its first
+        listed entry}, entry logs compacted). Skipped without metadata."""
         deleted: list[int] = []
+        trimmed: dict[int, int] = {}
         if self.meta is not None:
-            deleted = await self.storage.collect_garbage(self.meta.ledger_exists)
+            collected = await self.storage.collect_garbage(self.meta.first_entry)
+            deleted, trimmed = collected.deleted, collected.trimmed
             self.metrics.gc_deleted.inc(len(deleted))
         compacted = await self.storage.compact(self.config.compaction_min_live_fraction)
-        return deleted, compacted
+        return deleted, trimmed, compacted
 
     async def _gc_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.gc_interval_s)
             try:
-                deleted, compacted = await self.gc_round()
-                if deleted or compacted:
-                    log.info("gc: deleted ledgers %s, compacted logs %s", deleted, compacted)
+                deleted, trimmed, compacted = await self.gc_round()
+                if deleted or trimmed or compacted:
+                    log.info(
+                        "gc: deleted ledgers %s, trimmed %s, compacted logs %s",
+                        deleted,
+                        trimmed,
+                        compacted,
+                    )
             except Exception as e:  # metadata unreadable: skip this round, delete nothing
                 log.error("gc round skipped: %s", e)
 
@@ -270,5 +278,9 @@ class BookieServer:
         return await self._admin_state(params)
 
     async def _admin_gc(self, params: dict[str, str]) -> dict[str, object]:
-        deleted, compacted = await self.gc_round()
-        return {"deleted": deleted, "compacted": compacted}
+        deleted, trimmed, compacted = await self.gc_round()
+        return {
+            "deleted": deleted,
+            "trimmed": {str(k): v for k, v in trimmed.items()},
+            "compacted": compacted,
+        }

@@ -25,6 +25,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
@@ -59,6 +60,12 @@ Key = tuple[int, int]
 # An entry's header, its record's frame header and body (the journal's bytes, reused by
 # the flush; kept in two pieces so the hot path never concatenates a payload).
 Cached = tuple[EntryHeader, bytes, bytes]
+
+
+@dataclass(frozen=True)
+class GarbageCollected:
+    deleted: list[int]  # ledgers whose local data was deleted (their metadata is gone)
+    trimmed: dict[int, int]  # ledger -> entries deleted below its first listed entry
 
 
 def cached_entry(e: StoredEntry) -> Cached:
@@ -102,6 +109,7 @@ class LedgerStorage:
         self._states: dict[int, LedgerState] = {}
         self._dirty: set[int] = set()
         self._pending_truncates: dict[int, int] = {}
+        self._persisting: dict[int, asyncio.Future[None]] = {}  # state writes in flight
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._applied = JournalPosition(0, 0)
         self._mark: JournalPosition | None = None
@@ -197,19 +205,41 @@ class LedgerStorage:
             raise StorageIOError(f"ledger {ledger_id}: could not persist its state: {e}") from None
 
     async def fence(self, ledger_id: int, master_key: bytes, term: int = 0) -> LedgerState:
-        """Fence the ledger (creating it fenced if unknown); durable before returning."""
+        """Fence the ledger (creating it fenced if unknown). Returns once the fence is
+        durable AND every add accepted before it is durable and readable, so the
+        fencing read's answer (LAC, entries) covers each entry that can still be
+        acknowledged."""
         st, changed = self._checked_state(ledger_id, master_key, term, create=True)
-        if not st.fenced or changed:
-            st.fenced = True
-            await self._persist_state(ledger_id)
+        if not st.fenced:
+            st.fenced = True  # from here on normal adds are refused
+            changed = True
+        await self._settle_state(ledger_id, changed)
         return st
 
     async def adopt_term(self, ledger_id: int, master_key: bytes, term: int) -> LedgerState:
-        """Apply the term rule for a recovery read/LAC read without the fence flag."""
+        """Apply the term rule for a recovery read/LAC read without the fence flag (a
+        raised term, like a fence, waits for the adds accepted under the old one)."""
         st, changed = self._checked_state(ledger_id, master_key, term, create=False)
-        if changed:
-            await self._persist_state(ledger_id)
+        await self._settle_state(ledger_id, changed)
         return st
+
+    async def _settle_state(self, ledger_id: int, changed: bool) -> None:
+        """Wait for the adds checked before a state change, then make the state durable.
+        A caller that changed nothing still waits for a change in flight (a concurrent
+        fence of the same ledger must not be answered before it is durable)."""
+        await self.journal.barrier()
+        if changed:
+            persisting = asyncio.ensure_future(self._persist_state(ledger_id))
+            self._persisting[ledger_id] = persisting
+            try:
+                await persisting
+            finally:
+                if self._persisting.get(ledger_id) is persisting:
+                    del self._persisting[ledger_id]
+            return
+        pending = self._persisting.get(ledger_id)
+        if pending is not None:
+            await asyncio.shield(pending)
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac: int, term: int) -> None:
         st, _ = self._checked_state(ledger_id, master_key, term, create=True)
@@ -422,15 +452,20 @@ class LedgerStorage:
     def ledger_ids(self) -> set[int]:
         return set(self.index.ledger_ids()) | set(self._states)
 
-    async def collect_garbage(self, exists: Callable[[int], Awaitable[bool]]) -> list[int]:
-        """Delete the local data of every ledger whose metadata is gone; the ids deleted.
+    async def collect_garbage(
+        self, first_entry: Callable[[int], Awaitable[int | None]]
+    ) -> GarbageCollected:
+        """Delete the local data of every ledger whose metadata is gone, and the entries
+        below the first one its metadata still lists (fragment retention).
 
-        ``exists`` raising aborts the round before anything is deleted: a metadata
-        outage must never look like "every ledger was deleted".
+        ``first_entry(ledger)`` gives that first entry, or None when the metadata is
+        gone; raising aborts the round before anything is deleted: a metadata outage
+        must never look like "every ledger was deleted". (A ledger's first entry only
+        ever grows, so what is below it can never be needed again.)
         """
-        gone = [lid for lid in sorted(self.ledger_ids()) if not await exists(lid)]
-        if not gone:
-            return []
+        firsts = {lid: await first_entry(lid) for lid in sorted(self.ledger_ids())}
+        gone = [lid for lid, first in firsts.items() if first is None]
+        trimmed: dict[int, int] = {}
         async with self._flush_lock:
             for lid in gone:
                 self._drop_cached(lid)
@@ -438,7 +473,20 @@ class LedgerStorage:
                 self._dirty.discard(lid)
                 self._wake(lid)
                 await asyncio.to_thread(self.index.delete_ledger, lid)
-        return gone
+            for lid, first in firsts.items():
+                if first:
+                    self._drop_cached_below(lid, first)
+                    n = await asyncio.to_thread(self.index.delete_entries_below, lid, first)
+                    if n:
+                        trimmed[lid] = n
+        return GarbageCollected(gone, trimmed)
+
+    def _drop_cached_below(self, ledger_id: int, first: int) -> None:
+        for cache in (self._cache, self._flushing):
+            for key in [k for k in cache if k[0] == ledger_id and k[1] < first]:
+                item = cache.pop(key)
+                if cache is self._cache:
+                    self._cache_bytes -= FRAME_SIZE + len(item[2])
 
     async def compact(self, min_live_fraction: float = 0.5) -> list[int]:
         """Rewrite entry logs whose live bytes fell below the fraction; the log ids removed."""

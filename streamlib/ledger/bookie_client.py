@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ import grpc
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire import bookie_pb2_grpc as pb_grpc
 from streamlib.protocol.errors import BookieUnavailableError
+
+log = logging.getLogger(__name__)
 
 # Called with the answers for some entries of one add() batch: [(entry id, status)],
 # status None for "no answer" (timeout, broken stream).
@@ -89,7 +92,7 @@ class BookieClient:
         if self._closed:
             # Answer later, never from inside the caller's step (machines are not re-entrant).
             unanswered: list[tuple[int, int | None]] = [(k[1], None) for k in keys]
-            loop.call_soon(handler, unanswered)
+            loop.call_soon(self._answer, handler, unanswered)
             return
         handlers = self._handlers
         for key in keys:
@@ -126,7 +129,15 @@ class BookieClient:
             else:
                 group.append((entry_id, status))
         for handler, results in groups.items():
+            self._answer(handler, results)
+
+    def _answer(self, handler: ResultsHandler, results: list[tuple[int, int | None]]) -> None:
+        """Call one handler. A handler that raises is a bug, but it must not cost the
+        other handlers their answers (an unanswered add would wait forever)."""
+        try:
             handler(results)
+        except Exception:
+            log.exception("bookie %s: add results handler failed", self.bookie_id)
 
     def _fail_all(self) -> None:
         pending = [(k[0], k[1], None) for k in self._handlers]
@@ -142,14 +153,17 @@ class BookieClient:
         call = self._stub.AddStream()
 
         async def send() -> None:
-            while True:
-                await self._wakeup.wait()
-                self._wakeup.clear()
-                while self._outbox:
-                    batch, self._outbox = self._take_batch()
-                    self.stats.batches += 1
-                    self.stats.entries += len(batch)
-                    await call.write(pb.AddRequest(entries=batch))
+            try:
+                while True:
+                    await self._wakeup.wait()
+                    self._wakeup.clear()
+                    while self._outbox:
+                        batch, self._outbox = self._take_batch()
+                        self.stats.batches += 1
+                        self.stats.entries += len(batch)
+                        await call.write(pb.AddRequest(entries=batch))
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                call.cancel()  # the stream is broken: end the receiver too, so all is answered
 
         sender = asyncio.get_running_loop().create_task(send())
         try:
@@ -196,7 +210,7 @@ class BookieClient:
                         unanswered.append((key[1], None))
                 self.stats.timeouts += len(unanswered)
                 if unanswered:
-                    batch.handler(unanswered)
+                    self._answer(batch.handler, unanswered)
 
     def _forget(self, key: tuple[int, int], handler: ResultsHandler) -> bool:
         """Drop one wait of handler for key (a timeout); whether it was still waiting."""

@@ -23,6 +23,15 @@ _DIGEST_TO_PB = {
 _DIGEST_FROM_PB = {v: k for k, v in _DIGEST_TO_PB.items()}
 
 
+def _fragment_to_pb(f: Fragment) -> schemas.Fragment:
+    fragment = schemas.Fragment(
+        first_entry_id=f.first_entry_id, bookies=list(f.ensemble), created_time_ms=f.created_time_ms
+    )
+    if f.start_length is not None:
+        fragment.start_length = f.start_length
+    return fragment
+
+
 def metadata_to_pb(md: LedgerMetadata) -> schemas.LedgerMetadata:
     return schemas.LedgerMetadata(
         ledger_id=md.ledger_id,
@@ -32,10 +41,7 @@ def metadata_to_pb(md: LedgerMetadata) -> schemas.LedgerMetadata:
         state=_STATE_TO_PB[md.state],
         last_entry_id=md.last_entry_id,
         length=md.length,
-        fragments=[
-            schemas.Fragment(first_entry_id=f.first_entry_id, bookies=list(f.ensemble))
-            for f in md.fragments
-        ],
+        fragments=[_fragment_to_pb(f) for f in md.fragments],
         digest_type=_DIGEST_TO_PB[md.digest_type],
         password_hash=md.password_hash,
         term=md.term,
@@ -59,7 +65,15 @@ def metadata_from_pb(stored: schemas.LedgerMetadata) -> LedgerMetadata:
         ensemble_size=stored.ensemble_size,
         write_quorum=stored.write_quorum,
         ack_quorum=stored.ack_quorum,
-        fragments=tuple(Fragment(f.first_entry_id, tuple(f.bookies)) for f in stored.fragments),
+        fragments=tuple(
+            Fragment(
+                f.first_entry_id,
+                tuple(f.bookies),
+                f.created_time_ms,
+                f.start_length if f.HasField("start_length") else None,
+            )
+            for f in stored.fragments
+        ),
         state=state,
         last_entry_id=stored.last_entry_id,
         length=stored.length,

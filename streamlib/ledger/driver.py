@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
@@ -214,7 +215,7 @@ class Driver:
             self.feed("on_bookies_unavailable", MetadataStoreFailure(str(error)))
             return
         await pool.prepare(chosen)
-        self.feed("on_bookies_chosen", chosen)
+        self.feed("on_bookies_chosen", chosen, int(time.time() * 1000))
 
     # -- metadata -----------------------------------------------------------------------
 

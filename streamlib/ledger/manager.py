@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from metadata.errors import BadVersionError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
 from metadata.services.ledger_ids import LedgerIdGenerator
 from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
 from streamlib.ledger.driver import Context, Driver
 from streamlib.ledger.handles import ReadHandle, WriteHandle
-from streamlib.protocol import DigestManager, DigestType, Fragment, LedgerMetadata
+from streamlib.protocol import DigestManager, DigestType, Fragment, LedgerMetadata, LedgerState
 from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed
 from streamlib.protocol.digest import master_key, password_hash
 from streamlib.protocol.errors import (
@@ -70,18 +71,19 @@ class LedgerManager:
         )
         await pool.prepare(bookies)
         ledger_id = await self._ids.next_id()
+        created = int(time.time() * 1000)
         metadata = LedgerMetadata(
             ledger_id=ledger_id,
             ensemble_size=ensemble,
             write_quorum=write_quorum,
             ack_quorum=ack_quorum,
-            fragments=(Fragment(0, tuple(bookies)),),
+            fragments=(Fragment(0, tuple(bookies), created, 0),),
             digest_type=digest_type,
             password_hash=password_hash(password),
             term=1 if unbounded else 0,
             unbounded=unbounded,
             custom_metadata=custom,
-            creation_time_ms=int(time.time() * 1000),
+            creation_time_ms=created,
         )
         version = await self._context.ledgers.create(metadata_to_pb(metadata))
         return WriteHandle(metadata, version, self._context)
@@ -186,6 +188,30 @@ class LedgerManager:
                 length=recovery.length,
             )
         raise RecoveryAbortedError(f"ledger {ledger_id}: no takeover in {attempts} attempts")
+
+    async def drop_fragments(
+        self, ledger_id: int, plan: Callable[[LedgerMetadata], int], *, attempts: int = 10
+    ) -> list[int]:
+        """Fragment retention: drop the leading fragments ``plan(metadata)`` counts, by
+        CAS (re-planned on the fresh metadata after a conflict, e.g. a writer's fragment
+        roll). Returns the first entry ids of the dropped fragments; bookies delete those
+        entries in their garbage collection, once the metadata no longer lists them."""
+        for _ in range(attempts):
+            metadata, version = await self._read(ledger_id)
+            if metadata.state is LedgerState.IN_RECOVERY:
+                return []  # a takeover is under way: retention waits for the next round
+            count = plan(metadata)
+            if count <= 0:
+                return []
+            trimmed = metadata.with_fragments_dropped(count)
+            try:
+                await self._context.ledgers.write(ledger_id, metadata_to_pb(trimmed), version)
+            except BadVersionError:
+                continue
+            except MetadataNoSuchLedger:
+                raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+            return [f.first_entry_id for f in metadata.fragments[:count]]
+        return []
 
     async def delete(self, ledger_id: int) -> None:
         """Delete the ledger's metadata; bookies garbage-collect its entries."""

@@ -19,10 +19,17 @@ from streamlib.protocol.states import LedgerEvent, LedgerState, next_state
 
 @dataclass(frozen=True)
 class Fragment:
-    """Entries from first_entry_id on (up to the next fragment) live on this ensemble."""
+    """Entries from first_entry_id on (up to the next fragment) live on this ensemble.
+
+    Two annotations serve fragment retention (they are not part of a fragment's
+    identity): when the fragment began (epoch ms, 0 = unknown), and the ledger's length
+    before its first entry (None = unknown). Unknown values never make a fragment look
+    old or big enough to drop."""
 
     first_entry_id: int
     ensemble: tuple[str, ...]
+    created_time_ms: int = field(default=0, compare=False)
+    start_length: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,12 @@ class LedgerMetadata:
         return replace(self, state=state, **changes)  # type: ignore[arg-type]
 
     def with_ensemble_change(
-        self, first_entry_id: int, replacements: Mapping[int, str]
+        self,
+        first_entry_id: int,
+        replacements: Mapping[int, str],
+        *,
+        created_time_ms: int = 0,
+        start_length: int | None = None,
     ) -> LedgerMetadata:
         """A new fragment from first_entry_id, the last ensemble with the bookies at the
         given indexes replaced. A fragment that would start where the last one starts
@@ -116,7 +128,10 @@ class LedgerMetadata:
         ensemble = list(last.ensemble)
         for index, bookie in replacements.items():
             ensemble[index] = bookie
-        fragment = Fragment(first_entry_id, tuple(ensemble))
+        if first_entry_id == last.first_entry_id:  # it takes the replaced one's place
+            created_time_ms = last.created_time_ms or created_time_ms
+            start_length = last.start_length if last.start_length is not None else start_length
+        fragment = Fragment(first_entry_id, tuple(ensemble), created_time_ms, start_length)
         kept = self.fragments[:-1] if first_entry_id == last.first_entry_id else self.fragments
         return self._to(LedgerEvent.ENSEMBLE_CHANGE, fragments=(*kept, fragment))
 
@@ -129,8 +144,26 @@ class LedgerMetadata:
             raise InvalidLedgerConfigError(f"{old} is not in fragment {fragment_index}")
         ensemble = tuple(new if b == old else b for b in fragment.ensemble)
         fragments = list(self.fragments)
-        fragments[fragment_index] = Fragment(fragment.first_entry_id, ensemble)
+        fragments[fragment_index] = replace(fragment, ensemble=ensemble)
         return self._to(LedgerEvent.ENSEMBLE_CHANGE, fragments=tuple(fragments))
+
+    def with_fragments_dropped(self, count: int) -> LedgerMetadata:
+        """Fragment retention: forget the first ``count`` fragments; entries below the
+        new first fragment are gone for good (bookies garbage-collect them). Never the
+        last fragment, and not while a recovery holds the ledger."""
+        if count < 0 or count >= len(self.fragments):
+            raise BadRequestError(
+                f"ledger {self.ledger_id}: cannot drop {count} of {len(self.fragments)} "
+                "fragments (the last one always stays)"
+            )
+        if self.state is LedgerState.IN_RECOVERY:
+            raise InvalidLedgerConfigError(
+                f"ledger {self.ledger_id} is being recovered: fragments stay until it is done"
+            )
+        if count == 0:
+            return self
+        rest = self.fragments[count:]
+        return replace(self, fragments=rest, first_entry_id=rest[0].first_entry_id)
 
     def in_recovery(self, term: int | None = None) -> LedgerMetadata:
         changes: dict[str, object] = {}

@@ -443,7 +443,7 @@ class LedgerRecovery:
         slot = self.metadata.last_fragment.ensemble.index(bookie)
         return [ChooseBookies(1, exclude, Purpose.RECOVERY_REPLACEMENT, (slot,))]
 
-    def on_bookies_chosen(self, bookies: list[str]) -> list[Action]:
+    def on_bookies_chosen(self, bookies: list[str], now_ms: int = 0) -> list[Action]:
         if self._replacing is None or self.phase in (Phase.DONE, Phase.FAILED):
             return []
         failed, self._replacing = self._replacing, None
@@ -453,7 +453,7 @@ class LedgerRecovery:
         # recover). Every recovered entry from there on is checked against its new write
         # set: the replacement must get those it is now responsible for, finished or not.
         start = min(self._wb_pending, default=self._frontier)
-        self.metadata = self._with_local_fragment(start, index, replacement)
+        self.metadata = self._with_local_fragment(start, index, replacement, now_ms)
         actions: list[Action] = []
         for entry_id in sorted(e for e in self._recovered if e >= start):
             if replacement in self.metadata.write_set_bookies(entry_id):
@@ -467,14 +467,28 @@ class LedgerRecovery:
                 return actions + self._bookie_failed(other)
         return actions
 
-    def _with_local_fragment(self, start: int, index: int, bookie: str) -> LedgerMetadata:
+    def _with_local_fragment(
+        self, start: int, index: int, bookie: str, now_ms: int
+    ) -> LedgerMetadata:
         last = self.metadata.last_fragment
         ensemble = list(last.ensemble)
         ensemble[index] = bookie
-        fragment = Fragment(max(start, last.first_entry_id), tuple(ensemble))
+        first = max(start, last.first_entry_id)
+        if first == last.first_entry_id:  # it takes the last fragment's place
+            fragment = replace(last, ensemble=tuple(ensemble))
+        else:
+            fragment = Fragment(first, tuple(ensemble), now_ms, self._length_before(first))
         self._local_fragments.append(fragment)
         # Local until the close writes it (ARCHITECTURE.md §3): no state change here.
         return replace(self.metadata, fragments=_merge(self.metadata.fragments, [fragment]))
+
+    def _length_before(self, entry_id: int) -> int | None:
+        """The ledger's length before entry_id, when a recovered entry tells it."""
+        entry = self._recovered.get(entry_id)
+        if entry is not None:
+            return entry.length - len(entry.payload)
+        previous = self._recovered.get(entry_id - 1)
+        return previous.length if previous is not None else None
 
     def on_bookies_unavailable(self, error: StreamlibError) -> list[Action]:
         if self._replacing is None:

@@ -20,6 +20,23 @@ Retention (the exact rule). A ledger L of the list may be deleted iff ALL hold:
 The list is CASed FIRST, and only then are the ledgers deleted: a crash in between
 leaks ledgers (the sweeper collects them), it never leaves the list pointing at a
 deleted ledger.
+
+Fragment retention (unbounded streams live in ONE ledger, so retention works on its
+fragments instead; the exact rule). Fragment F_i of the ledger may be dropped iff ALL
+hold:
+  1. F_i is not the last fragment (the writer's);
+  2. every durable cursor has consumed it: F_(i+1) starts at or before the entry of the
+     cursor's mark-delete position (the mark's own entry may be partly consumed, so it
+     is never counted; with no durable cursor every fragment counts as consumed);
+  3. F_i is outside retention: retention time T > 0 and F_(i+1) began at least T ago
+     (a fragment ends when the next begins; an unknown start time is never old), OR
+     retention size S > 0 and the bytes from F_i's first entry to the start of the last
+     fragment exceed S (the last fragment's growth is not known to the trimmer, so the
+     figure is a lower bound; an unknown start length never counts as big).
+Only a prefix is dropped: the first fragment that must stay keeps every later one. The
+ledger's metadata is CASed (fragments dropped, first_entry_id advanced) and only then
+do bookies delete those entries, in their garbage collection, from first_entry_id's
+new value down: an entry the metadata still lists is never deleted.
 """
 
 from __future__ import annotations
@@ -101,3 +118,45 @@ def retention_plan(
         else:
             break  # the list is deleted from the front only: keep order, no holes
     return candidates
+
+
+@dataclass(frozen=True)
+class FragmentSpan:
+    """What retention needs of one fragment of an unbounded ledger."""
+
+    first_entry_id: int
+    created_time_ms: int = 0  # 0 = unknown
+    start_length: int | None = None  # ledger length before first_entry_id; None = unknown
+
+
+def fragment_retention_plan(
+    fragments: Sequence[FragmentSpan],
+    mark_delete_entries: Sequence[int],
+    policy: RetentionPolicy,
+    now_ms: int,
+) -> int:
+    """How many leading fragments the fragment rule above allows to drop.
+
+    mark_delete_entries: for every durable cursor, the entry id of its mark-delete
+    position (-1 when it has consumed nothing)."""
+    if len(fragments) < 2 or (policy.time_ms <= 0 and policy.size_bytes <= 0):
+        return 0
+    slowest = min(mark_delete_entries) if mark_delete_entries else None
+    end_length = fragments[-1].start_length
+    count = 0
+    for i, fragment in enumerate(fragments[:-1]):  # rule 1: never the last fragment
+        after = fragments[i + 1]
+        if slowest is not None and after.first_entry_id > slowest:
+            break  # rule 2: a cursor still needs an entry of this fragment
+        began = after.created_time_ms
+        too_old = policy.time_ms > 0 and began > 0 and now_ms - began >= policy.time_ms
+        too_big = (
+            policy.size_bytes > 0
+            and fragment.start_length is not None
+            and end_length is not None
+            and end_length - fragment.start_length > policy.size_bytes
+        )
+        if not (too_old or too_big):
+            break  # a prefix only
+        count += 1
+    return count

@@ -127,8 +127,8 @@ class TermRecovery(LedgerRecovery):
             return [self._send_noop(bookie)]
         return self._bookie_failed(bookie)  # replaced locally; the replacement gets it
 
-    def on_bookies_chosen(self, bookies: list[str]) -> list[Action]:
-        actions = super().on_bookies_chosen(bookies)
+    def on_bookies_chosen(self, bookies: list[str], now_ms: int = 0) -> list[Action]:
+        actions = super().on_bookies_chosen(bookies, now_ms)
         if self._noop is not None and self.phase is Phase.DRAIN:
             actions.append(self._send_noop(bookies[0]))
         return actions

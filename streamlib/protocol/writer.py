@@ -122,6 +122,7 @@ class LedgerWriter:
         self.ensemble_changes = 0
         self.fragment_rolls = 0
         self._planned = False  # the change in flight is a fragment roll, not a failure
+        self._change_time_ms = 0  # when placement answered for the change in flight
         self._close_requested = False
         # Write sets repeat every E entries: compute them once.
         self._write_sets = ensemble_write_sets(metadata.ensemble_size, metadata.write_quorum)
@@ -303,9 +304,11 @@ class LedgerWriter:
         exclude = frozenset(self._recently_failed)
         return [ChooseBookies(len(slots), exclude, Purpose.FRAGMENT_ROLL, slots)]
 
-    def on_bookies_chosen(self, bookies: Sequence[str]) -> list[Action]:
+    def on_bookies_chosen(self, bookies: Sequence[str], now_ms: int = 0) -> list[Action]:
+        """Placement answered; now_ms (the driver's clock) dates the new fragment."""
         if self._changing is None or self.state is WriterState.FAILED:
             return []
+        self._change_time_ms = now_ms
         slots = sorted(self._changing)
         overlap = set(bookies) & set(self.ensemble) if not self._planned else set()
         if len(bookies) != len(slots) or overlap or len(set(bookies)) != len(bookies):
@@ -327,7 +330,12 @@ class LedgerWriter:
     def _ensemble_change_cas(self) -> WriteMetadata:
         assert self._changing is not None
         replacements = {i: b for i, b in self._changing.items() if b is not None}
-        new = self.metadata.with_ensemble_change(self.tracker.last_add_confirmed + 1, replacements)
+        new = self.metadata.with_ensemble_change(
+            self.tracker.last_add_confirmed + 1,
+            replacements,
+            created_time_ms=self._change_time_ms,
+            start_length=self._lac_length,  # the new fragment starts after the LAC
+        )
         return WriteMetadata(new, self.version, self._change_purpose())
 
     def _change_purpose(self) -> Purpose:

@@ -1,6 +1,7 @@
 """`client.streams`: create, list, stats, delete, reset cursors, trim (retention), and
-the sweeper of leaked ledgers. The retention rule itself is
-streamlib.protocol.stream_rules.retention_plan."""
+the sweeper of leaked ledgers. The retention rules themselves are
+streamlib.protocol.stream_rules.retention_plan (ledgers) and fragment_retention_plan
+(the fragments of an unbounded stream's one ledger)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ from metadata.schemas import RolloverPolicy as RolloverPb
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.errors import BadRequestError, NoSuchLedgerError, NoSuchStreamError
+from streamlib.protocol.ledger_metadata import LedgerMetadata
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.stream_rules import (
+    FragmentSpan,
     LedgerSpan,
     RetentionPolicy,
     RolloverPolicy,
+    fragment_retention_plan,
     retention_plan,
 )
 from streamlib.stream.ack_ranges import AckRanges
@@ -189,9 +193,14 @@ class StreamManager:
 
     async def trim(self, name: str, *, now: int | None = None) -> builtins.list[int]:
         """Apply retention now: CAS the list without the deletable ledgers FIRST, then
-        delete them. Returns the deleted ledger ids."""
+        delete them. Returns the deleted ledger ids. An unbounded stream lives in one
+        ledger: its retention drops fragments instead (trim_fragments), and this
+        returns []."""
         for _ in range(10):
             md, version = await self.read(name)
+            if md.mode == StreamMode.UNBOUNDED:
+                await self.trim_fragments(name, now=now)
+                return []
             marks = [m.ledger_id for m in (await self.cursors(name)).values()]
             spans = [
                 LedgerSpan(i.ledger_id, i.entries, i.size_bytes, i.created_time_ms)
@@ -215,6 +224,38 @@ class StreamManager:
                     pass
             return doomed
         return []
+
+    async def trim_fragments(self, name: str, *, now: int | None = None) -> builtins.list[int]:
+        """Fragment retention of an unbounded stream (the rule:
+        streamlib.protocol.stream_rules.fragment_retention_plan): drop the fragments of
+        its ledger that every durable cursor has consumed and retention no longer keeps,
+        by CAS of the ledger's metadata. Returns the first entry ids of the dropped
+        fragments (bookies delete their entries in their next garbage collection)."""
+        md, _ = await self.read(name)
+        if md.mode != StreamMode.UNBOUNDED:
+            raise BadRequestError(f"stream {name!r} is not unbounded: trim() drops its ledgers")
+        if not md.ledgers:
+            return []
+        policy = RetentionPolicy(md.retention.time_ms, md.retention.size_bytes)
+        if policy.time_ms <= 0 and policy.size_bytes <= 0:
+            return []
+        ledger_id = md.ledgers[0].ledger_id
+        cursors = (await self.cursors(name)).values()
+        # A cursor on another ledger (none, in one-ledger streams) or at EARLIEST needs all.
+        marks = [m.entry_id if m.ledger_id == ledger_id else -1 for m in cursors]
+        at = now_ms() if now is None else now
+
+        def plan(ledger: LedgerMetadata) -> int:
+            spans = [
+                FragmentSpan(f.first_entry_id, f.created_time_ms, f.start_length)
+                for f in ledger.fragments
+            ]
+            return fragment_retention_plan(spans, marks, policy, at)
+
+        try:
+            return await self._ledgers.drop_fragments(ledger_id, plan)
+        except NoSuchLedgerError:
+            return []
 
     async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
         """Delete ledgers tagged as belonging to a stream that no stream's list holds

@@ -160,7 +160,11 @@ class Producer:
         error: BaseException | None = None,
     ) -> None:
         if done is not None:
-            error = done.exception()
+            error = (
+                StreamlibError(f"stream {self.stream!r}: the send was cancelled")
+                if done.cancelled()
+                else done.exception()
+            )
         for index, future in enumerate(batch.futures):
             if future.done():
                 continue

@@ -14,7 +14,12 @@ from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import ReadHandle
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.actions import EntryData
-from streamlib.protocol.errors import NoSuchLedgerError, StreamlibError
+from streamlib.protocol.errors import (
+    BadRequestError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StreamlibError,
+)
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.writer import STREAM_PASSWORD
@@ -207,9 +212,11 @@ class StreamScanner:
         next_entry = max(after.entry_id, 0) if after.ledger_id == ledger_id else 0
         # One range of read-ahead: the bookies fetch the next range while this one is
         # decoded and consumed.
-        ahead: tuple[int, asyncio.Task[list[EntryData]]] | None = None
+        ahead: tuple[int, asyncio.Task[list[EntryData] | None]] | None = None
         try:
             while True:
+                # Fragment retention may have dropped the start of an unbounded ledger.
+                next_entry = max(next_entry, handle.metadata.first_entry_id)
                 end = handle.last_entry_id
                 if next_entry > end:
                     break
@@ -217,13 +224,15 @@ class StreamScanner:
                 if ahead is not None and ahead[0] == next_entry:
                     entries = await ahead[1]
                 else:
-                    entries = await handle.read_entries(next_entry, last)
+                    entries = await self._read(handle, next_entry, last)
                 ahead = None
+                if entries is None:
+                    continue  # dropped meanwhile: on from the new first entry
                 if last < end:
                     following = min(end, last + self.batch_entries)
                     ahead = (
                         last + 1,
-                        asyncio.ensure_future(handle.read_entries(last + 1, following)),
+                        asyncio.ensure_future(self._read(handle, last + 1, following)),
                     )
                 for batch in self._decode(entries, ledger_id, after, previous):
                     previous = batch[-1].message_id
@@ -235,6 +244,20 @@ class StreamScanner:
                 await asyncio.gather(ahead[1], return_exceptions=True)
         async for batch in self._tail(handle, ledger_id, next_entry, after, previous):
             yield batch
+
+    @staticmethod
+    async def _read(handle: ReadHandle, first: int, last: int) -> list[EntryData] | None:
+        """Entries first..last; None when fragment retention dropped some of them since
+        the handle last looked (a reader behind every durable cursor skips ahead)."""
+        try:
+            return await handle.read_entries(first, last)
+        except (NoSuchEntryError, BadRequestError):
+            if not handle.metadata.unbounded:
+                raise
+            await handle.refresh_metadata()
+            if first >= handle.metadata.first_entry_id:
+                raise
+            return None
 
     def _decode(
         self, entries: list[EntryData], ledger_id: int, after: MessageId, previous: MessageId
@@ -262,10 +285,13 @@ class StreamScanner:
         previous: MessageId,
     ) -> AsyncIterator[list[Message]]:
         while True:
+            next_entry = max(next_entry, handle.metadata.first_entry_id)
             end = handle.last_entry_id
             if next_entry <= end:
                 last = min(end, next_entry + self.batch_entries - 1)
-                entries = await handle.read_entries(next_entry, last)
+                entries = await self._read(handle, next_entry, last)
+                if entries is None:
+                    continue
                 for batch in self._decode(entries, ledger_id, after, previous):
                     previous = batch[-1].message_id
                     yield batch

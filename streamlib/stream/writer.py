@@ -209,6 +209,9 @@ class StreamWriter:
             item = self._pending.popleft()
             if item.outer.done():
                 continue
+            if item.inner.cancelled():
+                item.outer.cancel()
+                continue
             error = item.inner.exception()
             if error is None:
                 item.outer.set_result((item.ledger_id, item.inner.result()))
@@ -243,6 +246,10 @@ class StreamWriter:
         ledger's fragments instead (a planned ensemble change, asynchronous)."""
         first = handle.metadata.last_fragment.first_entry_id
         if first != self._fragment_first:  # a new fragment began: restart its counters
+            if self._fragment_first >= 0:
+                self.stats.rolls += 1
+                if self._on_roll is not None:  # retention may drop older fragments now
+                    self._on_roll()
             self._fragment_first = first
             self._fragment_base_length = handle.length
             self._roll_deadline = roll_deadline_ms(now_ms(), self._policy, self._rnd)

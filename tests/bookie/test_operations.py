@@ -76,9 +76,14 @@ def test_gc_deletes_only_ledgers_whose_metadata_is_gone(cluster: Cluster) -> Non
     async def create(store: metadata.MetadataStore) -> None:
         md = LedgerMetadata(ledger_id=11, ensemble_size=1, write_quorum=1, ack_quorum=1)
         await LedgerMetadataManager(store).create(md)
+        # Ledger 13 lost its first fragments to fragment retention: entries 0..5 go.
+        md = LedgerMetadata(
+            ledger_id=13, ensemble_size=1, write_quorum=1, ack_quorum=1, first_entry_id=6
+        )
+        await LedgerMetadataManager(store).create(md)
 
     with_store(cluster.metadata_uri, create)
-    for ledger in (11, 12):
+    for ledger in (11, 12, 13):
         assert all(
             r.status == pb.OK for r in client.add(entry(ledger, i) for i in range(10)).values()
         )
@@ -86,10 +91,12 @@ def test_gc_deletes_only_ledgers_whose_metadata_is_gone(cluster: Cluster) -> Non
     bookie.start()
     client = cluster.client(bookie)
     result = bookie.admin("POST", "/admin/gc")
-    assert result["deleted"] == [12]
+    assert result["deleted"] == [12] and result["trimmed"] == {"13": 6}
     assert client.read(12, 0).status == pb.NO_SUCH_LEDGER
     assert all(r.status == pb.OK for r in client.read(11, 0, 9).results)
-    assert bookie.admin("POST", "/admin/gc")["deleted"] == []
+    assert [r.status for r in client.read(13, 0, 9).results] == [pb.NO_SUCH_ENTRY] * 6 + [pb.OK] * 4
+    again = bookie.admin("POST", "/admin/gc")
+    assert again["deleted"] == [] and again["trimmed"] == {}
 
 
 def test_metrics_report_adds_reads_and_fsyncs(cluster: Cluster) -> None:

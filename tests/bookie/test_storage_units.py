@@ -98,10 +98,10 @@ async def test_compaction_rewrites_logs_with_little_live_data(tmp_path: Path) ->
         await s.flush()
         s.entrylog.roll()
 
-    async def exists(ledger_id: int) -> bool:
-        return ledger_id == 2
+    async def first_entry(ledger_id: int) -> int | None:
+        return 0 if ledger_id == 2 else None
 
-    assert await s.collect_garbage(exists) == [1]
+    assert (await s.collect_garbage(first_entry)).deleted == [1]
     removed = await s.compact(0.5)
     assert removed  # ledger 1's log held no live data
     assert all(s.read_entry(2, i).payload == stored(2, i, size=1000).payload for i in range(20))
@@ -116,7 +116,7 @@ async def test_gc_deletes_nothing_when_the_metadata_read_fails(tmp_path: Path) -
     e = stored(5, 0)
     await submit(s, [e])
 
-    async def broken(ledger_id: int) -> bool:
+    async def broken(ledger_id: int) -> int | None:
         raise ConnectionError("metadata store unreachable")
 
     with pytest.raises(ConnectionError):
@@ -162,3 +162,77 @@ def test_write_all_writes_every_buffer_in_order(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert path.read_bytes() == b"".join(buffers)
+
+
+async def _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path: Path, change: str) -> None:
+    """An add accepted before a fence (or a term change) but not yet durable must be
+    readable when the fencing read is answered: recovery reads right after, and the add
+    is acknowledged as soon as its journal write ends."""
+    import asyncio
+    import threading
+
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    await submit(s, [stored(7, 0)])  # the ledger exists here
+    release = threading.Event()
+    write = s.journal._write
+
+    def slow_write(records: list[bytes]):  # type: ignore[no-untyped-def]
+        assert release.wait(30)
+        return write(records)
+
+    s.journal._write = slow_write  # type: ignore[method-assign]
+    item = cached_entry(stored(7, 1))
+    s.check_add(item[0], read_only=False)  # accepted: checked before the fence
+    durable = s.submit([item], [item[1], item[2]], 0)
+    await asyncio.sleep(0)  # the journal writer has taken the group
+    if change == "fence":
+        settling = asyncio.ensure_future(s.fence(7, b"key"))
+    else:
+        settling = asyncio.ensure_future(s.adopt_term(7, b"key", 5))
+    done, _ = await asyncio.wait([settling], timeout=0.2)
+    assert not done, "the state change was answered before an accepted add was durable"
+    with pytest.raises(NoSuchEntryError):
+        s.read_entry(7, 1)
+    release.set()
+    st = await asyncio.wait_for(settling, 30)
+    assert durable.done()
+    assert s.read_entry(7, 1).payload == stored(7, 1).payload  # what recovery reads now
+    assert st.lac >= 0 and (st.fenced if change == "fence" else st.term == 5)
+    await s.close()
+
+
+async def test_a_fence_waits_for_adds_accepted_before_it(tmp_path: Path) -> None:
+    await _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path, "fence")
+
+
+async def test_a_term_change_waits_for_adds_accepted_before_it(tmp_path: Path) -> None:
+    await _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path, "term")
+
+
+async def test_gc_deletes_entries_below_the_first_listed_entry(tmp_path: Path) -> None:
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    await submit(s, [stored(3, i) for i in range(10)])
+    await s.flush()
+    await submit(s, [stored(3, i) for i in range(10, 14)])  # still in the write cache
+    await submit(s, [stored(4, i) for i in range(3)])
+    firsts = {3: 12, 4: 0}
+
+    async def first_entry(ledger_id: int) -> int | None:
+        return firsts[ledger_id]
+
+    collected = await s.collect_garbage(first_entry)
+    assert collected.deleted == [] and collected.trimmed == {3: 10}
+    for i in range(12):
+        with pytest.raises(NoSuchEntryError):
+            s.read_entry(3, i)
+    assert [s.read_entry(3, i).payload for i in (12, 13)] == [
+        stored(3, 12).payload,
+        stored(3, 13).payload,
+    ]
+    assert all(s.read_entry(4, i) == stored(4, i) for i in range(3))
+    await s.flush()  # what the cache held below the first entry does not come back
+    with pytest.raises(NoSuchEntryError):
+        s.read_entry(3, 11)
+    await s.close()

@@ -8,9 +8,11 @@ from hypothesis import strategies as st
 
 from streamlib.errors import InvalidPositionError
 from streamlib.protocol.stream_rules import (
+    FragmentSpan,
     LedgerSpan,
     RetentionPolicy,
     RolloverPolicy,
+    fragment_retention_plan,
     ledgers_to_recover,
     retention_plan,
     roll_deadline_ms,
@@ -88,6 +90,40 @@ def spans(*ids, size=100, created=None):
 )
 def test_retention_plan(marks, policy, now, expected):
     assert retention_plan(spans(1, 2, 3, 4), marks, policy, now) == expected
+
+
+# Fragments of one unbounded ledger: they begin at entries 0, 10, 20, 30 (the last is
+# the writer's), at 1000, 2000, 3000, 4000 ms, after 0, 100, 200, 300 bytes.
+FRAGMENTS = [FragmentSpan(i * 10, (i + 1) * 1000, i * 100) for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("marks", "policy", "now", "expected"),
+    [
+        ([], RetentionPolicy(0, 0), 10**9, 0),  # unlimited retention drops nothing
+        ([], RetentionPolicy(time_ms=1), 10**9, 3),  # no cursor: all but the last
+        ([25], RetentionPolicy(time_ms=1), 10**9, 2),  # entries 0..19 consumed
+        ([19], RetentionPolicy(time_ms=1), 10**9, 1),  # entry 19's batch may be partial
+        ([20], RetentionPolicy(time_ms=1), 10**9, 2),
+        ([-1, 35], RetentionPolicy(time_ms=1), 10**9, 0),  # a cursor at EARLIEST
+        ([], RetentionPolicy(time_ms=1000), 2999, 0),  # fragment 0 ended at 2000
+        ([], RetentionPolicy(time_ms=1000), 3500, 1),
+        ([], RetentionPolicy(time_ms=1000), 4000, 2),  # fragment 1 ended at 3000
+        ([], RetentionPolicy(size_bytes=150), 0, 2),  # 300 - 100 bytes from fragment 1 on
+        ([], RetentionPolicy(size_bytes=300), 0, 0),
+    ],
+)
+def test_fragment_retention_plan(marks, policy, now, expected):
+    assert fragment_retention_plan(FRAGMENTS, marks, policy, now) == expected
+
+
+def test_fragment_retention_never_counts_unknowns_as_old_or_big():
+    unknown_time = [FragmentSpan(0, 1000, 0), FragmentSpan(10, 0, 100), FragmentSpan(20, 3000, 200)]
+    assert fragment_retention_plan(unknown_time, [], RetentionPolicy(time_ms=1), 10**9) == 0
+    unknown_size = [FragmentSpan(0, 1000, None), FragmentSpan(10, 2000, 100), FragmentSpan(20)]
+    assert fragment_retention_plan(unknown_size, [], RetentionPolicy(size_bytes=1), 10**9) == 0
+    one = [FragmentSpan(0, 1, 0)]
+    assert fragment_retention_plan(one, [], RetentionPolicy(time_ms=1), 10**9) == 0
 
 
 @settings(max_examples=200)

@@ -129,3 +129,46 @@ def test_recovery_then_close_and_no_writer_close_after_recovery_started():
     assert (closed.state, closed.last_entry_id, closed.length) == (LedgerState.CLOSED, 12, 1300)
     with pytest.raises(IllegalTransitionError):
         closed.in_recovery()
+
+
+def test_fragment_retention_drops_a_prefix_and_keeps_the_last_fragment():
+    md = LedgerMetadata(
+        7, 3, 2, 2, (Fragment(0, ("a", "b", "c"), 1000, 0),), unbounded=True, term=1
+    )
+    md = md.with_ensemble_change(10, {0: "d"}, created_time_ms=2000, start_length=500)
+    md = md.with_ensemble_change(20, {1: "e"}, created_time_ms=3000, start_length=900)
+    assert [(f.created_time_ms, f.start_length) for f in md.fragments] == [
+        (1000, 0),
+        (2000, 500),
+        (3000, 900),
+    ]
+    trimmed = md.with_fragments_dropped(2)
+    assert trimmed.first_entry_id == 20 and trimmed.fragments == md.fragments[2:]
+    assert trimmed.state is md.state and trimmed.term == md.term
+    assert md.with_fragments_dropped(0) is md
+    with pytest.raises(BadRequestError):
+        md.with_fragments_dropped(3)  # the last fragment always stays
+    with pytest.raises(InvalidLedgerConfigError):
+        md.in_recovery(term=2).with_fragments_dropped(1)
+    # A fragment replacing the last one (no entry written to it) keeps its annotations.
+    again = trimmed.with_ensemble_change(20, {2: "f"}, created_time_ms=9999, start_length=1)
+    assert (again.last_fragment.created_time_ms, again.last_fragment.start_length) == (3000, 900)
+
+
+def test_fragment_annotations_survive_the_metadata_codec():
+    from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
+
+    md = LedgerMetadata(
+        7,
+        3,
+        2,
+        2,
+        (Fragment(0, ("a", "b", "c"), 1000, 0), Fragment(5, ("a", "b", "d"), 2000, None)),
+    )
+    back = metadata_from_pb(metadata_to_pb(md))
+    assert [
+        (f.first_entry_id, f.ensemble, f.created_time_ms, f.start_length) for f in back.fragments
+    ] == [
+        (0, ("a", "b", "c"), 1000, 0),
+        (5, ("a", "b", "d"), 2000, None),
+    ]
