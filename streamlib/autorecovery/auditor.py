@@ -23,7 +23,7 @@ from metadata.services.underreplication import UnderReplicationManager
 from streamlib.client import Client
 from streamlib.ledger.codec import metadata_from_pb
 from streamlib.protocol import LedgerMetadata
-from streamlib.protocol.errors import BookieUnavailableError
+from streamlib.protocol.errors import BookieUnavailableError, StreamlibError
 from streamlib.protocol.replication import (
     FragmentRange,
     entries_on_bookie,
@@ -40,6 +40,10 @@ LEADER_CHECK_S = 5.0
 class AuditorConfig:
     lost_bookie_delay_s: float = 30.0
     check_interval_s: float = 3600.0  # 0 disables the periodic check
+    # Stream retention for every stream, idle ones included (writers also apply it when
+    # they roll), and the sweep of leaked ledgers; 0 disables it.
+    retention_interval_s: float = 300.0
+    leak_grace_s: float = 300.0
 
 
 class Auditor:
@@ -51,6 +55,7 @@ class Auditor:
         self.pending_lost: dict[str, asyncio.Task[None]] = {}
         self._known: set[str] = set()  # bookies whose loss would be news
         self.checks = 0
+        self.retention_rounds = 0
 
     # -- one-shot audits (also used by the admin commands) ------------------------------
 
@@ -125,6 +130,28 @@ class Auditor:
                 return False
         return True
 
+    async def apply_retention(self) -> dict[str, list[int]]:
+        """Apply every stream's retention now (ledgers, or the fragments of an unbounded
+        stream's ledger) and sweep leaked ledgers. Returns {stream: ledgers deleted},
+        with the swept leaks under "" . A stream that fails is logged and skipped."""
+        streams = self.client.streams
+        done: dict[str, list[int]] = {}
+        for name in await streams.list():
+            try:
+                deleted = await streams.trim(name)
+            except StreamlibError as exc:
+                log.warning("retention of stream %s failed: %s", name, exc)
+                continue
+            if deleted:
+                done[name] = deleted
+        swept = await streams.sweep(grace_s=self.config.leak_grace_s)
+        if swept:
+            done[""] = swept
+        if done:
+            log.info("retention: %s", done)
+        self.retention_rounds += 1
+        return done
+
     # -- the elected auditor's loop ------------------------------------------------------
 
     async def run(self, still_leader: Callable[[], bool] = lambda: True) -> None:
@@ -136,6 +163,7 @@ class Auditor:
             # from the ledgers that still name them.
             self._known = {b for md, _ in await self.all_ledgers() for b in md.bookies()}
             next_check = time.monotonic() + self.config.check_interval_s
+            next_retention = time.monotonic() + self.config.retention_interval_s
             while still_leader():
                 live = {info.bookie_id for info in await self.registry.list()}
                 for bookie in live & set(self.pending_lost):
@@ -152,9 +180,14 @@ class Auditor:
                 if self.config.check_interval_s > 0 and time.monotonic() >= next_check:
                     await self.check_all(skip=set(self.pending_lost))
                     next_check = time.monotonic() + self.config.check_interval_s
+                if self.config.retention_interval_s > 0 and time.monotonic() >= next_retention:
+                    await self.apply_retention()
+                    next_retention = time.monotonic() + self.config.retention_interval_s
                 timeout = LEADER_CHECK_S
                 if self.config.check_interval_s > 0:
                     timeout = min(timeout, max(0.0, next_check - time.monotonic()))
+                if self.config.retention_interval_s > 0:
+                    timeout = min(timeout, max(0.0, next_retention - time.monotonic()))
                 try:
                     await watch.next(timeout)
                 except TimeoutError:

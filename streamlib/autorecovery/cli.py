@@ -1,7 +1,7 @@
 """Command line of auto-recovery: the daemon and the admin commands.
 
     streamlib autorecovery --metadata URI [--lost-bookie-delay S] [--grace-period S]
-                           [--check-interval S]
+                           [--check-interval S] [--retention-interval S]
     streamlib admin autorecovery status|enable|disable|audit-now --metadata URI
     streamlib admin recover BOOKIE --metadata URI
     streamlib admin decommission BOOKIE --metadata URI
@@ -66,6 +66,13 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         type=float,
         default=3600.0,
         help="seconds between full checks of every ledger (0 = never)",
+    )
+    daemon.add_argument(
+        "--retention-interval",
+        type=float,
+        default=300.0,
+        help="seconds between applying every stream's retention, idle streams too, and "
+        "sweeping leaked ledgers (0 = never)",
     )
     daemon.add_argument("--log-level", default="WARNING")
     daemon.add_argument(
@@ -185,7 +192,7 @@ async def _daemon(args: argparse.Namespace) -> int:
     from streamlib.autorecovery.replicator import WorkerConfig
     from streamlib.client import Client
 
-    for name in ("lost_bookie_delay", "grace_period", "check_interval"):
+    for name in ("lost_bookie_delay", "grace_period", "check_interval", "retention_interval"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     identifier = args.id or f"{socket.gethostname()}:{os.getpid()}"
@@ -206,7 +213,11 @@ async def _daemon(args: argparse.Namespace) -> int:
     daemon = AutoRecoveryDaemon(
         client,
         identifier,
-        AuditorConfig(args.lost_bookie_delay, args.check_interval),
+        AuditorConfig(
+            args.lost_bookie_delay,
+            args.check_interval,
+            retention_interval_s=args.retention_interval,
+        ),
         WorkerConfig(grace_period_s=args.grace_period),
     )
     print(f"autorecovery {identifier} running", flush=True)

@@ -77,6 +77,7 @@ class StreamWriter:
         self._current_created_ms = 0
         self._roll_deadline: int | None = None
         self._rolling: asyncio.Task[None] | None = None
+        self._age_checks: asyncio.Task[None] | None = None  # idle streams roll by age too
         self._pending: collections.deque[_Pending] = collections.deque()
         self._fenced: StreamlibError | None = None
         self._rnd = random.Random()
@@ -179,6 +180,7 @@ class StreamWriter:
             )
 
     def _use(self, handle: WriteHandle) -> None:
+        self._start_age_checks()
         self._current = handle
         self._current_created_ms = now_ms()
         self._roll_deadline = roll_deadline_ms(self._current_created_ms, self._policy, self._rnd)
@@ -299,13 +301,31 @@ class StreamWriter:
             self._rolling = None
 
     async def check_age(self) -> None:
-        """Roll a ledger past its age even when no append comes (idle streams)."""
+        """Roll a ledger (or an unbounded ledger's fragment) past its age even when no
+        append comes (idle streams)."""
         handle = self._current
         if handle is None or self._rolling is not None or self._fenced is not None:
+            return
+        if handle.metadata.unbounded:
+            self._maybe_roll_fragment(handle)
             return
         entries = handle.next_entry_id
         if should_roll(entries, handle.length, now_ms(), self._roll_deadline, self._policy):
             await self.roll()
+
+    def _start_age_checks(self) -> None:
+        if self._policy.max_age_ms > 0 and self._age_checks is None:
+            self._age_checks = asyncio.get_running_loop().create_task(self._check_age_loop())
+
+    async def _check_age_loop(self) -> None:
+        # A timer, not synchronisation: age is the one roll trigger no append brings.
+        period = min(60.0, max(0.05, self._policy.max_age_ms / 4000))
+        while self._fenced is None:
+            await asyncio.sleep(period)
+            try:
+                await self.check_age()
+            except StreamlibError as error:
+                log.warning("stream %s: age check failed: %s", self.name, error)
 
     # -- closing ------------------------------------------------------------------------
 
@@ -315,6 +335,10 @@ class StreamWriter:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def close(self) -> None:
+        if self._age_checks is not None:
+            self._age_checks.cancel()
+            await asyncio.gather(self._age_checks, return_exceptions=True)
+            self._age_checks = None
         if self._rolling is not None:
             await asyncio.gather(self._rolling, return_exceptions=True)
         await self.flush()

@@ -121,3 +121,28 @@ async def test_bookie_back_within_the_delay_cancels_the_audit(rcluster: Recovery
 
 async def _logged(text: object, needle: str) -> bool:
     return needle in text()  # type: ignore[operator]
+
+
+async def test_the_auditor_applies_retention_to_idle_streams(rcluster: RecoveryCluster) -> None:
+    rcluster.start_bookies(3)
+    client = await rcluster.client()
+    # Kept 2 s after their close: what the writer's own trims (on roll) left for later.
+    retention = {"time_ms": 2000}
+    await client.streams.create("idle", rollover={"max_entries": 2}, retention=retention)
+    producer = await client.create_producer("idle", batching_max_publish_delay_ms=0)
+    for i in range(12):
+        await producer.send(b"%d" % i)
+    await producer.close()  # nobody writes to the stream any more
+
+    async def listed() -> list[int]:
+        md, _ = await client.streams.read("idle")
+        return [info.ledger_id for info in md.ledgers]
+
+    ledgers = await listed()
+    assert len(ledgers) >= 3
+    # retention is all the daemon does here (its other loops have nothing to do)
+    rcluster.start_daemon("keeper", *FAST, "--retention-interval", "0.5")
+    # Everything but the current ledger goes (no cursor needs anything).
+    await wait_for(lambda: equals(listed(), ledgers[-1:]), "retention of the idle stream")
+    remaining = set(await client.ledgers.list())
+    assert ledgers[-1] in remaining and not set(ledgers[:-1]) & remaining

@@ -106,6 +106,30 @@ async def test_rolling_by_entries_keeps_every_message_in_order(cluster):
     assert stats["entries"] == 18 and len(stats["ledgers"]) >= 3
 
 
+async def test_an_idle_stream_rolls_by_age(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("aging", rollover={"max_age_ms": 200})
+    producer = await client.create_producer("aging", batching_max_publish_delay_ms=0)
+    first = await producer.send(b"only one")  # then nothing: no append triggers a roll
+
+    async def rolled() -> bool:
+        md, _ = await client.streams.read("aging")
+        return len(md.ledgers) >= 2 and md.ledgers[0].entries == 1
+
+    deadline = time.monotonic() + 30
+    while not await rolled():  # bounded wait for a timer-driven roll
+        assert time.monotonic() < deadline, "the idle stream never rolled by age"
+        await asyncio.sleep(0.05)
+    md, _ = await client.streams.read("aging")
+    assert md.ledgers[0].ledger_id == first.ledger_id
+    closed = await client.ledgers.metadata(first.ledger_id)
+    assert closed.state is LedgerState.CLOSED and closed.last_entry_id == 0
+    later = await producer.send(b"after the roll")
+    assert later.ledger_id == md.ledgers[-1].ledger_id > first.ledger_id
+    await producer.close()
+
+
 async def test_retention_never_deletes_what_a_durable_cursor_needs(cluster):
     cluster.start_bookies(3)
     client = await cluster.client()

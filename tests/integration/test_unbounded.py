@@ -97,3 +97,48 @@ async def test_an_unbounded_stream_rolls_fragments_not_ledgers(cluster):
     reader = await client.create_reader("rolling-one")
     received = [(await reader.read_next(timeout=30)).data for _ in sent]
     assert received == [b"%d" % i for i in range(30)]
+
+
+async def test_retention_bounds_the_fragment_list_of_a_long_running_unbounded_stream(cluster):
+    bookies = cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("long-lived", 3, 2, 2, mode="unbounded",
+                                rollover={"max_entries": 4}, retention={"time_ms": 1})  # fmt: skip
+    consumer = await client.subscribe("long-lived", "s", initial_position="earliest")
+    producer = await client.create_producer("long-lived", batching_max_publish_delay_ms=0)
+    ledger_id = None
+    sent: list[bytes] = []
+    received: list[bytes] = []
+    most_fragments = 0
+    for cycle in range(12):
+        for i in range(10):
+            sent.append(b"c%d-%d" % (cycle, i))
+            ledger_id = (await producer.send(sent[-1])).ledger_id
+        for _ in range(10):  # the durable cursor consumes everything sent so far
+            message = await consumer.receive(timeout=30)
+            received.append(message.data)
+            consumer.acknowledge(message)
+        await consumer.persist()
+        await client.streams.trim("long-lived")  # also runs on every fragment roll
+        ledger = await client.ledgers.metadata(ledger_id)
+        most_fragments = max(most_fragments, len(ledger.fragments))
+        # Only fragments the cursor consumed went; the one it is in is still there.
+        mark = (await client.streams.cursors("long-lived"))["s"]
+        assert ledger.first_entry_id <= mark.entry_id
+        assert ledger.fragments[0].first_entry_id == ledger.first_entry_id
+    assert received == sent
+    ledger = await client.ledgers.metadata(ledger_id)
+    # 120 entries in fragments of about 4: without retention ~30 fragments would be listed.
+    assert most_fragments <= 6, most_fragments
+    assert ledger.first_entry_id >= 100
+    # The bookies delete what the metadata no longer lists, and keep the rest.
+    trimmed = [b.admin("POST", "/admin/gc")["trimmed"] for b in bookies]
+    assert sum(t.get(str(ledger_id), 0) for t in trimmed) > 0
+    # A non-durable reader from EARLIEST starts at the first retained entry. (Releasing
+    # the stream publishes the LAC to every bookie: the reader sees up to the last send.)
+    await producer.close()
+    reader = await client.create_reader("long-lived")
+    tail = []
+    while await reader.has_message_available():
+        tail.append((await reader.read_next(timeout=30)).data)
+    assert tail and tail == sent[-len(tail) :]
