@@ -115,10 +115,12 @@ async def _drive(
             outstanding: dict[int, int] = {}
             async for resp in call:
                 now = time.perf_counter()
-                for r in resp.results:
-                    if r.status != pb.OK:
-                        errors += 1
-                    b = r.entry_id // batch
+                answered = [r.entry_id for r in resp.results]  # failures, in full
+                errors += sum(r.status != pb.OK for r in resp.results)
+                for ok in resp.ok:  # the compact OK lists
+                    answered += ok.entry_ids
+                for entry_id in answered:
+                    b = entry_id // batch
                     latencies.append(now - sent_at[b])
                     n = outstanding.get(b, min(batch, entries - b * batch)) - 1
                     if n == 0:
@@ -126,7 +128,7 @@ async def _drive(
                         window.release()
                     else:
                         outstanding[b] = n
-                acked += len(resp.results)
+                acked += len(answered)
                 if acked >= entries:
                     done.set()
                     return

@@ -139,8 +139,17 @@ class BookieService:
                     add(ledger_id=e.ledger_id, entry_id=e.entry_id, status=pb.IO_ERROR, message=msg)
                 self.metrics.add_errors.labels("IO_ERROR").inc(len(accepted))
             else:
+                # One packed id list per ledger (a batch is mostly one ledger's entries).
+                lid = -1
+                ids: list[int] = []
                 for e, _, _ in accepted:
-                    add(ledger_id=e.ledger_id, entry_id=e.entry_id, status=pb.OK, term=e.term)
+                    if e.ledger_id != lid:
+                        if ids:
+                            resp.ok.add(ledger_id=lid, entry_ids=ids)
+                        lid, ids = e.ledger_id, []
+                    ids.append(e.entry_id)
+                if ids:
+                    resp.ok.add(ledger_id=lid, entry_ids=ids)
                 self.metrics.adds.inc(len(accepted))
                 self.metrics.add_latency.observe(time.perf_counter() - started)
             queued.append(resp.SerializeToString())

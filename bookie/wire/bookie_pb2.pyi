@@ -78,6 +78,12 @@ class AddRequest(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[AddEntry]
     def __init__(self, entries: _Optional[_Iterable[_Union[AddEntry, _Mapping]]] = ...) -> None: ...
 
+class AddRequestFramed(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class AddResult(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "status", "term", "message")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -92,11 +98,21 @@ class AddResult(_message.Message):
     message: str
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class AddOk(_message.Message):
+    __slots__ = ("ledger_id", "entry_ids")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    entry_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class AddResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "ok")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AddResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ...) -> None: ...
+    ok: _containers.RepeatedCompositeFieldContainer[AddOk]
+    def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ..., ok: _Optional[_Iterable[_Union[AddOk, _Mapping]]] = ...) -> None: ...
 
 class Entry(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "flags", "length")

@@ -29,6 +29,7 @@ from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
 from metadata.services.underreplication import UnderReplicationManager
 from streamlib.autorecovery.errors import ReplicationCopyError
 from streamlib.client import Client
+from streamlib.ledger.bookie_client import AddHandler
 from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
 from streamlib.ledger.handles import ReadHandle
 from streamlib.protocol import LedgerMetadata
@@ -252,7 +253,7 @@ class ReplicationWorker:
             if not waiting and not done.done():
                 done.set_result(None)
 
-        self.client.pool.get(bookie).add(adds, on_results)
+        self.client.pool.get(bookie).add(adds, AddHandler(on_results))
         await done
         if failures:
             entry_id, status = failures[0]

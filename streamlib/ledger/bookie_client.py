@@ -28,6 +28,25 @@ log = logging.getLogger(__name__)
 # Called with the answers for some entries of one add() batch: [(entry id, status)],
 # status None for "no answer" (timeout, broken stream).
 ResultsHandler = Callable[[list[tuple[int, int | None]]], None]
+# Called with entry ids the bookie stored durably (status OK): the hot path.
+OkHandler = Callable[[list[int]], None]
+
+
+def frame_add(entry: pb.AddEntry) -> bytes:
+    """One entry as serialized for the add stream (see pb.AddRequestFramed)."""
+    return entry.SerializeToString()
+
+
+class AddHandler:
+    """Who waits for the answers of an add() batch: on_results for any answer, and
+    optionally on_ok for the common all-OK answer as a bare id list (cheaper)."""
+
+    __slots__ = ("on_ok", "on_results")
+
+    def __init__(self, on_results: ResultsHandler, on_ok: OkHandler | None = None) -> None:
+        self.on_results = on_results
+        self.on_ok = on_ok
+
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -40,7 +59,7 @@ CHANNEL_OPTIONS = [
 class _Batch:
     deadline: float
     keys: list[tuple[int, int]]
-    handler: ResultsHandler
+    handler: AddHandler
 
 
 @dataclass
@@ -68,12 +87,12 @@ class BookieClient:
         self.stats = _Stats()
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.BookieStub(self._channel)
-        self._outbox: list[pb.AddEntry] = []
+        self._outbox: list[bytes] = []  # serialized AddEntry messages (see frame_add)
         self._outbox_bytes = 0
         # Who waits for each (ledger, entry). The same entry can be in flight twice (a
         # write-back and a writer's add in one process): later handlers queue in _more.
-        self._handlers: dict[tuple[int, int], ResultsHandler] = {}
-        self._more: dict[tuple[int, int], collections.deque[ResultsHandler]] = {}
+        self._handlers: dict[tuple[int, int], AddHandler] = {}
+        self._more: dict[tuple[int, int], collections.deque[AddHandler]] = {}
         self._batches: collections.deque[_Batch] = collections.deque()  # by deadline
         self._wakeup = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
@@ -82,13 +101,22 @@ class BookieClient:
 
     # -- adds ---------------------------------------------------------------------------
 
-    def add(self, entries: list[pb.AddEntry], handler: ResultsHandler) -> None:
+    def add(self, entries: list[pb.AddEntry], handler: AddHandler) -> None:
         """Queue entries for the add stream; handler gets their answers (maybe in parts)."""
-        loop = asyncio.get_running_loop()
+        framed = [frame_add(e) for e in entries]
         keys = [(e.ledger_id, e.entry_id) for e in entries]
-        nbytes = 0
-        for e in entries:
-            nbytes += len(e.payload)
+        self.add_framed(framed, keys, sum(len(f) for f in framed), handler)
+
+    def add_framed(
+        self,
+        framed: list[bytes],
+        keys: list[tuple[int, int]],
+        nbytes: int,
+        handler: AddHandler,
+    ) -> None:
+        """add() of entries already serialized (frame_add; the same bytes serve every
+        bookie of a write set); keys: their (ledger id, entry id); nbytes: their size."""
+        loop = asyncio.get_running_loop()
         if self._closed:
             # Answer later, never from inside the caller's step (machines are not re-entrant).
             unanswered: list[tuple[int, int | None]] = [(k[1], None) for k in keys]
@@ -101,7 +129,7 @@ class BookieClient:
             else:
                 handlers[key] = handler
         self._batches.append(_Batch(time.monotonic() + self.config.add_timeout_s, keys, handler))
-        self._outbox += entries
+        self._outbox += framed
         self._outbox_bytes += nbytes
         self._wakeup.set()
         if self._stream_task is None or self._stream_task.done():
@@ -111,7 +139,7 @@ class BookieClient:
 
     def _dispatch(self, answers: Sequence[tuple[int, int, int | None]]) -> None:
         """Hand (ledger, entry, status) answers to their handlers, one call per handler."""
-        groups: dict[ResultsHandler, list[tuple[int, int | None]]] = {}
+        groups: dict[AddHandler, list[tuple[int, int | None]]] = {}
         handlers, more = self._handlers, self._more
         for ledger_id, entry_id, status in answers:
             key = (ledger_id, entry_id)
@@ -131,11 +159,40 @@ class BookieClient:
         for handler, results in groups.items():
             self._answer(handler, results)
 
-    def _answer(self, handler: ResultsHandler, results: list[tuple[int, int | None]]) -> None:
+    def _dispatch_ok(self, ledger_id: int, entry_ids: Sequence[int]) -> None:
+        """Hand the ids of entries stored durably to their handlers (the hot path)."""
+        groups: dict[AddHandler, list[int]] = {}
+        handlers, more = self._handlers, self._more
+        for entry_id in entry_ids:
+            key = (ledger_id, entry_id)
+            handler = handlers.pop(key, None)
+            if handler is None:
+                continue  # answered already (timed out), or never asked
+            if more:
+                queued = more.get(key)
+                if queued:
+                    handlers[key] = queued.popleft()
+                    if not queued:
+                        del more[key]
+            group = groups.get(handler)
+            if group is None:
+                groups[handler] = [entry_id]
+            else:
+                group.append(entry_id)
+        for handler, ids in groups.items():
+            if handler.on_ok is None:
+                self._answer(handler, [(e, pb.OK) for e in ids])
+                continue
+            try:
+                handler.on_ok(ids)
+            except Exception:
+                log.exception("bookie %s: add results handler failed", self.bookie_id)
+
+    def _answer(self, handler: AddHandler, results: list[tuple[int, int | None]]) -> None:
         """Call one handler. A handler that raises is a bug, but it must not cost the
         other handlers their answers (an unanswered add would wait forever)."""
         try:
-            handler(results)
+            handler.on_results(results)
         except Exception:
             log.exception("bookie %s: add results handler failed", self.bookie_id)
 
@@ -150,7 +207,7 @@ class BookieClient:
         self._more.clear()
 
     async def _run_stream(self) -> None:
-        call = self._stub.AddStream()
+        call = self._add_stream()
 
         async def send() -> None:
             try:
@@ -161,14 +218,17 @@ class BookieClient:
                         batch, self._outbox = self._take_batch()
                         self.stats.batches += 1
                         self.stats.entries += len(batch)
-                        await call.write(pb.AddRequest(entries=batch))
+                        await call.write(pb.AddRequestFramed(entries=batch).SerializeToString())
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
                 call.cancel()  # the stream is broken: end the receiver too, so all is answered
 
         sender = asyncio.get_running_loop().create_task(send())
         try:
             async for response in call:
-                self._dispatch([(r.ledger_id, r.entry_id, r.status) for r in response.results])
+                if response.results:
+                    self._dispatch([(r.ledger_id, r.entry_id, r.status) for r in response.results])
+                for ok in response.ok:
+                    self._dispatch_ok(ok.ledger_id, ok.entry_ids)
         except (grpc.aio.AioRpcError, asyncio.CancelledError, grpc.aio.UsageError):
             pass
         finally:
@@ -179,21 +239,21 @@ class BookieClient:
             # Everything not answered on this stream is unknown now.
             self._fail_all()
 
-    def _take_batch(self) -> tuple[list[pb.AddEntry], list[pb.AddEntry]]:
+    def _take_batch(self) -> tuple[list[bytes], list[bytes]]:
         limit_n, limit_b = self.config.max_batch_entries, self.config.max_batch_bytes
         if len(self._outbox) <= limit_n and self._outbox_bytes <= limit_b:
             batch, self._outbox_bytes = self._outbox, 0
             return batch, []
         size = 0
         n = 0
-        for n, entry in enumerate(self._outbox):
-            size += len(entry.payload)
+        for n, framed in enumerate(self._outbox):
+            size += len(framed)
             if n >= limit_n or (size > limit_b and n > 0):
                 break
         else:
             n = len(self._outbox)
         batch, rest = self._outbox[:n], self._outbox[n:]
-        self._outbox_bytes = sum(len(e.payload) for e in rest)
+        self._outbox_bytes -= size - (len(self._outbox[n]) if n < len(self._outbox) else 0)
         return batch, rest
 
     async def _sweep(self) -> None:
@@ -212,7 +272,7 @@ class BookieClient:
                 if unanswered:
                     self._answer(batch.handler, unanswered)
 
-    def _forget(self, key: tuple[int, int], handler: ResultsHandler) -> bool:
+    def _forget(self, key: tuple[int, int], handler: AddHandler) -> bool:
         """Drop one wait of handler for key (a timeout); whether it was still waiting."""
         queued = self._more.get(key)
         if self._handlers.get(key) is handler:
@@ -229,6 +289,16 @@ class BookieClient:
                 del self._more[key]
             return True
         return False
+
+    def _add_stream(self) -> grpc.aio.StreamStreamCall:
+        """The add stream, its requests written as bytes: serialized AddRequestFramed
+        messages, wire-identical to AddRequest."""
+        method = self._channel.stream_stream(
+            "/streamlib.bookie.v1.Bookie/AddStream",
+            request_serializer=None,
+            response_deserializer=pb.AddResponse.FromString,
+        )
+        return method()  # type: ignore[call-arg]  # requests are written, not iterated
 
     # -- unary calls --------------------------------------------------------------------
 

@@ -87,18 +87,26 @@ def metadata_from_pb(stored: schemas.LedgerMetadata) -> LedgerMetadata:
     )
 
 
-def add_to_pb(action: SendAdd, entry: EntryData) -> pb.AddEntry:
+def add_prefix(action: SendAdd) -> bytes:
+    """The fields every entry of a SendAdd shares, serialized (an AddEntry's encoding
+    may be split anywhere between fields: concatenated encodings merge)."""
     return pb.AddEntry(
         ledger_id=action.ledger_id,
+        master_key=action.master_key,
+        flags=action.flags,
+        term=action.term,
+    ).SerializeToString()
+
+
+def add_body(entry: EntryData) -> bytes:
+    """The entry's own fields, serialized; add_prefix(action) + this = its AddEntry."""
+    return pb.AddEntry(
         entry_id=entry.entry_id,
         last_add_confirmed=entry.last_add_confirmed,
         length=entry.length,
         payload=entry.payload,
         digest=entry.digest,
-        master_key=action.master_key,
-        flags=action.flags,
-        term=action.term,
-    )
+    ).SerializeToString()
 
 
 def entry_from_pb(entry: pb.Entry) -> EntryData:

@@ -8,13 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from bookie.wire import bookie_pb2 as pb
 from metadata.errors import BadVersionError, MetadataError
 from metadata.services.ledgers import LedgerMetadataManager
-from streamlib.ledger.codec import add_to_pb, entry_from_pb, metadata_from_pb, metadata_to_pb
+from streamlib.ledger.bookie_client import AddHandler
+from streamlib.ledger.codec import (
+    add_body,
+    add_prefix,
+    entry_from_pb,
+    metadata_from_pb,
+    metadata_to_pb,
+)
 from streamlib.ledger.placement import PlacementPolicy
 from streamlib.ledger.pool import BookiePool
 from streamlib.protocol import LedgerMetadata
@@ -66,11 +73,11 @@ class Driver:
         self.context = context
         self.sink = sink
         self._tasks: set[asyncio.Task[None]] = set()
-        # The same entries go to Qw bookies within one step: build each protobuf once.
-        self._pb_cache: dict[tuple[int, int, int], pb.AddEntry] = {}
+        # The same entries go to Qw bookies within one step: frame each one once.
+        self._pb_cache: dict[tuple[int, int, int], bytes] = {}
         # One answer handler per bookie, so a bookie's response reaches the machine as
         # one input however many sends it answers.
-        self._answer_handlers: dict[str, Callable[[list[tuple[int, int | None]]], None]] = {}
+        self._answer_handlers: dict[str, AddHandler] = {}
 
     def execute(self, actions: list[Action]) -> None:
         reads: dict[tuple[str, bool, bytes, int], list[int]] = {}
@@ -117,24 +124,37 @@ class Driver:
 
     def _send_add(self, action: SendAdd) -> None:
         cache = self._pb_cache
-        messages = []
+        framed = []
+        nbytes = 0
+        prefix = None
         for entry in action.entries:
             key = (id(entry), action.flags, action.term)
-            message = cache.get(key)
-            if message is None:
-                message = cache[key] = add_to_pb(action, entry)
-            messages.append(message)
+            wire = cache.get(key)
+            if wire is None:
+                if prefix is None:
+                    prefix = add_prefix(action)
+                wire = cache[key] = prefix + add_body(entry)
+            framed.append(wire)
+            nbytes += len(wire)
+        ledger_id = action.ledger_id
+        keys = [(ledger_id, entry.entry_id) for entry in action.entries]
         bookie = action.bookie
         handler = self._answer_handlers.get(bookie)
         if handler is None:
 
-            def handler(results: list[tuple[int, int | None]]) -> None:
+            def on_results(results: list[tuple[int, int | None]]) -> None:
                 if any(status is None for _, status in results):
                     self.context.placement.record_failure(bookie)
                 self.feed("on_add_results", bookie, results)
 
-            self._answer_handlers[bookie] = handler
-        self.context.pool.get(bookie).add(messages, handler)
+            on_ok = None
+            if hasattr(self.machine, "on_add_ok"):
+
+                def on_ok(entry_ids: list[int]) -> None:
+                    self.feed("on_add_ok", bookie, entry_ids)
+
+            handler = self._answer_handlers[bookie] = AddHandler(on_results, on_ok)
+        self.context.pool.get(bookie).add_framed(framed, keys, nbytes, handler)
 
     async def _read_lac(self, action: ReadLac) -> None:
         request = pb.ReadLacRequest(

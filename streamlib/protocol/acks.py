@@ -13,7 +13,7 @@ to the replacement: :meth:`AckTracker.replace_bookie` says which.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -64,6 +64,20 @@ class AckTracker:
         self._pending[entry_id] = PendingAdd(entry_id, tuple(write_set))
         self._next_entry_id += 1
 
+    def add_pending_range(
+        self, first: int, end: int, write_sets: Sequence[tuple[int, ...]]
+    ) -> None:
+        """add_pending for entries first..end-1, entry e with write_sets[e % len]."""
+        if first != self._next_entry_id:
+            raise ValueError(f"expected entry {self._next_entry_id}, got {first}")
+        if any(len(ws) < self.ack_quorum for ws in write_sets):
+            raise ValueError(f"a write set of {write_sets} is smaller than the ack quorum")
+        pending = self._pending
+        n = len(write_sets)
+        for entry_id in range(first, end):
+            pending[entry_id] = PendingAdd(entry_id, write_sets[entry_id % n])
+        self._next_entry_id = max(end, first)
+
     def on_ack(self, entry_id: int, bookie_index: int) -> list[int]:
         """Record a bookie's durable ack; return the entries newly acknowledged, in order.
 
@@ -75,6 +89,16 @@ class AckTracker:
         add.acked_by.add(bookie_index)
         if entry_id != self.last_add_confirmed + 1 or len(add.acked_by) < self.ack_quorum:
             return []  # nothing can complete before this entry's predecessor does
+        return self._complete_in_order()
+
+    def on_acks(self, entry_ids: Iterable[int], bookie_index: int) -> list[int]:
+        """on_ack for many entries of one bookie at once (the same outcome as one call
+        per entry in any order: completion only ever walks forward from the LAC)."""
+        pending = self._pending
+        for entry_id in entry_ids:
+            add = pending.get(entry_id)
+            if add is not None and bookie_index in add.write_set:
+                add.acked_by.add(bookie_index)
         return self._complete_in_order()
 
     def release(self) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from streamlib.protocol.errors import StreamlibError
 from streamlib.protocol.ledger_metadata import LedgerMetadata
@@ -19,9 +20,9 @@ ADD_FLAG_TRUNCATE = 2
 READ_FLAG_FENCE = 1
 
 
-@dataclass(frozen=True, slots=True)
-class EntryData:
-    """An entry as stored on a bookie."""
+class EntryData(NamedTuple):
+    """An entry as stored on a bookie. (Immutable; a NamedTuple rather than a frozen
+    dataclass because one is built per entry on the add path, three times cheaper.)"""
 
     entry_id: int
     last_add_confirmed: int

@@ -145,28 +145,35 @@ class LedgerWriter:
         """Assign ids to payloads and send them; return (first entry id, actions)."""
         if self.state is not WriterState.WRITING or self._close_requested:
             raise self.error or LedgerClosedError(f"ledger {self.ledger_id} is closing or closed")
-        first = self.tracker.next_entry_id
-        lac = self.tracker.last_add_confirmed
-        per_slot: dict[int, list[EntryData]] = {}
         for payload in payloads:
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise BadRequestError(f"entry payload must be bytes, got {type(payload).__name__}")
-            payload = bytes(payload)
-            entry_id = self.tracker.next_entry_id
-            self.length += len(payload)
+        tracker = self.tracker
+        first = tracker.next_entry_id
+        lac = tracker.last_add_confirmed
+        ensemble_size = self.metadata.ensemble_size
+        write_sets = self._write_sets
+        compute = self.digest.compute
+        failed = self._failed
+        entries = self._entries
+        per_slot: dict[int, list[EntryData]] = {i: [] for i in range(ensemble_size)}
+        length = self.length
+        entry_id = first
+        for payload in payloads:
+            if type(payload) is not bytes:
+                payload = bytes(payload)
+            length += len(payload)
             entry = EntryData(
-                entry_id,
-                lac,
-                self.length,
-                payload,
-                self.digest.compute(entry_id, lac, self.length, payload),
+                entry_id, lac, length, payload, compute(entry_id, lac, length, payload)
             )
-            write_set = self._write_sets[entry_id % self.metadata.ensemble_size]
-            self.tracker.add_pending(entry_id, write_set)
-            self._entries[entry_id] = entry
+            write_set = write_sets[entry_id % ensemble_size]
+            entries[entry_id] = entry
             for index in write_set:
-                if index not in self._failed:
-                    per_slot.setdefault(index, []).append(entry)
+                if index not in failed:
+                    per_slot[index].append(entry)
+            entry_id += 1
+        tracker.add_pending_range(first, entry_id, write_sets)
+        self.length = length
         return first, self._sends(per_slot) + self._maybe_change_ensemble()
 
     def _sends(self, per_slot: dict[int, list[EntryData]]) -> list[Action]:
@@ -193,6 +200,14 @@ class LedgerWriter:
                 completed = []
                 actions += self.on_add_result(bookie, entry_id, status)
         return actions + self._completed(completed)
+
+    def on_add_ok(self, bookie: str, entry_ids: Sequence[int]) -> list[Action]:
+        """A bookie stored these entries durably: on_add_results with every status OK,
+        in one step (the hot path)."""
+        index = self._index_of(bookie)
+        if index is None or self.state not in _ACKING:
+            return []  # a replaced bookie's late acks, or the writer is done
+        return self._completed(self.tracker.on_acks(entry_ids, index))
 
     def on_add_result(self, bookie: str, entry_id: int, status: int | None) -> list[Action]:
         """A bookie answered an add (status None: it timed out or the connection broke).

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from bookie.launcher import BookieProcess
+from bookie.wire import add_results
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire import bookie_pb2_grpc as pb_grpc
 
@@ -63,7 +64,7 @@ class Client:
         reqs = [pb.AddRequest(entries=items[i : i + batch]) for i in range(0, len(items), batch)]
         out: dict[tuple[int, int], pb.AddResult] = {}
         for resp in self.stub.AddStream(iter(reqs), timeout=60):
-            for r in resp.results:
+            for r in add_results(resp):
                 out[(r.ledger_id, r.entry_id)] = r
         return out
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bookie.wire import add_results
 from bookie.wire import bookie_pb2 as pb
 from tests.bookie.conftest import Client, Cluster, entry, payload_of
 
@@ -132,7 +133,7 @@ def test_malformed_messages_are_bad_request(fuzz_target: tuple[Cluster, Client])
         "/streamlib.bookie.v1.Bookie/AddStream", response_deserializer=pb.AddResponse.FromString
     )
     (resp,) = list(stream(iter([garbage]), timeout=30))
-    assert resp.results[0].status == pb.BAD_REQUEST
+    assert add_results(resp)[0].status == pb.BAD_REQUEST
     assert_protected_intact(client)
 
 

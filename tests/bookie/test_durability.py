@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from bookie.failpoints import EXIT_CODE
+from bookie.wire import add_results
 from bookie.wire import bookie_pb2 as pb
 from tests.bookie.conftest import Cluster, entry, payload_of
 
@@ -48,7 +49,7 @@ def test_every_acknowledged_entry_reads_back_after_sigkill_during_adds(cluster: 
     def stream() -> None:
         try:
             for resp in client.stub.AddStream(requests(), timeout=120):
-                acked.extend(r.entry_id for r in resp.results if r.status == pb.OK)
+                acked.extend(r.entry_id for r in add_results(resp) if r.status == pb.OK)
                 if len(acked) >= 3000:
                     enough.set()
         except grpc.RpcError:

@@ -8,6 +8,7 @@ import signal
 import grpc
 import pytest
 
+from bookie.wire import add_results
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire import bookie_pb2_grpc as pb_grpc
 from streamlib.errors import LedgerFencedError, UnauthorizedError
@@ -35,7 +36,7 @@ def add_directly(bookie, ledger, entry_id, lac, length, payload, key):
     results = [
         r
         for resp in stub.AddStream(iter([pb.AddRequest(entries=[entry])]), timeout=30)
-        for r in resp.results
+        for r in add_results(resp)
     ]
     assert [r.status for r in results] == [pb.OK]
 
@@ -169,7 +170,7 @@ async def test_wrong_password_can_neither_write_nor_fence(cluster):
         results = [
             r
             for resp in stub.AddStream(iter([pb.AddRequest(entries=[add])]), timeout=30)
-            for r in resp.results
+            for r in add_results(resp)
         ]
         assert [r.status for r in results] == [pb.UNAUTHORIZED]
     # Nothing was fenced or overwritten: the writer goes on.

@@ -92,3 +92,38 @@ def test_completions_are_in_order_exactly_once_and_only_at_quorum(args):
         assert completed == list(range(len(completed)))
         assert tracker.last_add_confirmed == len(completed) - 1
     assert completed == list(range(count))  # every ack delivered: everything completes
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(1, 5).flatmap(
+        lambda e: st.tuples(
+            st.just(e),
+            st.integers(1, e).flatmap(lambda qw: st.tuples(st.just(qw), st.integers(1, qw))),
+            st.integers(1, 12),
+            st.randoms(use_true_random=False),
+        )
+    )
+)
+def test_bulk_acks_complete_exactly_what_single_acks_do(args):
+    """on_acks (one bookie's answer for many entries, the hot path) ends in the same
+    state and completes the same entries, in the same order, as one on_ack per entry."""
+    e, (qw, qa), count, rnd = args
+    single, bulk = AckTracker(qa), AckTracker(qa)
+    for entry in range(count):
+        single.add_pending(entry, write_set(entry, e, qw))
+        bulk.add_pending(entry, write_set(entry, e, qw))
+    answers = []  # (bookie, entries it answers in one response)
+    for _ in range(rnd.randrange(1, 4 * e + 1)):
+        ids = [i for i in range(count) if rnd.random() < 0.5]
+        rnd.shuffle(ids)
+        answers.append((rnd.randrange(e), ids))
+    done_single: list[int] = []
+    done_bulk: list[int] = []
+    for bookie, ids in answers:
+        for entry in ids:
+            done_single += single.on_ack(entry, bookie)
+        done_bulk += bulk.on_acks(ids, bookie)
+        assert done_bulk == done_single
+        assert bulk.last_add_confirmed == single.last_add_confirmed
+    assert bulk.pending_entry_ids() == single.pending_entry_ids()

@@ -53,3 +53,38 @@ def test_add_stream_carries_batches_with_flags_and_term():
     decoded = bookie_pb2.AddRequest.FromString(request.SerializeToString())
     assert [e.entry_id for e in decoded.entries] == [0, 1, 2]
     assert decoded.entries[0].flags == 3 and decoded.entries[0].term == 3
+
+
+def test_entries_serialized_once_make_the_same_add_request():
+    """The client serializes an entry once (shared prefix + body) and sends batches as
+    AddRequestFramed; a bookie must parse exactly the AddRequest it would get from
+    building the messages field by field."""
+    from streamlib.ledger.bookie_client import frame_add
+    from streamlib.ledger.codec import add_body, add_prefix
+    from streamlib.protocol.actions import EntryData, SendAdd
+
+    entries = tuple(EntryData(i, i - 1, 100 * (i + 1), b"p%d" % i, b"dg%d" % i) for i in range(3))
+    for flags, term in ((0, 0), (3, 7)):
+        action = SendAdd("b1", 42, entries, b"mk", flags, term)
+        expected = bookie_pb2.AddRequest(
+            entries=[
+                bookie_pb2.AddEntry(
+                    ledger_id=42,
+                    entry_id=e.entry_id,
+                    last_add_confirmed=e.last_add_confirmed,
+                    length=e.length,
+                    payload=e.payload,
+                    digest=e.digest,
+                    master_key=b"mk",
+                    flags=flags,
+                    term=term,
+                )
+                for e in entries
+            ]
+        )
+        framed = [add_prefix(action) + add_body(e) for e in entries]
+        wire = bookie_pb2.AddRequestFramed(entries=framed).SerializeToString()
+        assert bookie_pb2.AddRequest.FromString(wire) == expected
+        assert [frame_add(e) for e in expected.entries] == [
+            e.SerializeToString() for e in expected.entries
+        ]
