@@ -14,14 +14,31 @@ to the replacement: :meth:`AckTracker.replace_bookie` says which.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
 class PendingAdd:
     entry_id: int
     write_set: tuple[int, ...]
-    acked_by: set[int] = field(default_factory=set)
+    mask: int = 0  # bit i: the bookie at ensemble index i acked
+    acks: int = 0  # bits set in mask
+
+    @property
+    def acked_by(self) -> set[int]:
+        return {i for i in self.write_set if self.mask >> i & 1}
+
+    def ack(self, index: int) -> None:
+        bit = 1 << index
+        if not self.mask & bit:
+            self.mask |= bit
+            self.acks += 1
+
+    def unack(self, index: int) -> None:
+        bit = 1 << index
+        if self.mask & bit:
+            self.mask &= ~bit
+            self.acks -= 1
 
 
 class AckTracker:
@@ -86,8 +103,8 @@ class AckTracker:
         add = self._pending.get(entry_id)
         if add is None or bookie_index not in add.write_set:
             return []
-        add.acked_by.add(bookie_index)
-        if entry_id != self.last_add_confirmed + 1 or len(add.acked_by) < self.ack_quorum:
+        add.ack(bookie_index)
+        if entry_id != self.last_add_confirmed + 1 or add.acks < self.ack_quorum:
             return []  # nothing can complete before this entry's predecessor does
         return self._complete_in_order()
 
@@ -95,10 +112,12 @@ class AckTracker:
         """on_ack for many entries of one bookie at once (the same outcome as one call
         per entry in any order: completion only ever walks forward from the LAC)."""
         pending = self._pending
+        bit = 1 << bookie_index
         for entry_id in entry_ids:
             add = pending.get(entry_id)
-            if add is not None and bookie_index in add.write_set:
-                add.acked_by.add(bookie_index)
+            if add is not None and not add.mask & bit and bookie_index in add.write_set:
+                add.mask |= bit
+                add.acks += 1
         return self._complete_in_order()
 
     def release(self) -> list[int]:
@@ -107,15 +126,18 @@ class AckTracker:
         return self._complete_in_order()
 
     def _complete_in_order(self) -> list[int]:
-        done: list[int] = []
-        while not self.holding:
-            add = self._pending.get(self.last_add_confirmed + 1)
-            if add is None or len(add.acked_by) < self.ack_quorum:
-                return done
-            del self._pending[add.entry_id]
-            self.last_add_confirmed = add.entry_id
-            done.append(add.entry_id)
-        return done
+        if self.holding:
+            return []
+        pending, quorum = self._pending, self.ack_quorum
+        first = lac = self.last_add_confirmed
+        while True:
+            add = pending.get(lac + 1)
+            if add is None or add.acks < quorum:
+                break
+            lac += 1
+            del pending[lac]
+        self.last_add_confirmed = lac
+        return list(range(first + 1, lac + 1))
 
     def replace_bookie(self, bookie_index: int) -> list[int]:
         """The bookie at bookie_index was replaced: forget its acks on pending entries and
@@ -124,7 +146,7 @@ class AckTracker:
         for entry_id in sorted(self._pending):
             add = self._pending[entry_id]
             if bookie_index in add.write_set:
-                add.acked_by.discard(bookie_index)
+                add.unack(bookie_index)
                 resend.append(entry_id)
         return resend
 
