@@ -73,8 +73,10 @@ async def _fixed_rate(client: Client, args: argparse.Namespace) -> tuple[list[fl
 async def _catch_up(client: Client, args: argparse.Namespace) -> float:
     reader = await client.create_reader("bench-throughput", EARLIEST, receiver_queue_size=10_000)
     start = time.perf_counter()
+    size = 0
     for _ in range(args.messages):
-        await reader.read_next(timeout=60)
+        size += len((await reader.read_next(timeout=60)).data)  # a reader looks at data
+    assert size == args.messages * args.message_bytes
     elapsed = time.perf_counter() - start
     await reader.close()
     return args.messages / elapsed

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -29,11 +30,28 @@ class MessageDecodeError(StreamlibError):
     """An entry of a stream is not a message batch (written outside the stream API?)."""
 
 
+class _Entry:
+    """What the messages of one entry share."""
+
+    __slots__ = ("entry_id", "ledger_id", "previous", "stream")
+
+    def __init__(self, stream: str, ledger_id: int, entry_id: int, previous: MessageId) -> None:
+        self.stream = stream
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.previous = previous  # the position before the entry's first message
+
+
+_new_id = tuple.__new__
+
+
 class Message:
     """One message as consumers see it. Its fields are read from the entry's envelope
-    when first used, so reading many messages costs little until they are looked at."""
+    when first used, and its position is computed when asked for: reading many messages
+    costs little until they are looked at (catch-up reads create one per message)."""
 
-    __slots__ = ("_pb", "message_id", "previous", "redelivery_count", "stream")
+    # _prev and _redeliveries are set only when they differ from what the entry implies.
+    __slots__ = ("_entry", "_index", "_pb", "_prev", "_redeliveries")
 
     def __init__(
         self,
@@ -43,11 +61,42 @@ class Message:
         previous: MessageId = EARLIEST,
         redelivery_count: int = 0,
     ) -> None:
-        self.stream = stream
-        self.message_id = message_id
+        self._entry = _Entry(stream, message_id.ledger_id, message_id.entry_id, previous)
+        self._index = message_id.batch_index
         self._pb = envelope_message
-        self.previous = previous  # the message delivered before this one (cursor ranges)
-        self.redelivery_count = redelivery_count
+        self._prev = previous
+        self._redeliveries = redelivery_count
+
+    @property
+    def stream(self) -> str:
+        return self._entry.stream
+
+    @property
+    def message_id(self) -> MessageId:
+        entry = self._entry
+        return _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index))
+
+    @property
+    def previous(self) -> MessageId:
+        """The message delivered before this one (cursor ranges)."""
+        try:
+            return self._prev
+        except AttributeError:
+            entry = self._entry
+            if self._index == 0:
+                return entry.previous
+            return _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index - 1))
+
+    @previous.setter
+    def previous(self, value: MessageId) -> None:
+        self._prev = value
+
+    @property
+    def redelivery_count(self) -> int:
+        try:
+            return self._redeliveries
+        except AttributeError:
+            return 0
 
     @property
     def data(self) -> bytes:
@@ -92,12 +141,28 @@ def decode_entry(
         raise MessageDecodeError(
             f"stream {stream!r} ledger {ledger_id} entry {entry_id} is not a message batch"
         ) from error
-    messages = []
-    for index, m in enumerate(batch.messages):
-        position = MessageId(ledger_id, entry_id, index)
-        messages.append(Message(stream, position, m, previous))
-        previous = position
+    shared = _Entry(stream, ledger_id, entry_id, previous)
+    messages: list[Message] = []
+    append = messages.append
+    new = object.__new__
+    for index, m in enumerate(batch.messages):  # the hot loop of catch-up reads
+        message = new(Message)
+        message._entry = shared
+        message._index = index
+        message._pb = m
+        append(message)
     return messages
+
+
+FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
+READ_AHEAD = 3  # ranges in flight while one is consumed
+
+
+async def _cancel(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 class StreamScanner:
@@ -210,38 +275,37 @@ class StreamScanner:
         self, handle: ReadHandle, ledger_id: int, after: MessageId, previous: MessageId
     ) -> AsyncIterator[list[Message]]:
         next_entry = max(after.entry_id, 0) if after.ledger_id == ledger_id else 0
-        # One range of read-ahead: the bookies fetch the next range while this one is
-        # decoded and consumed.
-        ahead: tuple[int, asyncio.Task[list[EntryData] | None]] | None = None
+        # Read-ahead: READ_AHEAD ranges in flight while one is decoded and consumed. The
+        # first ranges are small so the first messages come soon; then they grow.
+        inflight: collections.deque[tuple[int, int, asyncio.Task[list[EntryData] | None]]]
+        inflight = collections.deque()
+        size = FIRST_READ_ENTRIES
         try:
             while True:
                 # Fragment retention may have dropped the start of an unbounded ledger.
                 next_entry = max(next_entry, handle.metadata.first_entry_id)
                 end = handle.last_entry_id
-                if next_entry > end:
+                fetch = inflight[-1][1] + 1 if inflight else next_entry
+                while len(inflight) < READ_AHEAD and fetch <= end:
+                    last = min(end, fetch + size - 1)
+                    read = asyncio.ensure_future(self._read(handle, fetch, last))
+                    inflight.append((fetch, last, read))
+                    fetch = last + 1
+                    size = min(2 * size, self.batch_entries)
+                if not inflight:
                     break
-                last = min(end, next_entry + self.batch_entries - 1)
-                if ahead is not None and ahead[0] == next_entry:
-                    entries = await ahead[1]
-                else:
-                    entries = await self._read(handle, next_entry, last)
-                ahead = None
-                if entries is None:
-                    continue  # dropped meanwhile: on from the new first entry
-                if last < end:
-                    following = min(end, last + self.batch_entries)
-                    ahead = (
-                        last + 1,
-                        asyncio.ensure_future(self._read(handle, last + 1, following)),
-                    )
+                _, last, read = inflight.popleft()
+                entries = await read
+                if entries is None:  # dropped meanwhile: on from the new first entry
+                    await _cancel(task for _, _, task in inflight)
+                    inflight.clear()
+                    continue
                 for batch in self._decode(entries, ledger_id, after, previous):
                     previous = batch[-1].message_id
                     yield batch
                 next_entry = last + 1
         finally:
-            if ahead is not None:
-                ahead[1].cancel()
-                await asyncio.gather(ahead[1], return_exceptions=True)
+            await _cancel(task for _, _, task in inflight)
         async for batch in self._tail(handle, ledger_id, next_entry, after, previous):
             yield batch
 
@@ -330,7 +394,7 @@ class Reader:
         )
         self._buffer: collections.deque[Message] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._last: MessageId = scanner.start_after
+        self._last: MessageId | Message = scanner.start_after  # the last read (or start)
         self.stream = scanner.name
 
     def _start(self) -> None:
@@ -356,14 +420,14 @@ class Reader:
                 raise item
             self._buffer.extend(item)
         message = self._buffer.popleft()
-        self._last = message.message_id
+        self._last = message  # its position is computed only if asked for
         return message
 
     async def has_message_available(self) -> bool:
         if self._buffer or not self._queue.empty():
             return True
         end = await self._scanner.end_position()
-        last = self._last
+        last = self._last if isinstance(self._last, MessageId) else self._last.message_id
         if last == LATEST:
             return False
         return end != EARLIEST and (end.ledger_id, end.entry_id) > (last.ledger_id, last.entry_id)
