@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from metadata.schemas import StreamMode
 from streamlib.commands.common import (
     Subparsers,
     add_common,
@@ -150,6 +151,17 @@ async def _delete(client: Client, args: argparse.Namespace) -> int:
 
 
 async def _trim(client: Client, args: argparse.Namespace) -> int:
+    md, _ = await client.streams.read(args.stream)
+    if md.mode == StreamMode.UNBOUNDED:  # one ledger: retention drops its fragments
+        with progress(f"trimming {args.stream}", None, enabled=not args.json):
+            dropped = await client.streams.trim_fragments(args.stream)
+        if args.json:
+            print_json({"stream": args.stream, "dropped_fragments_starting_at": dropped})
+        elif dropped:
+            print(f"trimmed {args.stream!r}: dropped {len(dropped)} fragments of its ledger")
+        else:
+            print(f"trimmed {args.stream!r}: nothing to drop under its retention policy")
+        return 0
     with progress(f"trimming {args.stream}", None, enabled=not args.json):
         deleted = await client.streams.trim(args.stream)
     if args.json:
