@@ -109,7 +109,11 @@ class LedgerStorage:
         self._states: dict[int, LedgerState] = {}
         self._dirty: set[int] = set()
         self._pending_truncates: dict[int, int] = {}
-        self._persisting: dict[int, asyncio.Future[None]] = {}  # state writes in flight
+        # Ledger-state changes that fences and term reads wait for: counted in memory,
+        # counted again once durable; one persist in flight per ledger.
+        self._state_changes: dict[int, int] = {}
+        self._durable_changes: dict[int, int] = {}
+        self._persisting: dict[int, asyncio.Future[None]] = {}
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._applied = JournalPosition(0, 0)
         self._mark: JournalPosition | None = None
@@ -224,22 +228,31 @@ class LedgerStorage:
         return st
 
     async def _settle_state(self, ledger_id: int, changed: bool) -> None:
-        """Wait for the adds checked before a state change, then make the state durable.
-        A caller that changed nothing still waits for a change in flight (a concurrent
-        fence of the same ledger must not be answered before it is durable)."""
-        await self.journal.barrier()
+        """Wait for the adds checked before a state change, then make the state durable;
+        return only once every change made so far is on disk. One persist runs at a time
+        per ledger, shielded from the callers (a read cancelled by its deadline does not
+        cancel it), and a persist that failed is retried by the next caller: a fence is
+        never answered while it lives in memory only."""
         if changed:
-            persisting = asyncio.ensure_future(self._persist_state(ledger_id))
-            self._persisting[ledger_id] = persisting
-            try:
-                await persisting
-            finally:
-                if self._persisting.get(ledger_id) is persisting:
-                    del self._persisting[ledger_id]
-            return
-        pending = self._persisting.get(ledger_id)
-        if pending is not None:
-            await asyncio.shield(pending)
+            self._state_changes[ledger_id] = self._state_changes.get(ledger_id, 0) + 1
+        while True:
+            task = self._persisting.get(ledger_id)
+            if task is None:
+                if self._state_changes.get(ledger_id, 0) <= self._durable_changes.get(ledger_id, 0):
+                    await self.journal.barrier()
+                    return
+                task = asyncio.ensure_future(self._barrier_and_persist(ledger_id))
+                self._persisting[ledger_id] = task
+            await asyncio.shield(task)
+
+    async def _barrier_and_persist(self, ledger_id: int) -> None:
+        try:
+            await self.journal.barrier()
+            changes = self._state_changes.get(ledger_id, 0)
+            await self._persist_state(ledger_id)
+            self._durable_changes[ledger_id] = max(changes, self._durable_changes.get(ledger_id, 0))
+        finally:
+            del self._persisting[ledger_id]
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac: int, term: int) -> None:
         st, _ = self._checked_state(ledger_id, master_key, term, create=True)
@@ -470,6 +483,8 @@ class LedgerStorage:
             for lid in gone:
                 self._drop_cached(lid)
                 self._states.pop(lid, None)
+                self._state_changes.pop(lid, None)
+                self._durable_changes.pop(lid, None)
                 self._dirty.discard(lid)
                 self._wake(lid)
                 await asyncio.to_thread(self.index.delete_ledger, lid)

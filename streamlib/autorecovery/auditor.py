@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from bookie.wire import bookie_pb2 as pb
+from metadata.errors import MetadataError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
 from metadata.services.bookies import BookieRegistry
 from metadata.services.underreplication import UnderReplicationManager
@@ -139,7 +140,7 @@ class Auditor:
         for name in await streams.list():
             try:
                 deleted = await streams.trim(name)
-            except StreamlibError as exc:
+            except (StreamlibError, MetadataError) as exc:
                 log.warning("retention of stream %s failed: %s", name, exc)
                 continue
             if deleted:

@@ -197,14 +197,28 @@ class BookieClient:
             log.exception("bookie %s: add results handler failed", self.bookie_id)
 
     def _fail_all(self) -> None:
-        pending = [(k[0], k[1], None) for k in self._handlers]
-        pending += [(k[0], k[1], None) for k, q in self._more.items() for _ in q]
+        """Answer None to every add waiting on this stream. The maps are swapped out
+        first: a handler may add again at once (a recovery's retry), and that add must
+        survive into the next stream."""
+        handlers, more = self._handlers, self._more
+        self._handlers, self._more = {}, {}
         self._batches.clear()
         self._outbox.clear()
         self._outbox_bytes = 0
-        self._dispatch(pending)
-        self._handlers.clear()
-        self._more.clear()
+        groups: dict[AddHandler, list[tuple[int, int | None]]] = {}
+        for (_, entry_id), handler in handlers.items():
+            groups.setdefault(handler, []).append((entry_id, None))
+        for (_, entry_id), queued in more.items():
+            for handler in queued:
+                groups.setdefault(handler, []).append((entry_id, None))
+        for handler, results in groups.items():
+            self._answer(handler, results)
+
+    def _ensure_stream(self) -> None:
+        """Start a stream for adds queued while the previous one was ending."""
+        idle = self._stream_task is None or self._stream_task.done()
+        if self._outbox and not self._closed and idle:
+            self._stream_task = asyncio.get_running_loop().create_task(self._run_stream())
 
     async def _run_stream(self) -> None:
         call = self._add_stream()
@@ -225,10 +239,12 @@ class BookieClient:
         sender = asyncio.get_running_loop().create_task(send())
         try:
             async for response in call:
-                if response.results:
-                    self._dispatch([(r.ledger_id, r.entry_id, r.status) for r in response.results])
+                # Durable OKs first: one message may merge answers the bookie sent apart,
+                # and an OK is never made wrong by a later error (the fence waits for it).
                 for ok in response.ok:
                     self._dispatch_ok(ok.ledger_id, ok.entry_ids)
+                if response.results:
+                    self._dispatch([(r.ledger_id, r.entry_id, r.status) for r in response.results])
         except (grpc.aio.AioRpcError, asyncio.CancelledError, grpc.aio.UsageError):
             pass
         finally:
@@ -238,6 +254,8 @@ class BookieClient:
                 self.stats.stream_failures += 1
             # Everything not answered on this stream is unknown now.
             self._fail_all()
+            if self._outbox and not self._closed:  # added while we were answering
+                asyncio.get_running_loop().call_soon(self._ensure_stream)
 
     def _take_batch(self) -> tuple[list[bytes], list[bytes]]:
         limit_n, limit_b = self.config.max_batch_entries, self.config.max_batch_bytes

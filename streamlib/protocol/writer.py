@@ -419,6 +419,8 @@ class LedgerWriter:
                     LedgerFencedError(f"ledger {self.ledger_id} is {metadata.state.value}")
                 )
             actions = self._adopt(metadata, version)
+            if self._planned:  # a fragment roll: try again on the fresh metadata
+                return [*actions, self._ensemble_change_cas()]
             # Slots someone else already changed need no replacement from us.
             self._changing = {i: b for i, b in self._changing.items() if i in self._failed}
             if not self._changing:

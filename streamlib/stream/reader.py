@@ -279,7 +279,7 @@ class StreamScanner:
         # first ranges are small so the first messages come soon; then they grow.
         inflight: collections.deque[tuple[int, int, asyncio.Task[list[EntryData] | None]]]
         inflight = collections.deque()
-        size = FIRST_READ_ENTRIES
+        size = min(FIRST_READ_ENTRIES, self.batch_entries)
         try:
             while True:
                 # Fragment retention may have dropped the start of an unbounded ledger.

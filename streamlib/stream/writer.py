@@ -78,6 +78,7 @@ class StreamWriter:
         self._roll_deadline: int | None = None
         self._rolling: asyncio.Task[None] | None = None
         self._age_checks: asyncio.Task[None] | None = None  # idle streams roll by age too
+        self._closing = False
         self._pending: collections.deque[_Pending] = collections.deque()
         self._fenced: StreamlibError | None = None
         self._rnd = random.Random()
@@ -306,6 +307,8 @@ class StreamWriter:
         handle = self._current
         if handle is None or self._rolling is not None or self._fenced is not None:
             return
+        if self._closing:
+            return
         if handle.metadata.unbounded:
             self._maybe_roll_fragment(handle)
             return
@@ -314,17 +317,17 @@ class StreamWriter:
             await self.roll()
 
     def _start_age_checks(self) -> None:
-        if self._policy.max_age_ms > 0 and self._age_checks is None:
+        if self._policy.max_age_ms > 0 and self._age_checks is None and not self._closing:
             self._age_checks = asyncio.get_running_loop().create_task(self._check_age_loop())
 
     async def _check_age_loop(self) -> None:
         # A timer, not synchronisation: age is the one roll trigger no append brings.
         period = min(60.0, max(0.05, self._policy.max_age_ms / 4000))
-        while self._fenced is None:
+        while self._fenced is None and not self._closing:
             await asyncio.sleep(period)
             try:
                 await self.check_age()
-            except StreamlibError as error:
+            except Exception as error:  # a metadata hiccup: try again next period
                 log.warning("stream %s: age check failed: %s", self.name, error)
 
     # -- closing ------------------------------------------------------------------------
@@ -335,6 +338,7 @@ class StreamWriter:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def close(self) -> None:
+        self._closing = True
         if self._age_checks is not None:
             self._age_checks.cancel()
             await asyncio.gather(self._age_checks, return_exceptions=True)

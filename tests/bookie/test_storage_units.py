@@ -236,3 +236,38 @@ async def test_gc_deletes_entries_below_the_first_listed_entry(tmp_path: Path) -
     with pytest.raises(NoSuchEntryError):
         s.read_entry(3, 11)
     await s.close()
+
+
+async def test_a_fence_whose_read_was_cancelled_is_still_made_durable_before_any_answer(
+    tmp_path: Path,
+) -> None:
+    """A fencing read cancelled while it waits (its deadline passed) must not leave the
+    fence in memory only: the next fencing read waits until it is on disk."""
+    import asyncio
+    import threading
+
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    await submit(s, [stored(8, 0)])
+    release = threading.Event()
+    write = s.journal._write
+
+    def slow_write(records: list[bytes]):  # type: ignore[no-untyped-def]
+        assert release.wait(30)
+        return write(records)
+
+    s.journal._write = slow_write  # type: ignore[method-assign]
+    item = cached_entry(stored(8, 1))
+    s.check_add(item[0], read_only=False)
+    s.submit([item], [item[1], item[2]], 0)
+    first = asyncio.ensure_future(s.fence(8, b"key"))
+    await asyncio.sleep(0.05)
+    first.cancel()  # the read's deadline: the fence is set in memory, not yet on disk
+    await asyncio.gather(first, return_exceptions=True)
+    release.set()  # the journal catches up; nothing else is queued
+    st = await asyncio.wait_for(s.fence(8, b"key"), 30)
+    stored_state = s.index.get_state(8)
+    assert st.fenced and stored_state is not None and stored_state.fenced, (
+        "a fence was answered while it was only in memory"
+    )
+    await s.close()

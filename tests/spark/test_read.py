@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from tests.spark.conftest import create_stream, publish
+from streamlib.client import Client
+from tests.spark.conftest import create_stream, publish, run
 
 
 def _read(spark: SparkSession, uri: str, stream: str, **options: str):
@@ -102,3 +103,40 @@ def test_max_messages_per_trigger_splits_batches(
         maxMessagesPerTrigger="30",
     )
     assert batches == [30, 30, 30, 10]
+
+
+def test_unbounded_streams_read_without_no_ops_and_from_the_first_retained_entry(
+    spark: SparkSession, uri: str
+) -> None:
+    # One ledger, rolled by fragments; every publish() is a takeover by term, which seals
+    # the old term with a TRUNCATE no-op entry: Spark must never show those.
+    run(uri, lambda client: client.streams.create(
+        "one-ledger-spark", 3, 2, 2, mode="unbounded", rollover={"max_entries": 3}))  # fmt: skip
+    values = [f"u{i}".encode() for i in range(60)]
+    ids = []
+    for part in range(3):
+        ids += publish(uri, "one-ledger-spark", values[20 * part : 20 * (part + 1)])
+    assert len({i.ledger_id for i in ids}) == 1
+    rows = _read(spark, uri, "one-ledger-spark", entriesPerPartition="4").collect()
+    rows.sort(key=lambda r: (r.entry_id, r.batch_index))
+    assert [bytes(r.value) for r in rows] == values
+    assert [(r.ledger_id, r.entry_id, r.batch_index) for r in rows] == [tuple(i) for i in ids]
+
+    # With retention, fragments go; Spark reads from the ledger's first retained entry,
+    # exactly what a reader from EARLIEST sees.
+    run(uri, lambda client: client.streams.create(
+        "trimmed-spark", 3, 2, 2, mode="unbounded", rollover={"max_entries": 3},
+        retention={"size_bytes": 300}))  # fmt: skip
+    published = publish(uri, "trimmed-spark", values)
+    run(uri, lambda client: client.streams.trim("trimmed-spark"))
+
+    async def first_entry(client: Client) -> int:
+        return (await client.ledgers.metadata(published[0].ledger_id)).first_entry_id
+
+    first = run(uri, first_entry)
+    assert first > 0
+    kept = [v for v, i in zip(values, published, strict=True) if i.entry_id >= first]
+    assert 0 < len(kept) < len(values)
+    rows = _read(spark, uri, "trimmed-spark").collect()
+    rows.sort(key=lambda r: (r.entry_id, r.batch_index))
+    assert [bytes(r.value) for r in rows] == kept
