@@ -127,7 +127,9 @@ def test_unbounded_streams_read_without_no_ops_and_from_the_first_retained_entry
     run(uri, lambda client: client.streams.create(
         "trimmed-spark", 3, 2, 2, mode="unbounded", rollover={"max_entries": 3},
         retention={"size_bytes": 300}))  # fmt: skip
-    published = publish(uri, "trimmed-spark", values)
+    published = []
+    for part in range(6):  # a fragment rolls from the LAC on: give it a few to roll from
+        published += publish(uri, "trimmed-spark", values[10 * part : 10 * (part + 1)])
     run(uri, lambda client: client.streams.trim("trimmed-spark"))
 
     async def first_entry(client: Client) -> int:
