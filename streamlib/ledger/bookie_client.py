@@ -137,43 +137,36 @@ class BookieClient:
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep())
 
+    def _take(self, key: tuple[int, int]) -> AddHandler | None:
+        """The handler waiting for key's answer, no longer waiting (None: answered
+        already, by a timeout, or never asked); the next one in line, if any, moves up."""
+        handler = self._handlers.pop(key, None)
+        if handler is not None and self._more:
+            queued = self._more.get(key)
+            if queued:
+                self._handlers[key] = queued.popleft()
+                if not queued:
+                    del self._more[key]
+        return handler
+
     def _dispatch(self, answers: Sequence[tuple[int, int, int | None]]) -> None:
         """Hand (ledger, entry, status) answers to their handlers, one call per handler."""
         groups: dict[AddHandler, list[tuple[int, int | None]]] = {}
-        handlers, more = self._handlers, self._more
         for ledger_id, entry_id, status in answers:
-            key = (ledger_id, entry_id)
-            handler = handlers.pop(key, None)
-            if handler is None:
-                continue  # answered already (timed out), or never asked
-            queued = more.get(key)
-            if queued:
-                handlers[key] = queued.popleft()
-                if not queued:
-                    del more[key]
-            group = groups.get(handler)
-            if group is None:
-                groups[handler] = [(entry_id, status)]
-            else:
-                group.append((entry_id, status))
+            handler = self._take((ledger_id, entry_id))
+            if handler is not None:
+                groups.setdefault(handler, []).append((entry_id, status))
         for handler, results in groups.items():
             self._answer(handler, results)
 
     def _dispatch_ok(self, ledger_id: int, entry_ids: Sequence[int]) -> None:
         """Hand the ids of entries stored durably to their handlers (the hot path)."""
         groups: dict[AddHandler, list[int]] = {}
-        handlers, more = self._handlers, self._more
+        take = self._take
         for entry_id in entry_ids:
-            key = (ledger_id, entry_id)
-            handler = handlers.pop(key, None)
+            handler = take((ledger_id, entry_id))
             if handler is None:
-                continue  # answered already (timed out), or never asked
-            if more:
-                queued = more.get(key)
-                if queued:
-                    handlers[key] = queued.popleft()
-                    if not queued:
-                        del more[key]
+                continue
             group = groups.get(handler)
             if group is None:
                 groups[handler] = [entry_id]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -164,16 +166,14 @@ def test_write_all_writes_every_buffer_in_order(tmp_path: Path) -> None:
     assert path.read_bytes() == b"".join(buffers)
 
 
-async def _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path: Path, change: str) -> None:
-    """An add accepted before a fence (or a term change) but not yet durable must be
-    readable when the fencing read is answered: recovery reads right after, and the add
-    is acknowledged as soon as its journal write ends."""
-    import asyncio
-    import threading
-
+async def _storage_with_an_add_on_its_way_to_disk(
+    tmp_path: Path, ledger: int
+) -> tuple[LedgerStorage, threading.Event, asyncio.Future[object]]:
+    """A storage whose journal write blocks until the event is set, with entry 1 of
+    `ledger` accepted (checked) and submitted, not yet durable; entry 0 is durable."""
     s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
     await s.start()
-    await submit(s, [stored(7, 0)])  # the ledger exists here
+    await submit(s, [stored(ledger, 0)])  # the ledger exists here
     release = threading.Event()
     write = s.journal._write
 
@@ -182,10 +182,18 @@ async def _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path: Path, cha
         return write(records)
 
     s.journal._write = slow_write  # type: ignore[method-assign]
-    item = cached_entry(stored(7, 1))
-    s.check_add(item[0], read_only=False)  # accepted: checked before the fence
+    item = cached_entry(stored(ledger, 1))
+    s.check_add(item[0], read_only=False)  # accepted: checked before any fence
     durable = s.submit([item], [item[1], item[2]], 0)
-    await asyncio.sleep(0)  # the journal writer has taken the group
+    await asyncio.sleep(0)  # the journal writer may take the group
+    return s, release, durable  # type: ignore[return-value]
+
+
+async def _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path: Path, change: str) -> None:
+    """An add accepted before a fence (or a term change) but not yet durable must be
+    readable when the fencing read is answered: recovery reads right after, and the add
+    is acknowledged as soon as its journal write ends."""
+    s, release, durable = await _storage_with_an_add_on_its_way_to_disk(tmp_path, 7)
     if change == "fence":
         settling = asyncio.ensure_future(s.fence(7, b"key"))
     else:
@@ -243,23 +251,7 @@ async def test_a_fence_whose_read_was_cancelled_is_still_made_durable_before_any
 ) -> None:
     """A fencing read cancelled while it waits (its deadline passed) must not leave the
     fence in memory only: the next fencing read waits until it is on disk."""
-    import asyncio
-    import threading
-
-    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
-    await s.start()
-    await submit(s, [stored(8, 0)])
-    release = threading.Event()
-    write = s.journal._write
-
-    def slow_write(records: list[bytes]):  # type: ignore[no-untyped-def]
-        assert release.wait(30)
-        return write(records)
-
-    s.journal._write = slow_write  # type: ignore[method-assign]
-    item = cached_entry(stored(8, 1))
-    s.check_add(item[0], read_only=False)
-    s.submit([item], [item[1], item[2]], 0)
+    s, release, _ = await _storage_with_an_add_on_its_way_to_disk(tmp_path, 8)
     first = asyncio.ensure_future(s.fence(8, b"key"))
     await asyncio.sleep(0.05)
     first.cancel()  # the read's deadline: the fence is set in memory, not yet on disk

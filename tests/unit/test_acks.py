@@ -58,17 +58,19 @@ def test_fail_all_drops_pending():
     assert tracker.pending_count == 0
 
 
-@settings(max_examples=300)
-@given(
-    st.integers(1, 5).flatmap(
-        lambda e: st.tuples(
-            st.just(e),
-            st.integers(1, e).flatmap(lambda qw: st.tuples(st.just(qw), st.integers(1, qw))),
-            st.integers(1, 12),
-            st.randoms(use_true_random=False),
-        )
+# (E, (Qw, Qa), entry count, rnd) for any valid E <= 5.
+LEDGERS = st.integers(1, 5).flatmap(
+    lambda e: st.tuples(
+        st.just(e),
+        st.integers(1, e).flatmap(lambda qw: st.tuples(st.just(qw), st.integers(1, qw))),
+        st.integers(1, 12),
+        st.randoms(use_true_random=False),
     )
 )
+
+
+@settings(max_examples=300)
+@given(LEDGERS)
 def test_completions_are_in_order_exactly_once_and_only_at_quorum(args):
     e, (qw, qa), count, rnd = args
     tracker = AckTracker(qa)
@@ -95,16 +97,7 @@ def test_completions_are_in_order_exactly_once_and_only_at_quorum(args):
 
 
 @settings(max_examples=300)
-@given(
-    st.integers(1, 5).flatmap(
-        lambda e: st.tuples(
-            st.just(e),
-            st.integers(1, e).flatmap(lambda qw: st.tuples(st.just(qw), st.integers(1, qw))),
-            st.integers(1, 12),
-            st.randoms(use_true_random=False),
-        )
-    )
-)
+@given(LEDGERS)
 def test_bulk_acks_complete_exactly_what_single_acks_do(args):
     """on_acks (one bookie's answer for many entries, the hot path) ends in the same
     state and completes the same entries, in the same order, as one on_ack per entry."""
