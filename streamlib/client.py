@@ -109,6 +109,7 @@ class Client:
             start = EARLIEST if initial_position == "earliest" else await scanner.end_position()
             acks = AckRanges(start)
             version = await registry.write_cursor(stream, subscription, ranges_to_state(acks))
+            await registry.cursor_moved_back(stream)  # retention must now see this cursor
         else:
             acks, version = ranges_from_state(stored[0]), stored[1]
         consumer = Consumer(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 
 from metadata.errors import (
+    BadVersionError,
     InvalidValueError,
     NodeExistsError,
     NoNodeError,
@@ -55,6 +56,17 @@ class StreamRegistry(Service):
             return await self.store.set(self.stream_path(name), encode(md), version=version)
         except NoNodeError:
             raise NoSuchStreamError(f"stream {name} does not exist") from None
+
+    async def cursor_moved_back(self, name: str) -> None:
+        """Call after a cursor was created or moved back (a seek, a reset): moves the
+        stream node's version, so a retention plan made from older cursor positions
+        fails its CAS (or its version check) and is made again. A conflict means the
+        version moved anyway."""
+        try:
+            md, version = await self.read(name)
+            await self.write(name, md, version)
+        except BadVersionError:
+            pass
 
     async def delete(self, name: str, version: int = -1) -> None:
         """Delete the stream and its cursors (not its ledgers: the caller deletes those)."""

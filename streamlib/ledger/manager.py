@@ -6,9 +6,11 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 
-from metadata.errors import BadVersionError
+from metadata.errors import BadVersionError, NoNodeError, TransactionError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
+from metadata.schemas import encode
 from metadata.services.ledger_ids import LedgerIdGenerator
+from metadata.store import CheckVersion, Op, Set
 from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
 from streamlib.ledger.driver import Context, Driver
 from streamlib.ledger.handles import ReadHandle, WriteHandle
@@ -190,12 +192,20 @@ class LedgerManager:
         raise RecoveryAbortedError(f"ledger {ledger_id}: no takeover in {attempts} attempts")
 
     async def drop_fragments(
-        self, ledger_id: int, plan: Callable[[LedgerMetadata], int], *, attempts: int = 10
+        self,
+        ledger_id: int,
+        plan: Callable[[LedgerMetadata], int],
+        *,
+        guard: tuple[str, int] | None = None,
+        attempts: int = 10,
     ) -> list[int]:
         """Fragment retention: drop the leading fragments ``plan(metadata)`` counts, by
         CAS (re-planned on the fresh metadata after a conflict, e.g. a writer's fragment
-        roll). Returns the first entry ids of the dropped fragments; bookies delete those
+        roll). With ``guard`` (a metadata path and version) the CAS is one transaction
+        with a check that the path is still at that version; BadVersionError if not.
+        Returns the first entry ids of the dropped fragments; bookies delete those
         entries in their garbage collection, once the metadata no longer lists them."""
+        ledgers = self._context.ledgers
         for _ in range(attempts):
             metadata, version = await self._read(ledger_id)
             if metadata.state is LedgerState.IN_RECOVERY:
@@ -203,13 +213,20 @@ class LedgerManager:
             count = plan(metadata)
             if count <= 0:
                 return []
-            trimmed = metadata.with_fragments_dropped(count)
+            data = encode(metadata_to_pb(metadata.with_fragments_dropped(count)))
+            ops: list[Op] = [Set(ledgers.ledger_path(ledger_id), data, version)]
+            if guard is not None:
+                ops.insert(0, CheckVersion(*guard))
             try:
-                await self._context.ledgers.write(ledger_id, metadata_to_pb(trimmed), version)
-            except BadVersionError:
-                continue
-            except MetadataNoSuchLedger:
-                raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+                await ledgers.store.transaction(ops)
+            except TransactionError as failed:
+                if failed.index == 0 and guard is not None:
+                    raise BadVersionError(f"{guard[0]} moved on") from None
+                if isinstance(failed.cause, BadVersionError):
+                    continue
+                if isinstance(failed.cause, NoNodeError):
+                    raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+                raise
             return [f.first_entry_id for f in metadata.fragments[:count]]
         return []
 

@@ -151,6 +151,7 @@ class StreamManager:
         await self.registry.write_cursor(
             name, subscription, state, stored[1] if stored is not None else None
         )
+        await self.registry.cursor_moved_back(name)  # retention must now see it
 
     # -- stats --------------------------------------------------------------------------
 
@@ -231,31 +232,45 @@ class StreamManager:
         its ledger that every durable cursor has consumed and retention no longer keeps,
         by CAS of the ledger's metadata. Returns the first entry ids of the dropped
         fragments (bookies delete their entries in their next garbage collection)."""
-        md, _ = await self.read(name)
-        if md.mode != StreamMode.UNBOUNDED:
-            raise BadRequestError(f"stream {name!r} is not unbounded: trim() drops its ledgers")
-        if not md.ledgers:
-            return []
-        policy = RetentionPolicy(md.retention.time_ms, md.retention.size_bytes)
-        if policy.time_ms <= 0 and policy.size_bytes <= 0:
-            return []
-        ledger_id = md.ledgers[0].ledger_id
-        cursors = (await self.cursors(name)).values()
-        # A cursor on another ledger (none, in one-ledger streams) or at EARLIEST needs all.
-        marks = [m.entry_id if m.ledger_id == ledger_id else -1 for m in cursors]
-        at = now_ms() if now is None else now
+        for _ in range(10):
+            # The stream's version is read BEFORE the cursors and checked in the same
+            # transaction as the drop: a cursor created or moved back meanwhile moves it
+            # (cursor_moved_back), and the plan is made again.
+            md, version = await self.read(name)
+            if md.mode != StreamMode.UNBOUNDED:
+                raise BadRequestError(f"stream {name!r} is not unbounded: trim() drops ledgers")
+            if not md.ledgers:
+                return []
+            policy = RetentionPolicy(md.retention.time_ms, md.retention.size_bytes)
+            if policy.time_ms <= 0 and policy.size_bytes <= 0:
+                return []
+            ledger_id = md.ledgers[0].ledger_id
+            cursors = (await self.cursors(name)).values()
+            # A cursor on another ledger (none in one-ledger streams) or at EARLIEST needs
+            # everything.
+            marks = [m.entry_id if m.ledger_id == ledger_id else -1 for m in cursors]
+            at = now_ms() if now is None else now
 
-        def plan(ledger: LedgerMetadata) -> int:
-            spans = [
-                FragmentSpan(f.first_entry_id, f.created_time_ms, f.start_length)
-                for f in ledger.fragments
-            ]
-            return fragment_retention_plan(spans, marks, policy, at)
+            def plan(
+                ledger: LedgerMetadata,
+                marks: list[int] = marks,
+                at: int = at,
+                policy: RetentionPolicy = policy,
+            ) -> int:
+                spans = [
+                    FragmentSpan(f.first_entry_id, f.created_time_ms, f.start_length)
+                    for f in ledger.fragments
+                ]
+                return fragment_retention_plan(spans, marks, policy, at)
 
-        try:
-            return await self._ledgers.drop_fragments(ledger_id, plan)
-        except NoSuchLedgerError:
-            return []
+            guard = (self.registry.stream_path(name), version)
+            try:
+                return await self._ledgers.drop_fragments(ledger_id, plan, guard=guard)
+            except NoSuchLedgerError:
+                return []
+            except BadVersionError:
+                continue  # a cursor moved back, or the stream changed: plan again
+        return []
 
     async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
         """Delete ledgers tagged as belonging to a stream that no stream's list holds

@@ -254,6 +254,7 @@ class Consumer:
         self._redeliver = asyncio.Queue()
         self._dirty = True
         await self.persist()
+        await self._registry.cursor_moved_back(self.stream)  # retention must see it now
 
     async def unsubscribe(self) -> None:
         """Delete the subscription (its cursor) and close."""

@@ -290,3 +290,38 @@ async def test_message_ids_serialise_and_the_reader_starts_after_one(cluster):
     assert (await reader.read_next(timeout=30)).data == b"2"
     reader2 = await client.create_reader("ids", str(ids[2]))
     assert (await reader2.read_next(timeout=30)).data == b"3"
+
+
+async def test_a_cursor_moved_back_while_retention_plans_is_respected(cluster, monkeypatch):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("racy", rollover={"max_entries": 2}, retention={"time_ms": 1})
+    consumer = await client.subscribe("racy", "s", initial_position="earliest")
+    producer = await client.create_producer("racy", batching_max_publish_delay_ms=0)
+    sent = [await producer.send(b"%d" % i) for i in range(9)]
+    await producer.close()
+    for _ in sent:
+        consumer.acknowledge(await consumer.receive(timeout=30))
+    await consumer.close()  # persists: everything consumed, all but the current deletable
+    md, _ = await client.streams.read("racy")
+    before = [info.ledger_id for info in md.ledgers]
+    assert len(before) >= 3
+    # The interleaving under test: retention reads the cursors (all at the end), then an
+    # admin moves the cursor back to EARLIEST before retention's CAS.
+    manager = client.streams
+    read_cursors = type(manager).cursors
+
+    async def cursors_then_reset(self, name):
+        found = await read_cursors(self, name)
+        if not getattr(self, "_reset_done", False):
+            self._reset_done = True
+            await manager.reset_cursor(name, "s", EARLIEST)
+        return found
+
+    monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)
+    far_future = int(time.time() * 1000) + 10**9
+    assert await manager.trim("racy", now=far_future) == []  # planned again: nothing goes
+    md, _ = await client.streams.read("racy")
+    assert [info.ledger_id for info in md.ledgers] == before
+    again = await client.subscribe("racy", "s")
+    assert [(await again.receive(timeout=30)).data for _ in sent] == [b"%d" % i for i in range(9)]

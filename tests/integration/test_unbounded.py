@@ -1,8 +1,11 @@
 """Unbounded ledgers (term mode) on real bookies: takeover ping-pong between two writers."""
 
+import time
+
 import pytest
 
 from streamlib.errors import BadRequestError, InvalidTermError
+from streamlib.stream.positions import EARLIEST
 
 
 async def test_takeover_ping_pong_loses_and_duplicates_nothing(any_cluster):
@@ -142,3 +145,38 @@ async def test_retention_bounds_the_fragment_list_of_a_long_running_unbounded_st
     while await reader.has_message_available():
         tail.append((await reader.read_next(timeout=30)).data)
     assert tail and tail == sent[-len(tail) :]
+
+
+async def test_a_cursor_moved_back_while_fragment_retention_plans_is_respected(
+    cluster, monkeypatch
+):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("racy-one", 3, 2, 2, mode="unbounded",
+                                rollover={"max_entries": 2}, retention={"time_ms": 1})  # fmt: skip
+    consumer = await client.subscribe("racy-one", "s", initial_position="earliest")
+    sent = []
+    for _ in range(4):  # takeovers between rounds: fragments roll from an advanced LAC
+        producer = await client.create_producer("racy-one", batching_max_publish_delay_ms=0)
+        sent += [await producer.send(b"%d" % len(sent)) for _ in range(3)]
+        await producer.close()
+    for _ in sent:
+        consumer.acknowledge(await consumer.receive(timeout=30))
+    await consumer.close()
+    ledger_id = sent[0].ledger_id
+    fragments = (await client.ledgers.metadata(ledger_id)).fragments
+    assert len(fragments) >= 3
+    manager = client.streams
+    read_cursors = type(manager).cursors
+
+    async def cursors_then_reset(self, name):
+        found = await read_cursors(self, name)
+        if not getattr(self, "_reset_done", False):
+            self._reset_done = True
+            await manager.reset_cursor(name, "s", EARLIEST)
+        return found
+
+    monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)
+    far_future = int(time.time() * 1000) + 10**9
+    assert await manager.trim_fragments("racy-one", now=far_future) == []
+    assert (await client.ledgers.metadata(ledger_id)).fragments == fragments
