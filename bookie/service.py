@@ -189,6 +189,7 @@ class BookieService:
         chunks: list[bytes] = []
         refused: list[pb.AddResult] = []
         nbytes = 0
+        accepted_like: tuple[int, bytes, int, int] | None = None
         for ae in req.entries:
             # Each message field read is a call (and a copy for bytes): read only the few
             # the rules need, and let protobuf serialize the record body in C (measured:
@@ -203,7 +204,13 @@ class BookieService:
             body = ae.SerializeToString()
             try:
                 validation.check_add(h, ae, len(body), max_entry_bytes)
-                check_add(h, read_only=read_only)
+                # The ledger-state rules depend only on (ledger, key, flags, term) and on
+                # state no await can change within this loop: an entry like the one just
+                # accepted is accepted for the same reasons (a batch is mostly one ledger).
+                signature = (h.ledger_id, h.master_key, h.flags, h.term)
+                if signature != accepted_like:
+                    check_add(h, read_only=read_only)
+                    accepted_like = signature
             except RequestError as err:
                 refused.append(_bad_add(h.ledger_id, h.entry_id, err))
                 self.metrics.add_errors.labels(pb.StatusCode.Name(err.status)).inc()
