@@ -225,6 +225,12 @@ class StreamWriter:
                     f"stream {self.name!r} was taken over by another writer ({error})"
                 )
             item.outer.set_exception(error)
+        handle = self._current
+        if handle is not None and handle.metadata.unbounded and not self._stopped():
+            self._maybe_roll_fragment(handle)  # fragments roll as the LAC moves
+
+    def _stopped(self) -> bool:
+        return self._fenced is not None or self._closing
 
     def _fence(self, cause: StreamlibError) -> None:
         if self._fenced is None:
@@ -256,7 +262,10 @@ class StreamWriter:
             self._fragment_first = first
             self._fragment_base_length = handle.length
             self._roll_deadline = roll_deadline_ms(now_ms(), self._policy, self._rnd)
-        entries = handle.next_entry_id - first
+        # Count what is acknowledged: a fragment roll starts the new fragment after the
+        # LAC, so rolling before the LAC passed this fragment's first entry would only
+        # replace the fragment (a fast pipelined producer would roll in vain).
+        entries = handle.last_add_confirmed + 1 - first
         size = handle.length - self._fragment_base_length
         if should_roll(entries, size, now_ms(), self._roll_deadline, self._policy):
             handle.roll_fragment()  # a no-op while one is in flight

@@ -1,5 +1,6 @@
 """Unbounded ledgers (term mode) on real bookies: takeover ping-pong between two writers."""
 
+import asyncio
 import time
 
 import pytest
@@ -180,3 +181,23 @@ async def test_a_cursor_moved_back_while_fragment_retention_plans_is_respected(
     far_future = int(time.time() * 1000) + 10**9
     assert await manager.trim_fragments("racy-one", now=far_future) == []
     assert (await client.ledgers.metadata(ledger_id)).fragments == fragments
+
+
+async def test_a_pipelined_burst_rolls_fragments_as_the_lac_moves(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("burst-one", 3, 2, 2, mode="unbounded",
+                                rollover={"max_entries": 3})  # fmt: skip
+    producer = await client.create_producer("burst-one", batching_max_messages=1)
+    futures = [await producer.send_async(b"%d" % i) for i in range(12)]  # all in flight
+    ids = await asyncio.gather(*futures)
+    ledger_id = ids[0].ledger_id
+    deadline = time.monotonic() + 30
+    while True:  # the roll runs once acknowledgements pass the fragment's first entries
+        fragments = (await client.ledgers.metadata(ledger_id)).fragments
+        if len(fragments) >= 2:
+            break
+        assert time.monotonic() < deadline, f"no fragment rolled: {fragments}"
+        await asyncio.sleep(0.05)
+    assert fragments[1].first_entry_id > 0  # a new fragment, not the first one replaced
+    await producer.close()
