@@ -3,11 +3,11 @@ record batches (what read() hands to Spark: one conversion per column, not per r
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from google.protobuf.message import DecodeError
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -21,9 +21,7 @@ from pyspark.sql.types import (
 
 from streamlib.protocol.actions import EntryData
 from streamlib.spark.plan import Segment
-from streamlib.stream import envelope_pb2
-from streamlib.stream.positions import MessageId
-from streamlib.stream.reader import MessageDecodeError
+from streamlib.stream.batch import DecodedBatch, decode_batch
 
 SCHEMA = StructType(
     [
@@ -71,37 +69,56 @@ class _Columns:
 
 def segment_batches(segment: Segment, entries: Sequence[EntryData]) -> Iterator[pa.RecordBatch]:
     """Record batches of the messages of `entries` inside the segment's (after, until],
-    built straight from the envelopes: the hot path of every read (no Message objects)."""
+    built straight from the entries' columns: the hot path of every read (no Message
+    objects)."""
     columns = _Columns()
-    (stream, ledger, entry, index, key, value, properties, publish, event) = columns.values
     rows = 0
     for data in entries:
-        try:
-            batch = envelope_pb2.Batch.FromString(data.payload)
-        except DecodeError as error:
-            raise MessageDecodeError(
-                f"stream {segment.stream!r} ledger {segment.ledger_id} entry {data.entry_id} "
-                "is not a message batch"
-            ) from error
-        for i, envelope in enumerate(batch.messages):
-            position = MessageId(segment.ledger_id, data.entry_id, i)
-            if not segment.after < position <= segment.until:
-                continue
-            stream.append(segment.stream)
-            ledger.append(segment.ledger_id)
-            entry.append(data.entry_id)
-            index.append(i)
-            key.append(envelope.key if envelope.HasField("key") else None)
-            value.append(envelope.payload)
-            properties.append(list(envelope.properties.items()))
-            publish.append(envelope.publish_time_ms * 1000)
-            event.append(envelope.event_time_ms * 1000 or None)  # 0: the producer set none
-            rows += 1
+        here = (segment.ledger_id, data.entry_id)
+        after, until = segment.after, segment.until
+        if here < (after.ledger_id, after.entry_id) or here > (until.ledger_id, until.entry_id):
+            continue
+        where = f"stream {segment.stream!r} ledger {segment.ledger_id} entry {data.entry_id}"
+        batch = decode_batch(data.payload, where)
+        # The indexes of this entry's messages inside (after, until].
+        lo, hi = 0, len(batch.payloads)
+        if here == (after.ledger_id, after.entry_id):
+            lo = max(lo, after.batch_index + 1)
+        if here == (until.ledger_id, until.entry_id):
+            hi = min(hi, until.batch_index + 1)
+        while lo < hi:
+            take = min(hi - lo, ROWS_PER_BATCH - rows)
+            _append(columns.values, segment, data.entry_id, batch, lo, lo + take)
+            rows += take
+            lo += take
             if rows == ROWS_PER_BATCH:
                 yield columns.batch()
-                (stream, ledger, entry, index, key, value, properties, publish, event) = (
-                    columns.values
-                )
                 rows = 0
     if rows:
         yield columns.batch()
+
+
+def _append(
+    values: list[list[Any]], segment: Segment, entry_id: int, batch: DecodedBatch, lo: int, hi: int
+) -> None:
+    """Messages lo..hi-1 of one entry, a column at a time."""
+    (stream, ledger, entry, index, key, value, properties, publish, event) = values
+    count = hi - lo
+    stream.extend(itertools.repeat(segment.stream, count))
+    ledger.extend(itertools.repeat(segment.ledger_id, count))
+    entry.extend(itertools.repeat(entry_id, count))
+    index.extend(range(lo, hi))
+    value.extend(batch.payloads[lo:hi])
+    publish.extend([t * 1000 for t in batch.publish_times[lo:hi]])
+    if batch.event_times is None:
+        event.extend(itertools.repeat(None, count))
+    else:  # 0: the producer set none
+        event.extend([t * 1000 or None for t in batch.event_times[lo:hi]])
+    if batch.metadata is None:
+        key.extend(itertools.repeat(None, count))
+        properties.extend([] for _ in range(count))
+    else:
+        for i in range(lo, hi):
+            mine = batch.metadata[i]
+            key.append(mine.key if mine.HasField("key") else None)
+            properties.append(list(mine.properties.items()))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstreamlib/stream/envelope.proto\x12\x13streamlib.stream.v1\"\xd9\x01\n\x07Message\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12@\n\nproperties\x18\x02 \x03(\x0b\x32,.streamlib.stream.v1.Message.PropertiesEntry\x12\x17\n\x0fpublish_time_ms\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_key\"O\n\x05\x42\x61tch\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.streamlib.stream.v1.Messageb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstreamlib/stream/envelope.proto\x12\x13streamlib.stream.v1\"\xd9\x01\n\x07Message\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12@\n\nproperties\x18\x02 \x03(\x0b\x32,.streamlib.stream.v1.Message.PropertiesEntry\x12\x17\n\x0fpublish_time_ms\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_key\"\x9a\x01\n\x08Metadata\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x41\n\nproperties\x18\x02 \x03(\x0b\x32-.streamlib.stream.v1.Metadata.PropertiesEntry\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_key\"\xd9\x01\n\x05\x42\x61tch\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.streamlib.stream.v1.Message\x12\x15\n\rpayload_sizes\x18\x03 \x03(\r\x12\x10\n\x08payloads\x18\x04 \x01(\x0c\x12\x17\n\x0fpublish_time_ms\x18\x05 \x03(\x03\x12\x15\n\revent_time_ms\x18\x06 \x03(\x03\x12/\n\x08metadata\x18\x07 \x03(\x0b\x32\x1d.streamlib.stream.v1.Metadatab\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MESSAGE_PROPERTIESENTRY']._loaded_options = None
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
+  _globals['_METADATA_PROPERTIESENTRY']._loaded_options = None
+  _globals['_METADATA_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_MESSAGE']._serialized_start=57
   _globals['_MESSAGE']._serialized_end=274
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=217
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=266
-  _globals['_BATCH']._serialized_start=276
-  _globals['_BATCH']._serialized_end=355
+  _globals['_METADATA']._serialized_start=277
+  _globals['_METADATA']._serialized_end=431
+  _globals['_METADATA_PROPERTIESENTRY']._serialized_start=217
+  _globals['_METADATA_PROPERTIESENTRY']._serialized_end=266
+  _globals['_BATCH']._serialized_start=434
+  _globals['_BATCH']._serialized_end=651
 # @@protoc_insertion_point(module_scope)

@@ -27,10 +27,35 @@ class Message(_message.Message):
     payload: bytes
     def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class Metadata(_message.Message):
+    __slots__ = ("key", "properties")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    properties: _containers.ScalarMap[str, str]
+    def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class Batch(_message.Message):
-    __slots__ = ("format_version", "messages")
+    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SIZES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    payload_sizes: _containers.RepeatedScalarFieldContainer[int]
+    payloads: bytes
+    publish_time_ms: _containers.RepeatedScalarFieldContainer[int]
+    event_time_ms: _containers.RepeatedScalarFieldContainer[int]
+    metadata: _containers.RepeatedCompositeFieldContainer[Metadata]
+    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ...) -> None: ...

@@ -1,5 +1,5 @@
-"""Producer: batches messages into entries of a stream (one protobuf Batch envelope per
-entry: key, properties, publish time, event time, payload per message)."""
+"""Producer: batches messages into entries of a stream (the entry format is
+streamlib.stream.batch's: key, properties, publish time, event time, payload per message)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from streamlib.protocol.errors import BadRequestError, StreamlibError, TooLargeError
 from streamlib.stream import envelope_pb2 as envelope
+from streamlib.stream.batch import BATCH_OVERHEAD, BatchBuilder, message_size, metadata_of
 from streamlib.stream.positions import MessageId
 from streamlib.stream.writer import StreamWriter, now_ms
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024
-ENVELOPE_OVERHEAD = 1024  # room for keys, properties and framing within one entry
+MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - BATCH_OVERHEAD  # payload, key and properties
 
 
 class ProducerQueueIsFullError(StreamlibError):
@@ -23,9 +24,8 @@ class ProducerQueueIsFullError(StreamlibError):
 
 @dataclass
 class _Batch:
-    messages: list[envelope.Message]
+    messages: BatchBuilder
     futures: list[asyncio.Future[MessageId]]
-    size: int = 0
 
 
 def _millis(value: int | float | dt.datetime | None) -> int:
@@ -56,11 +56,11 @@ class Producer:
         self._writer = writer
         self.stream = writer.name
         self._max_messages = batching_max_messages
-        self._max_bytes = min(batching_max_bytes, MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD)
+        self._max_bytes = min(batching_max_bytes, MAX_ENTRY_BYTES)
         self._delay_s = batching_max_publish_delay_ms / 1000.0
         self._max_pending = max_pending_messages
         self._block = block_if_queue_full
-        self._batch = _Batch([], [])
+        self._batch = _Batch(BatchBuilder(), [])
         self._timer: asyncio.TimerHandle | None = None
         self._pending = 0
         self._room = asyncio.Event()
@@ -78,7 +78,7 @@ class Producer:
         the returned future gives its MessageId once the entry holding it is durable."""
         if self._closed:
             raise BadRequestError(f"producer of {self.stream!r} is closed")
-        message = self._message(data, key, properties, event_time)
+        data, event_ms, metadata = self._checked(data, key, properties, event_time)
         while self._pending >= self._max_pending:
             if not self._block:
                 raise ProducerQueueIsFullError(
@@ -86,15 +86,15 @@ class Producer:
                 )
             self._room.clear()
             await self._room.wait()
-        size = message.ByteSize()
-        if self._batch.messages and self._batch.size + size > self._max_bytes:
+        size = message_size(data, metadata)
+        if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._batch.messages.append(message)
+        messages = self._batch.messages
+        messages.add(data, now_ms(), event_ms, metadata)
         self._batch.futures.append(future)
-        self._batch.size += size
         self._pending += 1
-        if len(self._batch.messages) >= self._max_messages or self._batch.size >= self._max_bytes:
+        if len(messages) >= self._max_messages or messages.size >= self._max_bytes:
             self._seal()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._seal)
@@ -110,42 +110,42 @@ class Producer:
         """Send one message and wait until it is durable; its MessageId."""
         return await (await self.send_async(data, key, properties, event_time))
 
-    def _message(
-        self,
+    @staticmethod
+    def _checked(
         data: bytes,
         key: str | None,
         properties: Mapping[str, str] | None,
         event_time: int | float | dt.datetime | None,
-    ) -> envelope.Message:
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise BadRequestError(f"message data must be bytes, got {type(data).__name__}")
-        if len(data) > MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD:
+    ) -> tuple[bytes, int, envelope.Metadata | None]:
+        """(payload, event time in ms or 0, key and properties as stored)."""
+        if not isinstance(data, bytes):
+            if not isinstance(data, bytearray | memoryview):
+                raise BadRequestError(f"message data must be bytes, got {type(data).__name__}")
+            data = bytes(data)
+        if key is not None and not isinstance(key, str):
+            raise BadRequestError(f"key must be a str, got {type(key).__name__}")
+        if properties and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+        ):
+            raise BadRequestError("properties map str to str")
+        metadata = metadata_of(key, properties)
+        size = message_size(data, metadata)
+        if size > MAX_MESSAGE_BYTES:
             raise TooLargeError(
-                f"message of {len(data)} bytes is over the {MAX_ENTRY_BYTES - ENVELOPE_OVERHEAD}"
-                "-byte limit"
+                f"message of {size} bytes with its key and properties is over the "
+                f"{MAX_MESSAGE_BYTES}-byte limit"
             )
-        message = envelope.Message(publish_time_ms=now_ms(), payload=bytes(data))
-        if event_time is not None:
-            message.event_time_ms = _millis(event_time)
-        if key is not None:
-            if not isinstance(key, str):
-                raise BadRequestError(f"key must be a str, got {type(key).__name__}")
-            message.key = key
-        if properties:
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items()):
-                raise BadRequestError("properties map str to str")
-            message.properties.update(properties)
-        return message
+        return data, _millis(event_time), metadata
 
     def _seal(self) -> None:
         """Turn the open batch into one entry."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._batch = self._batch, _Batch([], [])
+        batch, self._batch = self._batch, _Batch(BatchBuilder(), [])
         if not batch.messages:
             return
-        data = envelope.Batch(format_version=1, messages=batch.messages).SerializeToString()
+        data = batch.messages.encode()
         try:
             entry = self._writer.append_nowait(data)
         except StreamlibError as error:

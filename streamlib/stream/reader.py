@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
-
-from google.protobuf.message import DecodeError
 
 from bookie.wire import bookie_pb2 as pb
 from metadata.services.streams import StreamRegistry
@@ -21,51 +19,23 @@ from streamlib.protocol.errors import (
     NoSuchLedgerError,
     StreamlibError,
 )
-from streamlib.stream import envelope_pb2 as envelope
+from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.writer import STREAM_PASSWORD
 
 
-class MessageDecodeError(StreamlibError):
-    """An entry of a stream is not a message batch (written outside the stream API?)."""
-
-
-class _Entry:
-    """What the messages of one entry share."""
-
-    __slots__ = ("entry_id", "ledger_id", "previous", "stream")
-
-    def __init__(self, stream: str, ledger_id: int, entry_id: int, previous: MessageId) -> None:
-        self.stream = stream
-        self.ledger_id = ledger_id
-        self.entry_id = entry_id
-        self.previous = previous  # the position before the entry's first message
-
-
-_new_id = tuple.__new__
-
-
 class Message:
-    """One message as consumers see it. Its fields are read from the entry's envelope
-    when first used, and its position is computed when asked for: reading many messages
-    costs little until they are looked at (catch-up reads create one per message)."""
+    """One message as consumers see it: an index into its entry's decoded columns (the
+    entry's messages share them). Reading many messages costs little until they are
+    looked at; its position is computed when asked for."""
 
     # _prev and _redeliveries are set only when they differ from what the entry implies.
-    __slots__ = ("_entry", "_index", "_pb", "_prev", "_redeliveries")
+    __slots__ = ("_entry", "_index", "_prev", "_redeliveries")
 
-    def __init__(
-        self,
-        stream: str,
-        message_id: MessageId,
-        envelope_message: envelope.Message,
-        previous: MessageId = EARLIEST,
-        redelivery_count: int = 0,
-    ) -> None:
-        self._entry = _Entry(stream, message_id.ledger_id, message_id.entry_id, previous)
-        self._index = message_id.batch_index
-        self._pb = envelope_message
-        self._prev = previous
-        self._redeliveries = redelivery_count
+    _entry: EntryMessages
+    _index: int
+    _prev: MessageId
+    _redeliveries: int
 
     @property
     def stream(self) -> str:
@@ -83,7 +53,7 @@ class Message:
             return self._prev
         except AttributeError:
             entry = self._entry
-            if self._index == 0:
+            if self._index == entry.start:
                 return entry.previous
             return _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index - 1))
 
@@ -100,58 +70,130 @@ class Message:
 
     @property
     def data(self) -> bytes:
-        return self._pb.payload
+        return self._entry.payloads[self._index]
 
     def value(self) -> bytes:
-        return self._pb.payload
+        return self._entry.payloads[self._index]
 
     @property
     def key(self) -> str | None:
-        return self._pb.key if self._pb.HasField("key") else None
+        metadata = self._entry.metadata
+        if metadata is None:
+            return None
+        mine = metadata[self._index]
+        return mine.key if mine.HasField("key") else None
 
     @property
     def properties(self) -> dict[str, str]:
-        return dict(self._pb.properties)
+        metadata = self._entry.metadata
+        return {} if metadata is None else dict(metadata[self._index].properties)
 
     @property
     def publish_time_ms(self) -> int:
-        return self._pb.publish_time_ms
+        return self._entry.publish_times[self._index]
 
     @property
     def event_time_ms(self) -> int:
         """0 when the producer set none."""
-        return self._pb.event_time_ms
+        events = self._entry.event_times
+        return 0 if events is None else events[self._index]
 
     def redelivered(self) -> Message:
         """The same message, delivered once more."""
-        return Message(
-            self.stream, self.message_id, self._pb, self.previous, self.redelivery_count + 1
-        )
+        again = _new(Message)
+        again._entry = self._entry
+        again._index = self._index
+        again._prev = self.previous
+        again._redeliveries = self.redelivery_count + 1
+        return again
 
     def __repr__(self) -> str:
         return f"Message({self.stream!r}, {self.message_id}, {self.data[:40]!r})"
 
 
+_new_id = tuple.__new__
+_new = object.__new__
+
+
+class EntryMessages:
+    """The messages of one entry from index `start` on (those after the reader's start),
+    made into Message objects only as they are taken: a read-ahead buffer holds one of
+    these per entry, not one object per message."""
+
+    __slots__ = (
+        "entry_id",
+        "event_times",
+        "ledger_id",
+        "metadata",
+        "payloads",
+        "previous",
+        "publish_times",
+        "start",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        stream: str,
+        ledger_id: int,
+        entry_id: int,
+        batch: DecodedBatch,
+        previous: MessageId,
+        start: int = 0,
+    ) -> None:
+        self.stream = stream
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.payloads, self.publish_times, self.event_times, self.metadata = batch
+        self.previous = previous  # the position before message `start`
+        self.start = start
+
+    def __len__(self) -> int:
+        return len(self.payloads) - self.start
+
+    def message(self, index: int) -> Message:
+        message = _new(Message)
+        message._entry = self
+        message._index = index
+        return message
+
+    def __iter__(self) -> Iterator[Message]:
+        return map(self.message, range(self.start, len(self.payloads)))
+
+    @property
+    def last_id(self) -> MessageId:
+        return MessageId(self.ledger_id, self.entry_id, len(self.payloads) - 1)
+
+
+def entry_messages(
+    stream: str,
+    ledger_id: int,
+    entry_id: int,
+    payload: bytes,
+    previous: MessageId,
+    after: MessageId = EARLIEST,
+) -> EntryMessages | None:
+    """The messages of an entry that come after `after` (None if none do); `previous`
+    is the position before the entry's first message."""
+    if (ledger_id, entry_id) < (after.ledger_id, after.entry_id):
+        return None
+    where = f"stream {stream!r} ledger {ledger_id} entry {entry_id}"
+    batch = decode_batch(payload, where)
+    start = 0
+    if (ledger_id, entry_id) == (after.ledger_id, after.entry_id) and after.batch_index >= 0:
+        start = after.batch_index + 1
+        previous = after
+    if start >= len(batch.payloads):
+        return None
+    return EntryMessages(stream, ledger_id, entry_id, batch, previous, start)
+
+
 def decode_entry(
     stream: str, ledger_id: int, entry_id: int, payload: bytes, previous: MessageId
 ) -> list[Message]:
-    try:
-        batch = envelope.Batch.FromString(payload)
-    except DecodeError as error:
-        raise MessageDecodeError(
-            f"stream {stream!r} ledger {ledger_id} entry {entry_id} is not a message batch"
-        ) from error
-    shared = _Entry(stream, ledger_id, entry_id, previous)
-    messages: list[Message] = []
-    append = messages.append
-    new = object.__new__
-    for index, m in enumerate(batch.messages):  # the hot loop of catch-up reads
-        message = new(Message)
-        message._entry = shared
-        message._index = index
-        message._pb = m
-        append(message)
-    return messages
+    """All the messages of an entry."""
+    entry = entry_messages(stream, ledger_id, entry_id, payload, previous)
+    return [] if entry is None else list(entry)
 
 
 FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
@@ -209,8 +251,8 @@ class StreamScanner:
             for message in batch:
                 yield message
 
-    async def batches(self) -> AsyncIterator[list[Message]]:
-        """The messages of each entry, in order (never an empty list)."""
+    async def batches(self) -> AsyncIterator[EntryMessages]:
+        """The messages of each entry, in order (never none)."""
         after = self.start_after
         if after == LATEST:
             after = await self.end_position()
@@ -232,7 +274,7 @@ class StreamScanner:
                     continue
                 ledger_id = candidates[0]
                 async for batch in self._ledger_messages(ledger_id, after, previous, ids):
-                    previous = batch[-1].message_id
+                    previous = batch.last_id
                     yield batch
                 finished = ledger_id
                 if not self.tail and ledger_id == ids[-1]:
@@ -258,7 +300,7 @@ class StreamScanner:
         after: MessageId,
         previous: MessageId,
         ids: list[int],
-    ) -> AsyncIterator[list[Message]]:
+    ) -> AsyncIterator[EntryMessages]:
         is_last = ledger_id == ids[-1]
         # A ledger that is no longer the last was rolled away from (or abandoned by a
         # crashed writer): recovering it gives its final end. The last one is tailed.
@@ -273,7 +315,7 @@ class StreamScanner:
 
     async def _entries(
         self, handle: ReadHandle, ledger_id: int, after: MessageId, previous: MessageId
-    ) -> AsyncIterator[list[Message]]:
+    ) -> AsyncIterator[EntryMessages]:
         next_entry = max(after.entry_id, 0) if after.ledger_id == ledger_id else 0
         # Read-ahead: READ_AHEAD ranges in flight while one is decoded and consumed. The
         # first ranges are small so the first messages come soon; then they grow.
@@ -301,7 +343,7 @@ class StreamScanner:
                     inflight.clear()
                     continue
                 for batch in self._decode(entries, ledger_id, after, previous):
-                    previous = batch[-1].message_id
+                    previous = batch.last_id
                     yield batch
                 next_entry = last + 1
         finally:
@@ -325,18 +367,16 @@ class StreamScanner:
 
     def _decode(
         self, entries: list[EntryData], ledger_id: int, after: MessageId, previous: MessageId
-    ) -> list[list[Message]]:
+    ) -> list[EntryMessages]:
         batches = []
         for entry in entries:
             if entry.flags & pb.TRUNCATE:
                 continue  # unbounded mode's no-op entries are never messages
-            batch = decode_entry(self.name, ledger_id, entry.entry_id, entry.payload, previous)
-            if batch and batch[0].message_id <= after:
-                batch = [m for m in batch if m.message_id > after]
-                if batch:
-                    batch[0].previous = after
-            if batch:
-                previous = batch[-1].message_id
+            batch = entry_messages(
+                self.name, ledger_id, entry.entry_id, entry.payload, previous, after
+            )
+            if batch is not None:
+                previous = batch.last_id
                 batches.append(batch)
         return batches
 
@@ -347,7 +387,7 @@ class StreamScanner:
         next_entry: int,
         after: MessageId,
         previous: MessageId,
-    ) -> AsyncIterator[list[Message]]:
+    ) -> AsyncIterator[EntryMessages]:
         while True:
             next_entry = max(next_entry, handle.metadata.first_entry_id)
             end = handle.last_entry_id
@@ -357,7 +397,7 @@ class StreamScanner:
                 if entries is None:
                     continue
                 for batch in self._decode(entries, ledger_id, after, previous):
-                    previous = batch[-1].message_id
+                    previous = batch.last_id
                     yield batch
                 next_entry = last + 1
                 continue
@@ -383,16 +423,51 @@ class StreamScanner:
         return bool(md.ledgers) and md.ledgers[-1].ledger_id != ledger_id
 
 
+class _EntryQueue:
+    """Entries read ahead, up to `limit` messages in all (and always at least one
+    entry), or an error that ends the reading."""
+
+    def __init__(self, limit: int) -> None:
+        self._items: collections.deque[EntryMessages | BaseException] = collections.deque()
+        self._limit = max(1, limit)
+        self._count = 0  # messages held
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    async def put(self, item: EntryMessages | BaseException) -> None:
+        while self._count >= self._limit:
+            self._room.clear()
+            await self._room.wait()
+        self._items.append(item)
+        self._count += len(item) if isinstance(item, EntryMessages) else 1
+        self._ready.set()
+
+    async def get(self, timeout: float | None) -> EntryMessages | BaseException:
+        if not self._items:
+            async with asyncio.timeout(timeout):
+                while not self._items:
+                    self._ready.clear()
+                    await self._ready.wait()
+        item = self._items.popleft()
+        self._count -= len(item) if isinstance(item, EntryMessages) else 1
+        self._room.set()
+        return item
+
+
 class Reader:
     """A non-durable reader: reads from a position, remembers nothing."""
 
     def __init__(self, scanner: StreamScanner, *, queue_size: int = 1000) -> None:
         self._scanner = scanner
-        # Whole entries travel through the queue; single messages come off `_buffer`.
-        self._queue: asyncio.Queue[list[Message] | BaseException] = asyncio.Queue(
-            max(1, queue_size // 16)
-        )
-        self._buffer: collections.deque[Message] = collections.deque()
+        self._queue_size = queue_size
+        self._queue = _EntryQueue(queue_size)  # whole entries, read ahead
+        # The entry being read and the index of the next message in it.
+        self._entry: EntryMessages | None = None
+        self._index = self._end = 0
         self._task: asyncio.Task[None] | None = None
         self._last: MessageId | Message = scanner.start_after  # the last read (or start)
         self.stream = scanner.name
@@ -410,21 +485,26 @@ class Reader:
 
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""
-        if not self._buffer:
+        index = self._index
+        if index < self._end:
+            entry = self._entry
+        else:
             self._start()
-            if self._queue.empty():
-                item = await asyncio.wait_for(self._queue.get(), timeout)
-            else:
-                item = self._queue.get_nowait()  # the common case while catching up
+            item = await self._queue.get(timeout)
             if isinstance(item, BaseException):
                 raise item
-            self._buffer.extend(item)
-        message = self._buffer.popleft()
+            self._entry = entry = item
+            index = item.start
+            self._end = len(item.payloads)
+        self._index = index + 1
+        message = _new(Message)
+        message._entry = entry  # type: ignore[assignment]
+        message._index = index
         self._last = message  # its position is computed only if asked for
         return message
 
     async def has_message_available(self) -> bool:
-        if self._buffer or not self._queue.empty():
+        if self._index < self._end or self._queue:
             return True
         end = await self._scanner.end_position()
         last = self._last if isinstance(self._last, MessageId) else self._last.message_id
@@ -437,8 +517,9 @@ class Reader:
         await self._stop()
         self._scanner.start_after = parse_start(position)
         self._last = self._scanner.start_after
-        self._queue = asyncio.Queue(self._queue.maxsize)
-        self._buffer.clear()
+        self._queue = _EntryQueue(self._queue_size)
+        self._entry = None
+        self._index = self._end = 0
 
     async def _stop(self) -> None:
         if self._task is not None:

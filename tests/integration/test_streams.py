@@ -233,7 +233,40 @@ async def test_bad_input_gets_typed_errors(cluster):
     producer = await client.create_producer("errors")
     with pytest.raises(TooLargeError):
         await producer.send(b"x" * (6 * 1024 * 1024))
+    with pytest.raises(TooLargeError):  # the key and properties count too
+        await producer.send(b"x" * (5 * 1024 * 1024 - 100), properties={"p": "v" * 200})
     assert (await producer.send(b"fine")).ledger_id > 0  # the producer still works
+
+
+async def test_keys_properties_and_times_reach_readers_and_consumers(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("fields", batching_max_publish_delay_ms=50)
+    sent = [
+        (b"plain", None, {}, 0),
+        (b"keyed", "k1", {}, 0),
+        (b"empty key", "", {"a": "1", "b": "2"}, 1_700_000_000_123),
+        (b"", None, {}, 0),  # an empty payload is a message too
+    ]
+    futures = [
+        await producer.send_async(data, key=key, properties=props, event_time=event or None)
+        for data, key, props, event in sent
+    ]
+    ids = [await f for f in futures]
+    assert len({(i.ledger_id, i.entry_id) for i in ids}) == 1  # one batch, one entry
+    await producer.close()
+
+    def seen(messages):
+        return [(m.data, m.key, m.properties, m.event_time_ms) for m in messages]
+
+    messages = await read_all(client, "fields")
+    assert seen(messages) == sent
+    assert [m.message_id for m in messages] == ids
+    assert all(m.publish_time_ms > 0 for m in messages)
+    consumer = await client.subscribe("fields", "sub", initial_position="earliest")
+    received = [await consumer.receive(timeout=30) for _ in sent]
+    assert seen(received) == sent
+    await consumer.close()
 
 
 CONSUMER_SCRIPT = r"""

@@ -1,0 +1,174 @@
+"""The entry format of a stream (streamlib.stream.batch) and the messages readers make of
+it: columns written by producers now (format 2), single messages written before (format
+1), and every kind of entry that is not a batch."""
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamlib.stream import envelope_pb2 as envelope
+from streamlib.stream.batch import (
+    BatchBuilder,
+    MessageDecodeError,
+    decode_batch,
+    metadata_of,
+)
+from streamlib.stream.positions import EARLIEST, MessageId
+from streamlib.stream.reader import EntryMessages, _EntryQueue, decode_entry, entry_messages
+
+messages_strategy = st.lists(
+    st.tuples(
+        st.binary(max_size=300),
+        st.integers(min_value=0, max_value=2**62),  # publish time
+        st.integers(min_value=0, max_value=2**62),  # event time, 0 = none
+        st.none() | st.text(max_size=20),  # key ("" is a key)
+        st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+def fields(message):
+    return (
+        message.data,
+        message.publish_time_ms,
+        message.event_time_ms,
+        message.key,
+        message.properties,
+    )
+
+
+@given(messages_strategy)
+def test_a_batch_reads_back_as_it_was_written_and_its_size_bound_holds(messages):
+    builder = BatchBuilder()
+    for data, publish, event, key, properties in messages:
+        builder.add(data, publish, event, metadata_of(key, properties))
+    encoded = builder.encode()
+    assert len(encoded) <= builder.size  # what the producer counts never underestimates
+    decoded = decode_entry("s", 7, 3, encoded, EARLIEST)
+    assert [fields(m) for m in decoded] == list(messages)
+    assert [m.message_id for m in decoded] == [MessageId(7, 3, i) for i in range(len(messages))]
+
+
+def test_plain_messages_carry_no_metadata_columns():
+    builder = BatchBuilder()
+    for i in range(3):
+        builder.add(b"m%d" % i, 1000 + i)
+    batch = envelope.Batch.FromString(builder.encode())
+    assert batch.format_version == 2
+    assert list(batch.payload_sizes) == [2, 2, 2] and batch.payloads == b"m0m1m2"
+    assert not batch.event_time_ms and not batch.metadata and not batch.messages
+    decoded = decode_batch(builder.encode(), "here")
+    assert decoded.event_times is None and decoded.metadata is None
+    [first, *_] = decode_entry("s", 1, 0, builder.encode(), EARLIEST)
+    assert (first.key, first.properties, first.event_time_ms) == (None, {}, 0)
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_format_1_entries_written_before_are_still_read(version):
+    old = envelope.Batch(
+        format_version=version,
+        messages=[
+            envelope.Message(payload=b"a", publish_time_ms=5),
+            envelope.Message(
+                payload=b"b", publish_time_ms=6, event_time_ms=9, key="k", properties={"p": "q"}
+            ),
+        ],
+    )
+    decoded = decode_entry("s", 1, 2, old.SerializeToString(), EARLIEST)
+    assert [fields(m) for m in decoded] == [
+        (b"a", 5, 0, None, {}),
+        (b"b", 6, 9, "k", {"p": "q"}),
+    ]
+
+
+def _columns(**overrides):
+    values = {
+        "format_version": 2,
+        "payload_sizes": [1, 2],
+        "payloads": b"abc",
+        "publish_time_ms": [1, 2],
+    }
+    values.update(overrides)
+    return envelope.Batch(**values).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (b"\xff\xff\xff", "is not a message batch"),
+        (_columns(payloads=b"ab"), "columns of its batch disagree"),
+        (_columns(payloads=b"abcd"), "columns of its batch disagree"),
+        (_columns(publish_time_ms=[1]), "columns of its batch disagree"),
+        (_columns(event_time_ms=[1, 2, 3]), "columns of its batch disagree"),
+        (_columns(metadata=[envelope.Metadata(key="k")]), "columns of its batch disagree"),
+        (_columns(messages=[envelope.Message(payload=b"x")]), "columns of its batch disagree"),
+        (_columns(format_version=1), "format 1 batch with format 2 columns"),
+        (_columns(format_version=3), "batch format 3 is newer than this client reads"),
+    ],
+)
+def test_entries_that_are_not_batches_get_a_typed_error_naming_the_entry(payload, reason):
+    with pytest.raises(MessageDecodeError, match=reason) as caught:
+        decode_entry("orders", 4, 17, payload, EARLIEST)
+    assert "stream 'orders' ledger 4 entry 17" in str(caught.value)
+
+
+def test_an_entry_read_after_a_position_inside_it_starts_after_that_position():
+    builder = BatchBuilder()
+    for i in range(4):
+        builder.add(b"%d" % i, i)
+    payload = builder.encode()
+    before = MessageId(3, 8, 2**31 - 1)
+    whole = entry_messages("s", 3, 9, payload, before)
+    assert whole is not None and len(whole) == 4
+    assert [m.previous for m in whole] == [before, *(MessageId(3, 9, i) for i in range(3))]
+    after = MessageId(3, 9, 1)
+    rest = entry_messages("s", 3, 9, payload, before, after)
+    assert rest is not None and len(rest) == 2
+    assert [(m.data, m.previous) for m in rest] == [(b"2", after), (b"3", MessageId(3, 9, 2))]
+    assert rest.last_id == MessageId(3, 9, 3)
+    assert entry_messages("s", 3, 9, payload, before, MessageId(3, 9, 3)) is None
+    assert entry_messages("s", 3, 9, payload, before, MessageId(3, 10, 0)) is None
+    assert entry_messages("s", 3, 9, payload, before, MessageId(4, 0, -1)) is None
+
+
+def test_a_redelivered_message_keeps_its_fields_and_counts_deliveries():
+    builder = BatchBuilder()
+    builder.add(b"a", 1, 0, metadata_of("k", None))
+    builder.add(b"b", 2)
+    [a, b] = decode_entry("s", 1, 0, builder.encode(), MessageId(0, 5, 0))
+    again = b.redelivered().redelivered()
+    assert (again.data, again.key, again.redelivery_count) == (b"b", None, 2)
+    assert again.message_id == b.message_id and again.previous == a.message_id
+    assert b.redelivery_count == 0
+
+
+def _entry(count: int) -> EntryMessages:
+    builder = BatchBuilder()
+    for i in range(count):
+        builder.add(b"x", i)
+    entry = entry_messages("s", 1, count, builder.encode(), EARLIEST)
+    assert entry is not None
+    return entry
+
+
+async def test_the_read_ahead_queue_holds_at_most_its_size_in_messages():
+    queue = _EntryQueue(10)
+    await queue.put(_entry(6))
+    await queue.put(_entry(6))  # over the limit now: the next put waits for room
+    third = asyncio.ensure_future(queue.put(_entry(6)))
+    await asyncio.sleep(0)  # one turn of the loop: it runs up to its wait
+    assert not third.done()
+    assert len(await queue.get(timeout=1)) == 6
+    await asyncio.wait_for(third, 1)  # room again: 6 + 6 held
+    assert [len(await queue.get(timeout=1)) for _ in range(2)] == [6, 6]
+    with pytest.raises(TimeoutError):
+        await queue.get(timeout=0.01)
+    # An error ends the reading in order, after the entries before it.
+    await queue.put(_entry(2))
+    await queue.put(MessageDecodeError("bad"))
+    assert len(await queue.get(timeout=1)) == 2
+    assert isinstance(await queue.get(timeout=1), MessageDecodeError)
