@@ -197,6 +197,7 @@ def decode_entry(
 
 
 FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
+READ_BYTES = 4 << 20  # ... up to about this many bytes (measured: 2-4 MiB reads beat 16 MiB)
 READ_AHEAD = 3  # ranges in flight while one is consumed
 
 
@@ -318,10 +319,12 @@ class StreamScanner:
     ) -> AsyncIterator[EntryMessages]:
         next_entry = max(after.entry_id, 0) if after.ledger_id == ledger_id else 0
         # Read-ahead: READ_AHEAD ranges in flight while one is decoded and consumed. The
-        # first ranges are small so the first messages come soon; then they grow.
+        # first ranges are small so the first messages come soon; then they grow to about
+        # READ_BYTES (at most batch_entries entries), sized by the entries read so far.
         inflight: collections.deque[tuple[int, int, asyncio.Task[list[EntryData] | None]]]
         inflight = collections.deque()
         size = min(FIRST_READ_ENTRIES, self.batch_entries)
+        largest = self.batch_entries  # entries per range
         try:
             while True:
                 # Fragment retention may have dropped the start of an unbounded ledger.
@@ -333,7 +336,7 @@ class StreamScanner:
                     read = asyncio.ensure_future(self._read(handle, fetch, last))
                     inflight.append((fetch, last, read))
                     fetch = last + 1
-                    size = min(2 * size, self.batch_entries)
+                    size = min(2 * size, largest)
                 if not inflight:
                     break
                 _, last, read = inflight.popleft()
@@ -342,6 +345,9 @@ class StreamScanner:
                     await _cancel(task for _, _, task in inflight)
                     inflight.clear()
                     continue
+                if entries:
+                    got = max(1, sum(len(e.payload) for e in entries))
+                    largest = max(1, min(self.batch_entries, READ_BYTES * len(entries) // got))
                 for batch in self._decode(entries, ledger_id, after, previous):
                     previous = batch.last_id
                     yield batch
