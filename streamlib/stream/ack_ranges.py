@@ -30,6 +30,8 @@ class AckRanges:
     def is_acked(self, position: MessageId) -> bool:
         if position <= self.mark_delete:
             return True
+        if not self._ranges:
+            return False
         i = self._ranges.bisect_left((position, position))
         # The only range that can hold position starts before it.
         for candidate in self._ranges[max(0, i - 1) : i + 1]:
@@ -44,6 +46,9 @@ class AckRanges:
 
     def ack_range(self, lower: MessageId, upper: MessageId) -> None:
         if upper <= self.mark_delete:
+            return
+        if lower <= self.mark_delete and (not self._ranges or self._ranges[0][0] > upper):
+            self.mark_delete = upper  # in order: nothing to merge (the common case)
             return
         lower = max(lower, self.mark_delete)
         # Merge with every range that overlaps or touches (lower, upper].

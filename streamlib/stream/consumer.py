@@ -11,6 +11,7 @@ persisted yet) comes again -- at-least-once, as in Pulsar.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 
@@ -20,7 +21,13 @@ from metadata.services.streams import StreamRegistry
 from streamlib.protocol.errors import BadRequestError, ClientClosedError, StreamlibError
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
-from streamlib.stream.reader import Message, StreamScanner
+from streamlib.stream.reader import (
+    EntryMessages,
+    EntryQueue,
+    Message,
+    StreamScanner,
+    new_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +83,14 @@ class Consumer:
         self.subscription = subscription
         self._acks = acks
         self._version = version
-        self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(receiver_queue_size)
-        self._redeliver: asyncio.Queue[Message] = asyncio.Queue()
+        # Whole entries read ahead; the entry being taken from and the index of its next
+        # message; messages to deliver again. `_wake` is set when any of them gets more.
+        self._queue_size = receiver_queue_size
+        self._wake = asyncio.Event()
+        self._queue = EntryQueue(receiver_queue_size, self._wake)
+        self._entry: EntryMessages | None = None
+        self._index = self._end = 0
+        self._redeliver: collections.deque[Message] = collections.deque()
         self._unacked: dict[MessageId, tuple[Message, float]] = {}
         self._ack_timeout_s = ack_timeout_ms / 1000.0
         self._nack_delay_s = negative_ack_redelivery_delay_ms / 1000.0
@@ -102,47 +115,57 @@ class Consumer:
     async def _fill(self) -> None:
         queue = self._queue
         try:
-            async for message in self._scanner.messages():
-                if self._acks.is_acked(message.message_id):
-                    continue
-                if queue.full():
-                    await queue.put(message)
-                else:
-                    queue.put_nowait(message)
+            async for batch in self._scanner.batches():
+                await queue.put(batch)
         except StreamlibError as error:
-            await self._queue.put(error)
+            await queue.put(error)
+
+    def _take(self) -> Message | None:
+        """The next message to deliver, if one is here now: redeliveries first, then the
+        read-ahead entries' messages not acknowledged yet (individual acks persisted
+        before a restart)."""
+        if self._redeliver:
+            return self._redeliver.popleft()
+        acks = self._acks
+        while True:
+            index = self._index
+            if index < self._end:
+                self._index = index + 1
+                message = new_message(self._entry, index)  # type: ignore[arg-type]
+                if not acks.is_acked(message.message_id):
+                    return message
+                continue
+            item = self._queue.get_nowait()
+            if item is None:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            self._entry = item
+            self._index = item.start
+            self._end = len(item.payloads)
+
+    def _deliver_again(self, message: Message, into: collections.deque[Message]) -> None:
+        into.append(message)  # (dropped if a seek replaced the deque meanwhile)
+        if into is self._redeliver:
+            self._wake.set()
 
     async def receive(self, timeout: float | None = None) -> Message:
         """The next message (redeliveries first); TimeoutError after timeout seconds."""
         if self._closed:
             raise ClientClosedError(f"consumer {self.subscription!r} is closed")
         self._start()
-        if not self._redeliver.empty():
-            item: Message | BaseException = self._redeliver.get_nowait()
-        elif not self._queue.empty():
-            item = self._queue.get_nowait()
-        else:
-            get = asyncio.ensure_future(self._queue.get())
-            again = asyncio.ensure_future(self._redeliver.get())
-            done, pending = await asyncio.wait(
-                {get, again}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            if not done:
-                raise TimeoutError(f"no message on {self.stream!r} within {timeout} s")
-            # If both finished, keep the other one for next time.
-            item = (get if get in done else again).result()
-            for other in done:
-                if other is not get and other is not again:
-                    continue
-                if other is get and again in done:
-                    self._redeliver.put_nowait(again.result())
-        if isinstance(item, BaseException):
-            raise item
-        self._unacked[item.message_id] = (item, time.monotonic())
-        return item
+        message = self._take()
+        if message is None:
+            try:
+                async with asyncio.timeout(timeout):
+                    while message is None:
+                        self._wake.clear()
+                        await self._wake.wait()
+                        message = self._take()
+            except TimeoutError:
+                raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
+        self._unacked[message.message_id] = (message, time.monotonic())
+        return message
 
     # -- acknowledging ------------------------------------------------------------------
 
@@ -169,7 +192,9 @@ class Consumer:
         """Have the message delivered again after the redelivery delay."""
         self._unacked.pop(message.message_id, None)
         again = message.redelivered()
-        asyncio.get_running_loop().call_later(self._nack_delay_s, self._redeliver.put_nowait, again)
+        asyncio.get_running_loop().call_later(
+            self._nack_delay_s, self._deliver_again, again, self._redeliver
+        )
 
     async def _ack_timeouts(self) -> None:
         """Redeliver messages left unacknowledged for ack_timeout_ms."""
@@ -180,8 +205,7 @@ class Consumer:
             for position, (message, received_at) in list(self._unacked.items()):
                 if now - received_at >= self._ack_timeout_s:
                     del self._unacked[position]
-                    again = message.redelivered()
-                    self._redeliver.put_nowait(again)
+                    self._deliver_again(message.redelivered(), self._redeliver)
 
     # -- the durable cursor -------------------------------------------------------------
 
@@ -250,8 +274,10 @@ class Consumer:
             position = await self._scanner.end_position()
         self._acks.reset(position)
         self._unacked.clear()
-        self._queue = asyncio.Queue(self._queue.maxsize)
-        self._redeliver = asyncio.Queue()
+        self._queue = EntryQueue(self._queue_size, self._wake)
+        self._entry = None
+        self._index = self._end = 0
+        self._redeliver = collections.deque()
         self._dirty = True
         await self.persist()
         await self._registry.cursor_moved_back(self.stream)  # retention must see it now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -29,12 +30,13 @@ class Message:
     entry's messages share them). Reading many messages costs little until they are
     looked at; its position is computed when asked for."""
 
-    # _prev and _redeliveries are set only when they differ from what the entry implies.
-    __slots__ = ("_entry", "_index", "_prev", "_redeliveries")
+    # Made by new_message. _prev is None when the entry implies it; _id until asked for.
+    __slots__ = ("_entry", "_id", "_index", "_prev", "_redeliveries")
 
     _entry: EntryMessages
+    _id: MessageId | None
     _index: int
-    _prev: MessageId
+    _prev: MessageId | None
     _redeliveries: int
 
     @property
@@ -43,19 +45,21 @@ class Message:
 
     @property
     def message_id(self) -> MessageId:
-        entry = self._entry
-        return _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index))
+        found = self._id
+        if found is None:
+            entry = self._entry
+            found = self._id = _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index))
+        return found
 
     @property
     def previous(self) -> MessageId:
         """The message delivered before this one (cursor ranges)."""
-        try:
+        if self._prev is not None:
             return self._prev
-        except AttributeError:
-            entry = self._entry
-            if self._index == entry.start:
-                return entry.previous
-            return _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index - 1))
+        entry = self._entry
+        if self._index == entry.start:
+            return entry.previous
+        return _new_id(MessageId, (entry.ledger_id, entry.entry_id, self._index - 1))
 
     @previous.setter
     def previous(self, value: MessageId) -> None:
@@ -63,10 +67,7 @@ class Message:
 
     @property
     def redelivery_count(self) -> int:
-        try:
-            return self._redeliveries
-        except AttributeError:
-            return 0
+        return self._redeliveries
 
     @property
     def data(self) -> bytes:
@@ -100,11 +101,9 @@ class Message:
 
     def redelivered(self) -> Message:
         """The same message, delivered once more."""
-        again = _new(Message)
-        again._entry = self._entry
-        again._index = self._index
+        again = new_message(self._entry, self._index)
         again._prev = self.previous
-        again._redeliveries = self.redelivery_count + 1
+        again._redeliveries = self._redeliveries + 1
         return again
 
     def __repr__(self) -> str:
@@ -113,6 +112,16 @@ class Message:
 
 _new_id = tuple.__new__
 _new = object.__new__
+
+
+def new_message(entry: EntryMessages, index: int) -> Message:
+    message: Message = _new(Message)
+    message._entry = entry
+    message._index = index
+    message._id = None
+    message._prev = None
+    message._redeliveries = 0
+    return message
 
 
 class EntryMessages:
@@ -151,14 +160,8 @@ class EntryMessages:
     def __len__(self) -> int:
         return len(self.payloads) - self.start
 
-    def message(self, index: int) -> Message:
-        message = _new(Message)
-        message._entry = self
-        message._index = index
-        return message
-
     def __iter__(self) -> Iterator[Message]:
-        return map(self.message, range(self.start, len(self.payloads)))
+        return map(new_message, itertools.repeat(self), range(self.start, len(self.payloads)))
 
     @property
     def last_id(self) -> MessageId:
@@ -429,15 +432,16 @@ class StreamScanner:
         return bool(md.ledgers) and md.ledgers[-1].ledger_id != ledger_id
 
 
-class _EntryQueue:
+class EntryQueue:
     """Entries read ahead, up to `limit` messages in all (and always at least one
-    entry), or an error that ends the reading."""
+    entry), or an error that ends the reading. `ready` is set whenever an item is put
+    (a consumer shares it with its redeliveries)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, ready: asyncio.Event | None = None) -> None:
         self._items: collections.deque[EntryMessages | BaseException] = collections.deque()
         self._limit = max(1, limit)
         self._count = 0  # messages held
-        self._ready = asyncio.Event()
+        self.ready = ready or asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
 
@@ -450,17 +454,24 @@ class _EntryQueue:
             await self._room.wait()
         self._items.append(item)
         self._count += len(item) if isinstance(item, EntryMessages) else 1
-        self._ready.set()
+        self.ready.set()
+
+    def get_nowait(self) -> EntryMessages | BaseException | None:
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        self._count -= len(item) if isinstance(item, EntryMessages) else 1
+        self._room.set()
+        return item
 
     async def get(self, timeout: float | None) -> EntryMessages | BaseException:
         if not self._items:
             async with asyncio.timeout(timeout):
                 while not self._items:
-                    self._ready.clear()
-                    await self._ready.wait()
-        item = self._items.popleft()
-        self._count -= len(item) if isinstance(item, EntryMessages) else 1
-        self._room.set()
+                    self.ready.clear()
+                    await self.ready.wait()
+        item = self.get_nowait()
+        assert item is not None
         return item
 
 
@@ -470,7 +481,7 @@ class Reader:
     def __init__(self, scanner: StreamScanner, *, queue_size: int = 1000) -> None:
         self._scanner = scanner
         self._queue_size = queue_size
-        self._queue = _EntryQueue(queue_size)  # whole entries, read ahead
+        self._queue = EntryQueue(queue_size)  # whole entries, read ahead
         # The entry being read and the index of the next message in it.
         self._entry: EntryMessages | None = None
         self._index = self._end = 0
@@ -503,9 +514,7 @@ class Reader:
             index = item.start
             self._end = len(item.payloads)
         self._index = index + 1
-        message = _new(Message)
-        message._entry = entry  # type: ignore[assignment]
-        message._index = index
+        message = new_message(entry, index)  # type: ignore[arg-type]
         self._last = message  # its position is computed only if asked for
         return message
 
@@ -523,7 +532,7 @@ class Reader:
         await self._stop()
         self._scanner.start_after = parse_start(position)
         self._last = self._scanner.start_after
-        self._queue = _EntryQueue(self._queue_size)
+        self._queue = EntryQueue(self._queue_size)
         self._entry = None
         self._index = self._end = 0
 

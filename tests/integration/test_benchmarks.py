@@ -20,7 +20,7 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
         ),
         (
             ["stream", "--messages", "500", "--rate", "200", "--seconds", "0.5"],
-            ["publish throughput", "end-to-end latency", "catch-up reads"],
+            ["publish throughput", "end-to-end latency", "catch-up reads", "consumer catch-up"],
         ),
     ],
     ids=["protocol", "metadata", "ledger", "stream"],

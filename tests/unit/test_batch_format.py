@@ -16,7 +16,7 @@ from streamlib.stream.batch import (
     metadata_of,
 )
 from streamlib.stream.positions import EARLIEST, MessageId
-from streamlib.stream.reader import EntryMessages, _EntryQueue, decode_entry, entry_messages
+from streamlib.stream.reader import EntryMessages, EntryQueue, decode_entry, entry_messages
 
 messages_strategy = st.lists(
     st.tuples(
@@ -156,7 +156,7 @@ def _entry(count: int) -> EntryMessages:
 
 
 async def test_the_read_ahead_queue_holds_at_most_its_size_in_messages():
-    queue = _EntryQueue(10)
+    queue = EntryQueue(10)
     await queue.put(_entry(6))
     await queue.put(_entry(6))  # over the limit now: the next put waits for room
     third = asyncio.ensure_future(queue.put(_entry(6)))
