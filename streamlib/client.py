@@ -65,7 +65,9 @@ class Client:
         """A producer on `stream` (created with defaults if missing). It is the stream's
         writer: it takes over (fencing the previous writer) before its first send.
         Options: batching_max_messages, batching_max_bytes, batching_max_publish_delay_ms,
-        max_pending_messages, block_if_queue_full."""
+        max_pending_messages, block_if_queue_full, batch_format (1 while readers older than
+        format 2 remain; see streamlib.stream.batch)."""
+        Producer.check_options(**options)
         await self.streams.ensure(stream)
         writer = StreamWriter(
             self.ledgers, self.streams.registry, stream, on_roll=lambda: self._spawn_trim(stream)

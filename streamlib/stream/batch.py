@@ -7,6 +7,10 @@ properties only when some message of the batch has them. Unpacking it makes one 
 object per payload and nothing else per message, which is what lets a catch-up read
 keep up with more than five times the publish rate in one Python process. Format 1
 (one protobuf Message per message, written before) is still read.
+
+Upgrading: readers from before format 2 ignore the format field and see a format 2 entry
+as a batch of no messages. Upgrade readers (consumers, readers, Spark jobs) first, or
+have producers write format 1 meanwhile (`create_producer(..., batch_format=1)`).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from streamlib.stream import envelope_pb2 as envelope
 
 FORMAT = 2
 
-# An upper bound of what a message adds to an entry besides its payload and metadata:
-# its size and its publish and event times, each a varint of at most 10 bytes.
-MESSAGE_OVERHEAD = 30
+# An upper bound of what a message adds to an entry besides its payload and metadata, in
+# either format: its size (or its Message's tag, length and payload tag) and its publish
+# and event times (a tag and a varint of at most 10 bytes each).
+MESSAGE_OVERHEAD = 40
 # ... and of what a batch adds: the tags and lengths of its columns.
 BATCH_OVERHEAD = 64
 
@@ -97,7 +102,9 @@ class BatchBuilder:
         self.metadata.append(metadata)
         self.size += message_size(data, metadata)
 
-    def encode(self) -> bytes:
+    def encode(self, version: int = FORMAT) -> bytes:
+        if version == 1:
+            return self._encode_format_1()
         batch = envelope.Batch(
             format_version=FORMAT,
             payload_sizes=[len(p) for p in self.payloads],
@@ -109,6 +116,20 @@ class BatchBuilder:
         if any(m is not None for m in self.metadata):
             empty = envelope.Metadata()
             batch.metadata.extend(empty if m is None else m for m in self.metadata)
+        return batch.SerializeToString()
+
+    def _encode_format_1(self) -> bytes:
+        """One protobuf Message per message (what readers before format 2 know)."""
+        batch = envelope.Batch(format_version=1)
+        for payload, publish, event, metadata in zip(
+            self.payloads, self.publish_times, self.event_times, self.metadata, strict=True
+        ):
+            message = batch.messages.add(payload=payload, publish_time_ms=publish)
+            message.event_time_ms = event
+            if metadata is not None:
+                if metadata.HasField("key"):
+                    message.key = metadata.key
+                message.properties.update(metadata.properties)
         return batch.SerializeToString()
 
 
@@ -124,12 +145,16 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
         sizes = batch.payload_sizes
         count = len(sizes)
         blob = batch.payloads
+        if not count:  # no messages (as format 1 allows)
+            if blob or batch.publish_time_ms or batch.event_time_ms or batch.metadata:
+                raise MessageDecodeError(f"{where}: the columns of its batch disagree")
+            return DecodedBatch([], [], None, None)
         ends = list(itertools.accumulate(sizes))
         publish = batch.publish_time_ms[:]
         events = batch.event_time_ms[:] if batch.event_time_ms else None
         metadata = batch.metadata if batch.metadata else None
         if (
-            (ends[-1] if ends else 0) != len(blob)
+            ends[-1] != len(blob)
             or len(publish) != count
             or (events is not None and len(events) != count)
             or (metadata is not None and len(metadata) != count)
@@ -142,7 +167,13 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
         )
     if version in (0, 1):
         messages = batch.messages
-        if batch.payload_sizes or batch.payloads:
+        if (
+            batch.payload_sizes
+            or batch.payloads
+            or batch.publish_time_ms
+            or batch.event_time_ms
+            or batch.metadata
+        ):
             raise MessageDecodeError(f"{where}: format 1 batch with format 2 columns")
         return DecodedBatch(
             [m.payload for m in messages],

@@ -18,7 +18,7 @@ import time
 from metadata.errors import BadVersionError
 from metadata.schemas import CursorState, Position, PositionRange
 from metadata.services.streams import StreamRegistry
-from streamlib.protocol.errors import BadRequestError, ClientClosedError, StreamlibError
+from streamlib.protocol.errors import BadRequestError, ClientClosedError
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
 from streamlib.stream.reader import (
@@ -27,6 +27,7 @@ from streamlib.stream.reader import (
     Message,
     StreamScanner,
     new_message,
+    reading_failed,
 )
 
 log = logging.getLogger(__name__)
@@ -117,16 +118,18 @@ class Consumer:
         try:
             async for batch in self._scanner.batches():
                 await queue.put(batch)
-        except StreamlibError as error:
-            await queue.put(error)
+        except Exception as error:  # receive() raises it, rather than waiting forever
+            await queue.put(reading_failed(self.stream, error))
 
     def _take(self) -> Message | None:
         """The next message to deliver, if one is here now: redeliveries first, then the
         read-ahead entries' messages not acknowledged yet (individual acks persisted
         before a restart)."""
-        if self._redeliver:
-            return self._redeliver.popleft()
         acks = self._acks
+        while self._redeliver:
+            again = self._redeliver.popleft()
+            if not acks.is_acked(again.message_id):  # (acknowledged since it timed out?)
+                return again
         while True:
             index = self._index
             if index < self._end:
@@ -161,6 +164,7 @@ class Consumer:
                     while message is None:
                         self._wake.clear()
                         await self._wake.wait()
+                        self._start()  # (again, if a seek stopped the reading)
                         message = self._take()
             except TimeoutError:
                 raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
@@ -266,18 +270,21 @@ class Consumer:
         return LATEST
 
     async def _restart(self, position: MessageId) -> None:
-        if self._fill_task is not None:
-            self._fill_task.cancel()
-            await asyncio.gather(self._fill_task, return_exceptions=True)
-            self._fill_task = None
         if position == LATEST:
             position = await self._scanner.end_position()
+        filling = self._fill_task
+        if filling is not None:
+            filling.cancel()
+            await asyncio.gather(filling, return_exceptions=True)
+        # From here to the wake-up, no await: a receive() meanwhile sees the new state.
         self._acks.reset(position)
         self._unacked.clear()
         self._queue = EntryQueue(self._queue_size, self._wake)
         self._entry = None
         self._index = self._end = 0
         self._redeliver = collections.deque()
+        self._fill_task = None  # the next receive reads from the new position
+        self._wake.set()  # ... including one waiting now
         self._dirty = True
         await self.persist()
         await self._registry.cursor_moved_back(self.stream)  # retention must see it now

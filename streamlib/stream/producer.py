@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from streamlib.protocol.errors import BadRequestError, StreamlibError, TooLargeError
 from streamlib.stream import envelope_pb2 as envelope
-from streamlib.stream.batch import BATCH_OVERHEAD, BatchBuilder, message_size, metadata_of
+from streamlib.stream.batch import (
+    BATCH_OVERHEAD,
+    FORMAT,
+    BatchBuilder,
+    message_size,
+    metadata_of,
+)
 from streamlib.stream.positions import MessageId
 from streamlib.stream.writer import StreamWriter, now_ms
 
@@ -29,13 +35,15 @@ class _Batch:
 
 
 def _millis(value: int | float | dt.datetime | None) -> int:
+    """Epoch milliseconds of an event time (0 = none), 0 <= ms < 2**63."""
     if value is None:
         return 0
-    if isinstance(value, dt.datetime):
-        return int(value.timestamp() * 1000)
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return int(value)
-    raise BadRequestError(f"event_time must be a datetime or epoch milliseconds, got {value!r}")
+    ms = value.timestamp() * 1000 if isinstance(value, dt.datetime) else value
+    if isinstance(ms, int | float) and not isinstance(ms, bool) and 0 <= ms < 2**63:
+        return int(ms)
+    raise BadRequestError(
+        f"event_time must be a datetime or epoch milliseconds from 1970 on, got {value!r}"
+    )
 
 
 class Producer:
@@ -48,11 +56,16 @@ class Producer:
         batching_max_publish_delay_ms: float = 1.0,
         max_pending_messages: int = 20_000,
         block_if_queue_full: bool = True,
+        batch_format: int = FORMAT,
     ) -> None:
-        if batching_max_messages < 1 or batching_max_bytes < 1 or max_pending_messages < 1:
-            raise BadRequestError("batching limits and max_pending_messages must be >= 1")
-        if batching_max_publish_delay_ms < 0:
-            raise BadRequestError("batching_max_publish_delay_ms must be >= 0")
+        self.check_options(
+            batching_max_messages=batching_max_messages,
+            batching_max_bytes=batching_max_bytes,
+            batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+            max_pending_messages=max_pending_messages,
+            batch_format=batch_format,
+        )
+        self._format = batch_format
         self._writer = writer
         self.stream = writer.name
         self._max_messages = batching_max_messages
@@ -66,6 +79,26 @@ class Producer:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+
+    @staticmethod
+    def check_options(
+        *,
+        batching_max_messages: int = 1000,
+        batching_max_bytes: int = 128 * 1024,
+        batching_max_publish_delay_ms: float = 1.0,
+        max_pending_messages: int = 20_000,
+        block_if_queue_full: bool = True,
+        batch_format: int = FORMAT,
+    ) -> None:
+        """BadRequestError (or TypeError for an unknown option) before anything starts:
+        a producer takes the stream over, so a typo must not fence the current writer.
+        batch_format=1 writes the entry format older readers know (streamlib.stream.batch)."""
+        if batching_max_messages < 1 or batching_max_bytes < 1 or max_pending_messages < 1:
+            raise BadRequestError("batching limits and max_pending_messages must be >= 1")
+        if batching_max_publish_delay_ms < 0:
+            raise BadRequestError("batching_max_publish_delay_ms must be >= 0")
+        if batch_format not in (1, FORMAT):
+            raise BadRequestError(f"batch_format is 1 or {FORMAT}, got {batch_format!r}")
 
     async def send_async(
         self,
@@ -145,10 +178,9 @@ class Producer:
         batch, self._batch = self._batch, _Batch(BatchBuilder(), [])
         if not batch.messages:
             return
-        data = batch.messages.encode()
         try:
-            entry = self._writer.append_nowait(data)
-        except StreamlibError as error:
+            entry = self._writer.append_nowait(batch.messages.encode(self._format))
+        except Exception as error:  # every send of the batch gets this outcome
             self._settle(batch, error=error)
             return
         entry.add_done_callback(lambda done: self._settle(batch, done=done))

@@ -21,6 +21,7 @@ from streamlib.protocol.errors import (
     StreamlibError,
 )
 from streamlib.stream.batch import DecodedBatch, decode_batch
+from streamlib.stream.batch import MessageDecodeError as MessageDecodeError  # (its old home)
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.writer import STREAM_PASSWORD
 
@@ -432,6 +433,15 @@ class StreamScanner:
         return bool(md.ledgers) and md.ledgers[-1].ledger_id != ledger_id
 
 
+def reading_failed(stream: str, error: Exception) -> StreamlibError:
+    """What a reader or consumer raises when reading ahead failed."""
+    if isinstance(error, StreamlibError):
+        return error
+    failed = StreamlibError(f"reading stream {stream!r} failed: {error!r}")
+    failed.__cause__ = error
+    return failed
+
+
 class EntryQueue:
     """Entries read ahead, up to `limit` messages in all (and always at least one
     entry), or an error that ends the reading. `ready` is set whenever an item is put
@@ -497,8 +507,8 @@ class Reader:
         try:
             async for batch in self._scanner.batches():
                 await self._queue.put(batch)
-        except StreamlibError as error:
-            await self._queue.put(error)
+        except Exception as error:  # the reader gets it, rather than waiting forever
+            await self._queue.put(reading_failed(self.stream, error))
 
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""

@@ -1,6 +1,7 @@
 """Managed streams and the pub/sub API on real bookies (issue: Managed streams)."""
 
 import asyncio
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 from metadata.schemas import LedgerInfo
 from streamlib.errors import (
+    BadRequestError,
     InvalidPositionError,
     NoSuchStreamError,
     StreamFencedError,
@@ -197,6 +199,36 @@ async def test_acknowledge_cumulative_negative_ack_and_seek(cluster):
     assert (await consumer.receive(timeout=30)).data == b"0"
 
 
+async def test_a_redelivery_acknowledged_meanwhile_and_a_receive_across_a_seek(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("again", batching_max_messages=1)
+    for i in range(3):
+        await producer.send(b"%d" % i)
+    consumer = await client.subscribe("again", "s", initial_position="earliest", ack_timeout_ms=20)
+    first = await consumer.receive(timeout=30)
+    # Left unacknowledged, it times out and is queued for redelivery ...
+    for _ in range(3000):  # bounded: the ack-timeout task runs every 10 ms
+        if consumer._redeliver:
+            break
+        await asyncio.sleep(0.01)
+    assert [m.data for m in consumer._redeliver] == [b"0"]
+    # ... but acknowledged before it comes again: it does not come again.
+    consumer.acknowledge(first)
+    assert (await consumer.receive(timeout=30)).data == b"1"
+    await consumer.close()
+
+    # A receive waiting at the end of the stream gets the first message of a seek made
+    # meanwhile (the seek restarts the reading for it).
+    tail = await client.subscribe("again", "t", initial_position="latest")
+    waiting = asyncio.ensure_future(tail.receive(timeout=30))
+    await asyncio.sleep(0)  # it is waiting now
+    assert not waiting.done()
+    await tail.seek(MessageId(0, 0, 0))
+    assert (await waiting).data == b"0"
+    await tail.close()
+
+
 async def test_tailing_consumer_waits_on_the_long_poll(cluster):
     cluster.start_bookies(3)
     client = await cluster.client()
@@ -235,13 +267,24 @@ async def test_bad_input_gets_typed_errors(cluster):
         await producer.send(b"x" * (6 * 1024 * 1024))
     with pytest.raises(TooLargeError):  # the key and properties count too
         await producer.send(b"x" * (5 * 1024 * 1024 - 100), properties={"p": "v" * 200})
+    for event_time in (2**63, float("inf"), float("nan"), -1, dt.datetime(1960, 1, 1)):
+        with pytest.raises(BadRequestError):  # refused at the send, not in its batch
+            await producer.send_async(b"x", event_time=event_time)
+    kept = await producer.send_async(b"sent alone")
+    # A bad option is refused before the new producer takes the stream over.
+    with pytest.raises(BadRequestError):
+        await client.create_producer("errors", batch_format=7)
+    assert (await kept).ledger_id > 0
     assert (await producer.send(b"fine")).ledger_id > 0  # the producer still works
 
 
-async def test_keys_properties_and_times_reach_readers_and_consumers(cluster):
+@pytest.mark.parametrize("batch_format", [2, 1])
+async def test_keys_properties_and_times_reach_readers_and_consumers(cluster, batch_format):
     cluster.start_bookies(3)
     client = await cluster.client()
-    producer = await client.create_producer("fields", batching_max_publish_delay_ms=50)
+    producer = await client.create_producer(
+        "fields", batching_max_publish_delay_ms=50, batch_format=batch_format
+    )
     sent = [
         (b"plain", None, {}, 0),
         (b"keyed", "k1", {}, 0),

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamlib.protocol.errors import StreamlibError
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import (
     BatchBuilder,
@@ -16,7 +17,13 @@ from streamlib.stream.batch import (
     metadata_of,
 )
 from streamlib.stream.positions import EARLIEST, MessageId
-from streamlib.stream.reader import EntryMessages, EntryQueue, decode_entry, entry_messages
+from streamlib.stream.reader import (
+    EntryMessages,
+    EntryQueue,
+    Reader,
+    decode_entry,
+    entry_messages,
+)
 
 messages_strategy = st.lists(
     st.tuples(
@@ -41,12 +48,14 @@ def fields(message):
     )
 
 
-@given(messages_strategy)
-def test_a_batch_reads_back_as_it_was_written_and_its_size_bound_holds(messages):
+@pytest.mark.parametrize("version", [2, 1])
+@given(messages=messages_strategy)
+def test_a_batch_reads_back_as_it_was_written_and_its_size_bound_holds(version, messages):
     builder = BatchBuilder()
     for data, publish, event, key, properties in messages:
         builder.add(data, publish, event, metadata_of(key, properties))
-    encoded = builder.encode()
+    encoded = builder.encode(version)
+    assert envelope.Batch.FromString(encoded).format_version == version
     assert len(encoded) <= builder.size  # what the producer counts never underestimates
     decoded = decode_entry("s", 7, 3, encoded, EARLIEST)
     assert [fields(m) for m in decoded] == list(messages)
@@ -107,6 +116,14 @@ def _columns(**overrides):
         (_columns(metadata=[envelope.Metadata(key="k")]), "columns of its batch disagree"),
         (_columns(messages=[envelope.Message(payload=b"x")]), "columns of its batch disagree"),
         (_columns(format_version=1), "format 1 batch with format 2 columns"),
+        (
+            envelope.Batch(format_version=1, publish_time_ms=[1]).SerializeToString(),
+            "format 1 batch with format 2 columns",
+        ),
+        (
+            envelope.Batch(format_version=2, publish_time_ms=[1]).SerializeToString(),
+            "columns of its batch disagree",
+        ),
         (_columns(format_version=3), "batch format 3 is newer than this client reads"),
     ],
 )
@@ -114,6 +131,32 @@ def test_entries_that_are_not_batches_get_a_typed_error_naming_the_entry(payload
     with pytest.raises(MessageDecodeError, match=reason) as caught:
         decode_entry("orders", 4, 17, payload, EARLIEST)
     assert "stream 'orders' ledger 4 entry 17" in str(caught.value)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_a_batch_of_no_messages_has_no_messages(version):
+    empty = envelope.Batch(format_version=version).SerializeToString()
+    assert decode_entry("s", 1, 0, empty, EARLIEST) == []
+    assert entry_messages("s", 1, 0, empty, EARLIEST) is None
+
+
+class _FailingScanner:
+    """A scanner whose reading breaks in a way nobody planned for."""
+
+    name = "broken"
+    start_after = EARLIEST
+
+    async def batches(self):
+        raise ZeroDivisionError("a bug")
+        yield  # an async generator
+
+
+async def test_a_reader_whose_reading_fails_raises_instead_of_waiting_forever():
+    reader = Reader(_FailingScanner())  # type: ignore[arg-type]
+    with pytest.raises(StreamlibError, match="reading stream 'broken' failed") as caught:
+        await reader.read_next(timeout=5)
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+    await reader.close()
 
 
 def test_an_entry_read_after_a_position_inside_it_starts_after_that_position():
