@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from streamlib.protocol.errors import BadRequestError, StreamlibError, TooLargeError
 from streamlib.stream import envelope_pb2 as envelope
@@ -46,6 +48,18 @@ def _millis(value: int | float | dt.datetime | None) -> int:
     )
 
 
+def _check(
+    max_messages: int, max_bytes: int, delay_ms: float, max_pending: int, batch_format: int
+) -> None:
+    if max_messages < 1 or max_bytes < 1 or max_pending < 1:
+        raise BadRequestError("batching limits and max_pending_messages must be >= 1")
+    if delay_ms < 0:
+        raise BadRequestError("batching_max_publish_delay_ms must be >= 0")
+    if batch_format not in (1, FORMAT):
+        # 1 writes the entry format older readers know (see streamlib.stream.batch).
+        raise BadRequestError(f"batch_format is 1 or {FORMAT}, got {batch_format!r}")
+
+
 class Producer:
     def __init__(
         self,
@@ -58,12 +72,12 @@ class Producer:
         block_if_queue_full: bool = True,
         batch_format: int = FORMAT,
     ) -> None:
-        self.check_options(
-            batching_max_messages=batching_max_messages,
-            batching_max_bytes=batching_max_bytes,
-            batching_max_publish_delay_ms=batching_max_publish_delay_ms,
-            max_pending_messages=max_pending_messages,
-            batch_format=batch_format,
+        _check(
+            batching_max_messages,
+            batching_max_bytes,
+            batching_max_publish_delay_ms,
+            max_pending_messages,
+            batch_format,
         )
         self._format = batch_format
         self._writer = writer
@@ -81,24 +95,20 @@ class Producer:
         self._closed = False
 
     @staticmethod
-    def check_options(
-        *,
-        batching_max_messages: int = 1000,
-        batching_max_bytes: int = 128 * 1024,
-        batching_max_publish_delay_ms: float = 1.0,
-        max_pending_messages: int = 20_000,
-        block_if_queue_full: bool = True,
-        batch_format: int = FORMAT,
-    ) -> None:
-        """BadRequestError (or TypeError for an unknown option) before anything starts:
-        a producer takes the stream over, so a typo must not fence the current writer.
-        batch_format=1 writes the entry format older readers know (streamlib.stream.batch)."""
-        if batching_max_messages < 1 or batching_max_bytes < 1 or max_pending_messages < 1:
-            raise BadRequestError("batching limits and max_pending_messages must be >= 1")
-        if batching_max_publish_delay_ms < 0:
-            raise BadRequestError("batching_max_publish_delay_ms must be >= 0")
-        if batch_format not in (1, FORMAT):
-            raise BadRequestError(f"batch_format is 1 or {FORMAT}, got {batch_format!r}")
+    def check_options(**options: Any) -> None:
+        """The checks of the constructor, before anything starts (a producer takes the
+        stream over: a typo must not fence the current writer). BadRequestError, or
+        TypeError for an option that does not exist."""
+        bound = inspect.signature(Producer).bind(None, **options)
+        bound.apply_defaults()
+        given = bound.arguments
+        _check(
+            given["batching_max_messages"],
+            given["batching_max_bytes"],
+            given["batching_max_publish_delay_ms"],
+            given["max_pending_messages"],
+            given["batch_format"],
+        )
 
     async def send_async(
         self,
