@@ -146,7 +146,13 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
         count = len(sizes)
         blob = batch.payloads
         if not count:  # no messages (as format 1 allows)
-            if blob or batch.publish_time_ms or batch.event_time_ms or batch.metadata:
+            if (
+                blob
+                or batch.publish_time_ms
+                or batch.event_time_ms
+                or batch.metadata
+                or (batch.messages)
+            ):
                 raise MessageDecodeError(f"{where}: the columns of its batch disagree")
             return DecodedBatch([], [], None, None)
         ends = list(itertools.accumulate(sizes))

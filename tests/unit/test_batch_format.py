@@ -124,6 +124,10 @@ def _columns(**overrides):
             envelope.Batch(format_version=2, publish_time_ms=[1]).SerializeToString(),
             "columns of its batch disagree",
         ),
+        (
+            envelope.Batch(format_version=2, messages=[envelope.Message()]).SerializeToString(),
+            "columns of its batch disagree",
+        ),
         (_columns(format_version=3), "batch format 3 is newer than this client reads"),
     ],
 )
