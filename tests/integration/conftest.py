@@ -12,6 +12,8 @@ import pytest
 from bookie.launcher import BookieProcess
 from streamlib.client import Client
 from streamlib.ledger.bookie_client import BookieClientConfig
+from streamlib.stream.admin import StreamManager
+from streamlib.stream.positions import EARLIEST, MessageId
 from tests.conftest import make_metadata_uri
 
 # Short timeouts so a killed or stopped bookie is noticed quickly; a short session so
@@ -77,3 +79,20 @@ async def any_cluster(
     """On each real backend: sqlite and ZooKeeper."""
     async for c in _cluster(request, tmp_path, request.param):
         yield c
+
+
+def reset_cursor_once_cursors_are_read(
+    monkeypatch: pytest.MonkeyPatch, manager: StreamManager, subscription: str
+) -> None:
+    """The interleaving retention must survive: the first time it reads a stream's
+    cursors, an admin resets `subscription` to EARLIEST right after (before its CAS)."""
+    read_cursors = type(manager).cursors
+
+    async def cursors_then_reset(self: StreamManager, name: str) -> dict[str, MessageId]:
+        found = await read_cursors(self, name)
+        if not getattr(self, "_reset_done", False):
+            self._reset_done = True  # type: ignore[attr-defined]
+            await manager.reset_cursor(name, subscription, EARLIEST)
+        return found
+
+    monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)

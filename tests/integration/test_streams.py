@@ -20,6 +20,7 @@ from streamlib.errors import (
 )
 from streamlib.protocol import LedgerState
 from streamlib.stream.positions import EARLIEST, MessageId
+from tests.integration.conftest import reset_cursor_once_cursors_are_read
 
 
 async def read_all(client, stream):
@@ -385,16 +386,7 @@ async def test_a_cursor_moved_back_while_retention_plans_is_respected(cluster, m
     # The interleaving under test: retention reads the cursors (all at the end), then an
     # admin moves the cursor back to EARLIEST before retention's CAS.
     manager = client.streams
-    read_cursors = type(manager).cursors
-
-    async def cursors_then_reset(self, name):
-        found = await read_cursors(self, name)
-        if not getattr(self, "_reset_done", False):
-            self._reset_done = True
-            await manager.reset_cursor(name, "s", EARLIEST)
-        return found
-
-    monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)
+    reset_cursor_once_cursors_are_read(monkeypatch, manager, "s")
     far_future = int(time.time() * 1000) + 10**9
     assert await manager.trim("racy", now=far_future) == []  # planned again: nothing goes
     md, _ = await client.streams.read("racy")

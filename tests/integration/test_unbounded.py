@@ -6,7 +6,7 @@ import time
 import pytest
 
 from streamlib.errors import BadRequestError, InvalidTermError
-from streamlib.stream.positions import EARLIEST
+from tests.integration.conftest import reset_cursor_once_cursors_are_read
 
 
 async def test_takeover_ping_pong_loses_and_duplicates_nothing(any_cluster):
@@ -168,16 +168,7 @@ async def test_a_cursor_moved_back_while_fragment_retention_plans_is_respected(
     fragments = (await client.ledgers.metadata(ledger_id)).fragments
     assert len(fragments) >= 3
     manager = client.streams
-    read_cursors = type(manager).cursors
-
-    async def cursors_then_reset(self, name):
-        found = await read_cursors(self, name)
-        if not getattr(self, "_reset_done", False):
-            self._reset_done = True
-            await manager.reset_cursor(name, "s", EARLIEST)
-        return found
-
-    monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)
+    reset_cursor_once_cursors_are_read(monkeypatch, manager, "s")
     far_future = int(time.time() * 1000) + 10**9
     assert await manager.trim_fragments("racy-one", now=far_future) == []
     assert (await client.ledgers.metadata(ledger_id)).fragments == fragments
