@@ -152,22 +152,19 @@ async def _delete(client: Client, args: argparse.Namespace) -> int:
 
 async def _trim(client: Client, args: argparse.Namespace) -> int:
     md, _ = await client.streams.read(args.stream)
-    if md.mode == StreamMode.UNBOUNDED:  # one ledger: retention drops its fragments
-        with progress(f"trimming {args.stream}", None, enabled=not args.json):
-            dropped = await client.streams.trim_fragments(args.stream)
-        if args.json:
-            print_json({"stream": args.stream, "dropped_fragments_starting_at": dropped})
-        elif dropped:
-            print(f"trimmed {args.stream!r}: dropped {len(dropped)} fragments of its ledger")
-        else:
-            print(f"trimmed {args.stream!r}: nothing to drop under its retention policy")
-        return 0
+    # An unbounded stream is one ledger: its retention drops fragments, not ledgers.
+    unbounded = md.mode == StreamMode.UNBOUNDED
+    trim = client.streams.trim_fragments if unbounded else client.streams.trim
     with progress(f"trimming {args.stream}", None, enabled=not args.json):
-        deleted = await client.streams.trim(args.stream)
+        gone = await trim(args.stream)
     if args.json:
-        print_json({"stream": args.stream, "deleted_ledgers": deleted})
-    elif deleted:
-        print(f"trimmed {args.stream!r}: deleted ledgers {' '.join(map(str, deleted))}")
+        key = "dropped_fragments_starting_at" if unbounded else "deleted_ledgers"
+        print_json({"stream": args.stream, key: gone})
+    elif not gone:
+        what = "drop" if unbounded else "delete"
+        print(f"trimmed {args.stream!r}: nothing to {what} under its retention policy")
+    elif unbounded:
+        print(f"trimmed {args.stream!r}: dropped {len(gone)} fragments of its ledger")
     else:
-        print(f"trimmed {args.stream!r}: nothing to delete under its retention policy")
+        print(f"trimmed {args.stream!r}: deleted ledgers {' '.join(map(str, gone))}")
     return 0
