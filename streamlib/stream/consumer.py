@@ -22,12 +22,9 @@ from streamlib.protocol.errors import BadRequestError, ClientClosedError
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
 from streamlib.stream.reader import (
-    EntryMessages,
     EntryQueue,
     Message,
     StreamScanner,
-    new_message,
-    reading_failed,
 )
 
 log = logging.getLogger(__name__)
@@ -84,13 +81,11 @@ class Consumer:
         self.subscription = subscription
         self._acks = acks
         self._version = version
-        # Whole entries read ahead; the entry being taken from and the index of its next
-        # message; messages to deliver again. `_wake` is set when any of them gets more.
+        # Whole entries read ahead, and messages to deliver again. `_wake` is set when
+        # either gets more.
         self._queue_size = receiver_queue_size
         self._wake = asyncio.Event()
         self._queue = EntryQueue(receiver_queue_size, self._wake)
-        self._entry: EntryMessages | None = None
-        self._index = self._end = 0
         self._redeliver: collections.deque[Message] = collections.deque()
         self._unacked: dict[MessageId, tuple[Message, float]] = {}
         self._ack_timeout_s = ack_timeout_ms / 1000.0
@@ -109,43 +104,25 @@ class Consumer:
     def _start(self) -> None:
         if self._fill_task is None:
             self._scanner.start_after = self._acks.mark_delete
-            self._fill_task = asyncio.get_running_loop().create_task(self._fill())
+            self._fill_task = asyncio.get_running_loop().create_task(
+                self._queue.fill(self._scanner)
+            )
         if self._ack_timeout_s > 0 and self._timeout_task is None:
             self._timeout_task = asyncio.get_running_loop().create_task(self._ack_timeouts())
 
-    async def _fill(self) -> None:
-        queue = self._queue
-        try:
-            async for batch in self._scanner.batches():
-                await queue.put(batch)
-        except Exception as error:  # receive() raises it, rather than waiting forever
-            await queue.put(reading_failed(self.stream, error))
-
     def _take(self) -> Message | None:
         """The next message to deliver, if one is here now: redeliveries first, then the
-        read-ahead entries' messages not acknowledged yet (individual acks persisted
-        before a restart)."""
+        read-ahead messages not acknowledged yet (individual acks persisted before a
+        restart)."""
         acks = self._acks
         while self._redeliver:
             again = self._redeliver.popleft()
             if not acks.is_acked(again.message_id):  # (acknowledged since it timed out?)
                 return again
         while True:
-            index = self._index
-            if index < self._end:
-                self._index = index + 1
-                message = new_message(self._entry, index)  # type: ignore[arg-type]
-                if not acks.is_acked(message.message_id):
-                    return message
-                continue
-            item = self._queue.get_nowait()
-            if item is None:
-                return None
-            if isinstance(item, BaseException):
-                raise item
-            self._entry = item
-            self._index = item.start
-            self._end = len(item.payloads)
+            message = self._queue.take_nowait()
+            if message is None or not acks.is_acked(message.message_id):
+                return message
 
     def _deliver_again(self, message: Message, into: collections.deque[Message]) -> None:
         into.append(message)  # (dropped if a seek replaced the deque meanwhile)
@@ -280,8 +257,6 @@ class Consumer:
         self._acks.reset(position)
         self._unacked.clear()
         self._queue = EntryQueue(self._queue_size, self._wake)
-        self._entry = None
-        self._index = self._end = 0
         self._redeliver = collections.deque()
         self._fill_task = None  # the next receive reads from the new position
         self._wake.set()  # ... including one waiting now

@@ -444,8 +444,8 @@ def reading_failed(stream: str, error: Exception) -> StreamlibError:
 
 class EntryQueue:
     """Entries read ahead, up to `limit` messages in all (and always at least one
-    entry), or an error that ends the reading. `ready` is set whenever an item is put
-    (a consumer shares it with its redeliveries)."""
+    entry), or an error that ends the reading; and the entry messages are taken from now.
+    `ready` is set whenever an item is put (a consumer shares it with its redeliveries)."""
 
     def __init__(self, limit: int, ready: asyncio.Event | None = None) -> None:
         self._items: collections.deque[EntryMessages | BaseException] = collections.deque()
@@ -454,9 +454,22 @@ class EntryQueue:
         self.ready = ready or asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        # The entry being taken from and the index of its next message.
+        self._entry: EntryMessages | None = None
+        self._index = self._end = 0
 
     def __bool__(self) -> bool:
-        return bool(self._items)
+        """Whether a message (or the error) can be taken now."""
+        return self._index < self._end or bool(self._items)
+
+    async def fill(self, scanner: StreamScanner) -> None:
+        """Read ahead from the scanner until it ends; a failure is queued, so the reader
+        gets it rather than waiting forever."""
+        try:
+            async for batch in scanner.batches():
+                await self.put(batch)
+        except Exception as error:
+            await self.put(reading_failed(scanner.name, error))
 
     async def put(self, item: EntryMessages | BaseException) -> None:
         while self._count >= self._limit:
@@ -466,23 +479,33 @@ class EntryQueue:
         self._count += len(item) if isinstance(item, EntryMessages) else 1
         self.ready.set()
 
-    def get_nowait(self) -> EntryMessages | BaseException | None:
-        if not self._items:
-            return None
-        item = self._items.popleft()
-        self._count -= len(item) if isinstance(item, EntryMessages) else 1
-        self._room.set()
-        return item
+    def take_nowait(self) -> Message | None:
+        """The next message, if one is here now; raises the error that ended the reading."""
+        index = self._index
+        if index >= self._end:
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            self._count -= len(item) if isinstance(item, EntryMessages) else 1
+            self._room.set()
+            if isinstance(item, BaseException):
+                raise item
+            self._entry = item  # (never empty: see entry_messages)
+            index = item.start
+            self._end = len(item.payloads)
+        self._index = index + 1
+        return new_message(self._entry, index)  # type: ignore[arg-type]
 
-    async def get(self, timeout: float | None) -> EntryMessages | BaseException:
-        if not self._items:
+    async def take(self, timeout: float | None) -> Message:
+        """The next message; TimeoutError if none comes within timeout seconds."""
+        message = self.take_nowait()
+        if message is None:
             async with asyncio.timeout(timeout):
-                while not self._items:
+                while message is None:
                     self.ready.clear()
                     await self.ready.wait()
-        item = self.get_nowait()
-        assert item is not None
-        return item
+                    message = self.take_nowait()
+        return message
 
 
 class Reader:
@@ -492,44 +515,22 @@ class Reader:
         self._scanner = scanner
         self._queue_size = queue_size
         self._queue = EntryQueue(queue_size)  # whole entries, read ahead
-        # The entry being read and the index of the next message in it.
-        self._entry: EntryMessages | None = None
-        self._index = self._end = 0
         self._task: asyncio.Task[None] | None = None
         self._last: MessageId | Message = scanner.start_after  # the last read (or start)
         self.stream = scanner.name
 
-    def _start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._fill())
-
-    async def _fill(self) -> None:
-        try:
-            async for batch in self._scanner.batches():
-                await self._queue.put(batch)
-        except Exception as error:  # the reader gets it, rather than waiting forever
-            await self._queue.put(reading_failed(self.stream, error))
-
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""
-        index = self._index
-        if index < self._end:
-            entry = self._entry
-        else:
-            self._start()
-            item = await self._queue.get(timeout)
-            if isinstance(item, BaseException):
-                raise item
-            self._entry = entry = item
-            index = item.start
-            self._end = len(item.payloads)
-        self._index = index + 1
-        message = new_message(entry, index)  # type: ignore[arg-type]
+        message = self._queue.take_nowait()  # the common case while catching up
+        if message is None:
+            if self._task is None:
+                self._task = asyncio.get_running_loop().create_task(self._queue.fill(self._scanner))
+            message = await self._queue.take(timeout)
         self._last = message  # its position is computed only if asked for
         return message
 
     async def has_message_available(self) -> bool:
-        if self._index < self._end or self._queue:
+        if self._queue:
             return True
         end = await self._scanner.end_position()
         last = self._last if isinstance(self._last, MessageId) else self._last.message_id
@@ -543,8 +544,6 @@ class Reader:
         self._scanner.start_after = parse_start(position)
         self._last = self._scanner.start_after
         self._queue = EntryQueue(self._queue_size)
-        self._entry = None
-        self._index = self._end = 0
 
     async def _stop(self) -> None:
         if self._task is not None:

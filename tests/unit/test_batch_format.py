@@ -193,29 +193,34 @@ def test_a_redelivered_message_keeps_its_fields_and_counts_deliveries():
     assert b.redelivery_count == 0
 
 
-def _entry(count: int) -> EntryMessages:
+def _entry(count: int, entry_id: int) -> EntryMessages:
     builder = BatchBuilder()
     for i in range(count):
         builder.add(b"x", i)
-    entry = entry_messages("s", 1, count, builder.encode(), EARLIEST)
+    entry = entry_messages("s", 1, entry_id, builder.encode(), EARLIEST)
     assert entry is not None
     return entry
 
 
+async def _entry_ids(queue: EntryQueue, messages: int) -> list[int]:
+    return [(await queue.take(timeout=1)).message_id.entry_id for _ in range(messages)]
+
+
 async def test_the_read_ahead_queue_holds_at_most_its_size_in_messages():
     queue = EntryQueue(10)
-    await queue.put(_entry(6))
-    await queue.put(_entry(6))  # over the limit now: the next put waits for room
-    third = asyncio.ensure_future(queue.put(_entry(6)))
+    await queue.put(_entry(6, 1))
+    await queue.put(_entry(6, 2))  # over the limit now: the next put waits for room
+    third = asyncio.ensure_future(queue.put(_entry(6, 3)))
     await asyncio.sleep(0)  # one turn of the loop: it runs up to its wait
     assert not third.done()
-    assert len(await queue.get(timeout=1)) == 6
+    assert await _entry_ids(queue, 6) == [1] * 6  # the first entry, whole
     await asyncio.wait_for(third, 1)  # room again: 6 + 6 held
-    assert [len(await queue.get(timeout=1)) for _ in range(2)] == [6, 6]
+    assert await _entry_ids(queue, 12) == [2] * 6 + [3] * 6
     with pytest.raises(TimeoutError):
-        await queue.get(timeout=0.01)
+        await queue.take(timeout=0.01)
     # An error ends the reading in order, after the entries before it.
-    await queue.put(_entry(2))
+    await queue.put(_entry(2, 4))
     await queue.put(MessageDecodeError("bad"))
-    assert len(await queue.get(timeout=1)) == 2
-    assert isinstance(await queue.get(timeout=1), MessageDecodeError)
+    assert await _entry_ids(queue, 2) == [4, 4]
+    with pytest.raises(MessageDecodeError):
+        await queue.take(timeout=1)
