@@ -10,7 +10,7 @@ from bookie.errors import BadRequestError, TooLargeError
 from bookie.records import EntryHeader
 from bookie.wire import bookie_pb2 as pb
 
-KNOWN_ADD_FLAGS = pb.RECOVERY_ADD | pb.TRUNCATE
+KNOWN_ADD_FLAGS = pb.RECOVERY_ADD | pb.TRUNCATE | pb.NOOP
 KNOWN_READ_FLAGS = pb.FENCE
 MAX_KEY_BYTES = 1024
 MAX_DIGEST_BYTES = 1024

@@ -27,6 +27,7 @@ class AddFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ADD_FLAG_NONE: _ClassVar[AddFlag]
     RECOVERY_ADD: _ClassVar[AddFlag]
     TRUNCATE: _ClassVar[AddFlag]
+    NOOP: _ClassVar[AddFlag]
 
 class ReadFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +48,7 @@ TOO_MANY_REQUESTS: StatusCode
 ADD_FLAG_NONE: AddFlag
 RECOVERY_ADD: AddFlag
 TRUNCATE: AddFlag
+NOOP: AddFlag
 READ_FLAG_NONE: ReadFlag
 FENCE: ReadFlag
 

@@ -33,7 +33,7 @@ from streamlib.ledger.bookie_client import AddHandler
 from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
 from streamlib.ledger.handles import ReadHandle
 from streamlib.protocol import LedgerMetadata
-from streamlib.protocol.actions import ADD_FLAG_RECOVERY, ADD_FLAG_TRUNCATE, EntryData
+from streamlib.protocol.actions import EntryData, rewrite_flags
 from streamlib.protocol.digest import master_key
 from streamlib.protocol.errors import (
     BookieIOError,
@@ -235,7 +235,7 @@ class ReplicationWorker:
                 payload=e.payload,
                 digest=e.digest,
                 master_key=key,
-                flags=ADD_FLAG_RECOVERY | (e.flags & ADD_FLAG_TRUNCATE),
+                flags=rewrite_flags(e.flags),
                 term=md.term,
             )
             for e in entries

@@ -18,6 +18,7 @@ from streamlib.protocol.actions import (
     CompleteAdds,
     EntryData,
     FailAdds,
+    is_noop,
 )
 from streamlib.protocol.digest import master_key
 from streamlib.protocol.errors import (
@@ -239,7 +240,7 @@ class WriteHandle:
 def _payloads(entries: list[EntryData]) -> list[bytes]:
     """The data of entries, without the TRUNCATE no-ops of unbounded ledgers (they mark a
     takeover, not data; read_entries still shows them, with their flags)."""
-    return [e.payload for e in entries if not e.flags & pb.TRUNCATE]
+    return [e.payload for e in entries if not is_noop(e.flags)]
 
 
 class ReadHandle:
@@ -435,7 +436,7 @@ class ReadHandle:
                 if next_entry <= self.last_entry_id:
                     last = min(self.last_entry_id, next_entry + batch - 1)
                     for entry in await self.read_entries(next_entry, last):
-                        if not entry.flags & pb.TRUNCATE:
+                        if not is_noop(entry.flags):
                             yield entry.entry_id, entry.payload
                     next_entry = last + 1
                     continue

@@ -17,7 +17,20 @@ from streamlib.protocol.ledger_metadata import LedgerMetadata
 # Flag bits; the numbers are the wire's (bookie.proto AddFlag / ReadFlag).
 ADD_FLAG_RECOVERY = 1
 ADD_FLAG_TRUNCATE = 2
+ADD_FLAG_NOOP = 4
 READ_FLAG_FENCE = 1
+
+
+def is_noop(flags: int) -> bool:
+    """Whether a stored entry is a no-op of unbounded mode (readers skip it)."""
+    return bool(flags & (ADD_FLAG_TRUNCATE | ADD_FLAG_NOOP))
+
+
+def rewrite_flags(flags: int) -> int:
+    """The add flags that write a stored entry again (recovery's write-back,
+    re-replication): a recovery add, and a no-op stays a no-op but never truncates
+    again -- a TRUNCATE written back after the entries above it would delete them."""
+    return ADD_FLAG_RECOVERY | (ADD_FLAG_NOOP if is_noop(flags) else 0)
 
 
 class EntryData(NamedTuple):

@@ -38,7 +38,6 @@ import enum
 from dataclasses import dataclass, replace
 
 from streamlib.protocol.actions import (
-    ADD_FLAG_RECOVERY,
     Action,
     ChooseBookies,
     EntryData,
@@ -50,6 +49,7 @@ from streamlib.protocol.actions import (
     RecoveryFailed,
     SendAdd,
     WriteMetadata,
+    rewrite_flags,
 )
 from streamlib.protocol.digest import DigestManager
 from streamlib.protocol.errors import (
@@ -387,7 +387,7 @@ class LedgerRecovery:
             self.ledger_id,
             (entry,),
             self.master_key,
-            ADD_FLAG_RECOVERY,
+            rewrite_flags(entry.flags),
             self.metadata.term,
         )
 

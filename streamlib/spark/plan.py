@@ -14,10 +14,9 @@ import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
-from bookie.wire import bookie_pb2 as pb
 from streamlib.client import Client
 from streamlib.ledger.handles import ReadHandle
-from streamlib.protocol.actions import EntryData
+from streamlib.protocol.actions import EntryData, is_noop
 from streamlib.protocol.errors import BadRequestError, NoSuchLedgerError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.reader import Message, decode_entry
@@ -181,7 +180,7 @@ async def segments(
 
 def _messages(stream: str, ledger_id: int, entries: Iterable[EntryData]) -> Iterable[Message]:
     for entry in entries:
-        if entry.flags & pb.TRUNCATE:
+        if is_noop(entry.flags):
             continue  # unbounded mode's no-op entries are never messages
         yield from decode_entry(stream, ledger_id, entry.entry_id, entry.payload, EARLIEST)
 
@@ -217,7 +216,7 @@ async def read_segment_entries(client: Client, segment: Segment) -> list[EntryDa
         entries = await handle.read_entries(segment.first_entry, segment.last_entry)
     finally:
         await handle.close()
-    return [e for e in entries if not e.flags & pb.TRUNCATE]
+    return [e for e in entries if not is_noop(e.flags)]
 
 
 async def read_segment(client: Client, segment: Segment) -> list[Message]:

@@ -9,11 +9,10 @@ import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from bookie.wire import bookie_pb2 as pb
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import ReadHandle
 from streamlib.ledger.manager import LedgerManager
-from streamlib.protocol.actions import EntryData
+from streamlib.protocol.actions import EntryData, is_noop
 from streamlib.protocol.errors import (
     BadRequestError,
     NoSuchEntryError,
@@ -380,7 +379,7 @@ class StreamScanner:
     ) -> list[EntryMessages]:
         batches = []
         for entry in entries:
-            if entry.flags & pb.TRUNCATE:
+            if is_noop(entry.flags):
                 continue  # unbounded mode's no-op entries are never messages
             batch = entry_messages(
                 self.name, ledger_id, entry.entry_id, entry.payload, previous, after

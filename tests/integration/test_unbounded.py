@@ -192,3 +192,21 @@ async def test_a_pipelined_burst_rolls_fragments_as_the_lac_moves(cluster):
         await asyncio.sleep(0.05)
     assert fragments[1].first_entry_id > 0  # a new fragment, not the first one replaced
     await producer.close()
+
+
+async def test_back_to_back_takeovers_never_turn_a_no_op_into_data(cluster):
+    # The second takeover's recovery reads the first one's TRUNCATE no-op past the LAC
+    # and writes it back: it must stay a no-op (and truncate nothing), never b"".
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    writer = await client.ledgers.create(3, 3, 2, password=b"pw", unbounded=True)
+    await writer.append(b"A")
+    await client.ledgers.take_over(writer.ledger_id, password=b"pw")
+    last = await client.ledgers.take_over(writer.ledger_id, password=b"pw")
+    entry_c = await last.append(b"C")
+    await last.release()
+    reader = await client.ledgers.open(writer.ledger_id, password=b"pw", recover=False)
+    assert reader.last_add_confirmed >= entry_c
+    assert await reader.read(0, entry_c) == [b"A", b"C"]
+    noops = [e for e in await reader.read_entries(0, entry_c) if e.payload == b""]
+    assert len(noops) == 2 and all(e.flags for e in noops)

@@ -13,7 +13,7 @@ Invariants, in addition to the bounded ones that apply:
 from __future__ import annotations
 
 from streamlib.protocol import Fragment, LedgerMetadata
-from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed
+from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed, is_noop
 from streamlib.protocol.errors import InvalidTermError, NotEnoughBookiesError, RecoveryAbortedError
 from streamlib.protocol.term_recovery import TermRecovery
 from streamlib.protocol.writer import LedgerWriter
@@ -127,7 +127,7 @@ class UnboundedScenario(Scenario):
         if self.final:
             return  # the closing check: nothing more is written
         self.written = 0
-        self.entries_to_write = self.world.rnd.randint(3, 15)
+        self.entries_to_write = self.world.rnd.choice([0, *range(3, 16)])  # 0: back-to-back takeovers
         self.world.at(1, self.writer_append)
         self.schedule_fragment_roll()
         self.takeovers += 1
@@ -158,6 +158,11 @@ class UnboundedScenario(Scenario):
                 entry = state.entries.get(entry_id) if state else None
                 copies[bookie_id] = entry.payload if entry is not None else None
             held = {p for p in copies.values() if p is not None}
+            for bookie_id in metadata.write_set_bookies(entry_id):
+                state = self.world.bookies[bookie_id].ledgers.get(LEDGER_ID)
+                entry = state.entries.get(entry_id) if state else None
+                if entry is not None and entry.payload == b"" and not is_noop(entry.flags):
+                    self.fail(f"the no-op {entry_id} on {bookie_id} reads as data (b'')")
             if len(held) > 1:
                 self.fail(f"entry {entry_id} differs between bookies: {copies} (divergence)")
             if entry_id in self.acked and held != {self.acked[entry_id]}:
