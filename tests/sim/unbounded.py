@@ -127,7 +127,8 @@ class UnboundedScenario(Scenario):
         if self.final:
             return  # the closing check: nothing more is written
         self.written = 0
-        self.entries_to_write = self.world.rnd.choice([0, *range(3, 16)])  # 0: back-to-back takeovers
+        # 0 now and then: back-to-back takeovers (recovery reads the last one's no-op).
+        self.entries_to_write = self.world.rnd.choice([0, *range(3, 16)])
         self.world.at(1, self.writer_append)
         self.schedule_fragment_roll()
         self.takeovers += 1
