@@ -1,7 +1,9 @@
 """Choosing bookies for new ensembles and for replacements.
 
-Default: uniformly at random among writable bookies, skipping ones that failed
-recently. Rack-aware (BookKeeper's RackawareEnsemblePlacementPolicy in spirit): every
+Default: uniformly at random among writable bookies, avoiding ones that failed
+recently: those come last, the longest-ago failure first, and only as many of them as
+the request needs beyond the healthy ones (a failure is a reason to prefer others, never
+a ban: a cluster that had a few failures must still place ensembles). Rack-aware (BookKeeper's RackawareEnsemblePlacementPolicy in spirit): every
 write set should span at least two racks when the cluster has two; a new ensemble
 interleaves racks so that neighbours (and so every striped write set) differ, and a
 replacement prefers a rack that keeps the write sets around its slot mixed.
@@ -35,25 +37,36 @@ class PlacementPolicy:
         self.rack_aware = rack_aware
         self.failure_memory_s = failure_memory_s
         self._rnd = rnd or random.Random()
-        self._failed_at: dict[str, float] = {}
+        self._failed_at: dict[str, tuple[float, int]] = {}  # (when, order of failures)
+        self._failures = 0
 
     def record_failure(self, bookie_id: str) -> None:
-        self._failed_at[bookie_id] = time.monotonic()
+        self._failures += 1
+        self._failed_at[bookie_id] = (time.monotonic(), self._failures)
 
-    def _usable(self, writable: Iterable[Candidate], exclude: Iterable[str]) -> list[Candidate]:
+    def _usable(
+        self, writable: Iterable[Candidate], exclude: Iterable[str], count: int
+    ) -> list[Candidate]:
+        """The candidates to choose `count` from: every healthy one, topped up with the
+        recently failed ones that failed longest ago when the healthy are too few."""
         now = time.monotonic()
         excluded = set(exclude)
         fresh = [c for c in writable if c.bookie_id not in excluded]
-        healthy = [
-            c for c in fresh if now - self._failed_at.get(c.bookie_id, -1e9) > self.failure_memory_s
-        ]
-        # Recently failed bookies are a last resort, not banned: better than no ledger.
-        return healthy if healthy else fresh
+        healthy: list[Candidate] = []
+        failed: list[tuple[tuple[float, int], Candidate]] = []
+        for c in fresh:
+            when = self._failed_at.get(c.bookie_id)
+            if when is None or now - when[0] > self.failure_memory_s:
+                healthy.append(c)
+            else:
+                failed.append((when, c))
+        failed.sort(key=lambda pair: pair[0])
+        return healthy + [c for _, c in failed[: max(0, count - len(healthy))]]
 
     def new_ensemble(
         self, writable: Sequence[Candidate], ensemble_size: int, write_quorum: int
     ) -> list[str]:
-        pool = self._usable(writable, ())
+        pool = self._usable(writable, (), ensemble_size)
         if len(pool) < ensemble_size:
             raise NotEnoughBookiesError(
                 f"need {ensemble_size} writable bookies, {len(pool)} available"
@@ -85,7 +98,7 @@ class PlacementPolicy:
         write_quorum: int = 0,
         racks: dict[str, str] | None = None,
     ) -> list[str]:
-        pool = self._usable(writable, exclude)
+        pool = self._usable(writable, exclude, count)
         if len(pool) < count:
             raise NotEnoughBookiesError(f"need {count} replacement bookies, {len(pool)} available")
         if not (self.rack_aware and ensemble and slots and write_quorum):

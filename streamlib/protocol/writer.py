@@ -99,6 +99,7 @@ class LedgerWriter:
         term: int = 0,
         last_add_confirmed: int = -1,
         length: int = 0,
+        unsafe_keep_failed: bool = False,
     ) -> None:
         if metadata.state is not LedgerState.OPEN:
             raise LedgerClosedError(f"ledger {metadata.ledger_id} is {metadata.state.value}")
@@ -108,6 +109,7 @@ class LedgerWriter:
         self.digest = digest
         self.term = term
         self.max_ensemble_changes = max_ensemble_changes
+        self.unsafe_keep_failed = unsafe_keep_failed  # tests only: the old ban, for the sim
         self.state = WriterState.WRITING
         self.error: StreamlibError | None = None
         self.tracker = AckTracker(metadata.ack_quorum, last_add_confirmed)
@@ -118,6 +120,10 @@ class LedgerWriter:
         # The change in flight: the slots it replaces, then (once placement answered) the
         # replacement per slot. Failures arriving meanwhile wait for the next change.
         self._changing: dict[int, str | None] | None = None
+        # Bookies that failed since the last completed ensemble change, kept out of its
+        # replacements. Cleared once a change completes: a bookie that failed earlier and
+        # came back is a candidate again (placement still prefers others for a while);
+        # a writer that banned every failure forever would run out of bookies.
         self._recently_failed: set[str] = set()
         self.ensemble_changes = 0
         self.fragment_rolls = 0
@@ -375,6 +381,8 @@ class LedgerWriter:
         else:
             self.ensemble_changes += 1
         actions = self._adopt(metadata, version)
+        if not self.unsafe_keep_failed:
+            self._recently_failed = set(self._failed.values())  # (failures meanwhile)
         if self._failed:  # failures that arrived during the change
             return actions + self._start_ensemble_change()
         return actions + self._completed(self.tracker.release())

@@ -53,3 +53,31 @@ def test_a_fragment_roll_survives_a_concurrent_metadata_change():
     done = w.on_metadata_written(retry.metadata, 8)
     assert w.fragment_rolls == 1 and not [a for a in done if isinstance(a, CompleteAdds)]
     assert w.metadata.last_fragment.ensemble == ("d", "e", "f")
+
+
+def _replace_failed(w: LedgerWriter, failed: str, replacement: str, version: int) -> ChooseBookies:
+    """One ensemble change: `failed` times out on the pending entry, `replacement` takes
+    its slot. Returns the placement request the writer made."""
+    entry, _ = w.append([b"e"])
+    actions = w.on_add_result(failed, entry, None)
+    (choose,) = [a for a in actions if isinstance(a, ChooseBookies)]
+    (cas,) = w.on_bookies_chosen([replacement])
+    assert isinstance(cas, WriteMetadata)
+    w.on_metadata_written(cas.metadata, version)
+    for bookie in w.ensemble:
+        w.on_add_ok(bookie, [entry])
+    assert w.last_add_confirmed == entry
+    return choose
+
+
+def test_a_writer_does_not_ban_bookies_that_failed_in_earlier_changes():
+    # E=3 on five bookies: three failures one after the other must leave the writer able
+    # to use a bookie that failed before (and came back), not "0 available" forever.
+    w, _ = writer()
+    _replace_failed(w, "a", "d", 2)
+    _replace_failed(w, "d", "e", 3)
+    third = _replace_failed(w, "b", "a", 4)
+    assert third.exclude == {"e", "b", "c"}  # only the ensemble being changed
+    fourth = _replace_failed(w, "c", "d", 5)
+    assert fourth.exclude == {"a", "e", "c"}  # d failed two changes ago: usable again
+    assert w.state.value == "writing" and w.ensemble == ("e", "a", "d")
