@@ -9,6 +9,22 @@ that CAS succeeds; a CAS failure means someone else moved: start again.
 Rolling: create the new ledger, CAS it into the list, and only then close the old one,
 so writes continue during the metadata update (safe because takeover fences two).
 
+Readers never fence (ARCHITECTURE.md §4: only a writer taking over may fence). Readers,
+consumers, Spark and admin tools open every ledger without recovery and read up to what
+its metadata or LAC confirms. A ledger that is no longer last but still open is being
+rolled away from: its writer closes it right after the roll's CAS. The reader reads it
+up to its LAC and waits (the ledger's metadata watch and the bookies' long poll) for
+that close; it never moves past an open ledger, because more of its entries may still
+be acknowledged and they come before anything in the next ledger. If the writer died
+between the CAS and the close, the ledger stays open until the next writer takes the
+stream over (which recovers the last two ledgers): its readers wait, as the readers of
+a Pulsar topic wait for its next owner. A reader cannot prove a writer gone -- a
+stopped process or a partitioned host looks exactly like a dead one -- so there is no
+timeout after which it recovers. The same rule bounds what is "confirmed now": the
+confirmed prefix of a stream ends at the first ledger that is still open (at its LAC).
+A writer closes ledger n before it rolls away from ledger n+1 (see ``may_roll``), so
+only the last two ledgers can be open: the same fact takeover relies on.
+
 Retention (the exact rule). A ledger L of the list may be deleted iff ALL hold:
   1. L is not the current (last) ledger of the list;
   2. every durable cursor has consumed L: L comes before the ledger of the cursor's
@@ -41,6 +57,7 @@ new value down: an entry the metadata still lists is never deleted.
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +76,56 @@ class LedgerSpan:
 def ledgers_to_recover(ledger_ids: Sequence[int]) -> list[int]:
     """Takeover fences and closes the last two ledgers of the list."""
     return list(ledger_ids[-2:])
+
+
+READERS_MAY_RECOVER = False  # the rule above; the scanner asserts it at the open
+
+
+class ReaderStep(enum.Enum):
+    """What a reader does at a ledger once it has read it up to what is confirmed."""
+
+    MOVE_ON = "move_on"  # closed and read to its last entry: the next ledger
+    WAIT = "wait"  # open: wait for more entries, or for its writer's close
+    STOP = "stop"  # a reader of what is confirmed now (no tailing) ends here
+
+
+def reader_step(closed: bool, tail: bool) -> ReaderStep:
+    """After reading a ledger up to its last entry (closed) or LAC (open)."""
+    if closed:
+        return ReaderStep.MOVE_ON
+    return ReaderStep.WAIT if tail else ReaderStep.STOP
+
+
+OPEN_TAIL = 2  # at most this many ledgers at the end of a list can be open
+
+
+@dataclass(frozen=True)
+class LedgerEnd:
+    """What a reader knows of one ledger's end (opened without recovery)."""
+
+    ledger_id: int
+    closed: bool
+    last_entry_id: int  # the last entry when closed, else the LAC (-1: none)
+    first_entry_id: int = 0  # the first retained entry
+
+
+def confirmed_end(tail: Sequence[LedgerEnd]) -> tuple[int, int] | None:
+    """The (ledger id, entry id) of the last entry confirmed now, given the last
+    OPEN_TAIL ledgers of the list (oldest first); None when they hold no confirmed entry
+    (look at the ledgers before them). Nothing after an open ledger is confirmed."""
+    end = None
+    for ledger in tail:
+        if ledger.last_entry_id >= ledger.first_entry_id:
+            end = (ledger.ledger_id, ledger.last_entry_id)
+        if not ledger.closed:
+            break
+    return end
+
+
+def may_roll(previous_closed: bool) -> bool:
+    """A writer rolls away from its current ledger only once the ledger before it is
+    closed (its close is retried first): that keeps at most OPEN_TAIL ledgers open."""
+    return previous_closed
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,14 @@ from dataclasses import dataclass
 from streamlib.client import Client
 from streamlib.ledger.handles import ReadHandle
 from streamlib.protocol.actions import EntryData, is_noop
-from streamlib.protocol.errors import BadRequestError, NoSuchLedgerError
+from streamlib.protocol.errors import BadRequestError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
-from streamlib.stream.reader import Message, decode_entry
-from streamlib.stream.writer import STREAM_PASSWORD
+from streamlib.stream.reader import (
+    Message,
+    confirmed_stream_end,
+    decode_entry,
+    open_for_reading,
+)
 
 # Entries fetched per read call when an executor reads a segment or the driver counts.
 READ_ENTRIES = 256
@@ -99,30 +103,16 @@ def from_json(offsets: dict[str, str]) -> dict[str, MessageId]:
     return {name: MessageId.parse(position) for name, position in offsets.items()}
 
 
-async def _open(client: Client, ledger_id: int) -> ReadHandle | None:
-    try:
-        return await client.ledgers.open(ledger_id, password=STREAM_PASSWORD, recover=False)
-    except NoSuchLedgerError:
-        return None  # deleted by retention since the list was read
-
-
 async def _ledger_ids(client: Client, stream: str) -> list[int]:
     md, _ = await client.streams.read(stream)
     return [info.ledger_id for info in md.ledgers]
 
 
 async def end_position(client: Client, stream: str) -> MessageId:
-    """The last message confirmed now (EARLIEST for a stream with none)."""
-    for ledger_id in reversed(await _ledger_ids(client, stream)):
-        handle = await _open(client, ledger_id)
-        if handle is None:
-            continue
-        try:
-            if handle.last_entry_id >= handle.metadata.first_entry_id:
-                return entry_end(ledger_id, handle.last_entry_id)
-        finally:
-            await handle.close()
-    return EARLIEST
+    """The last message confirmed now (EARLIEST for a stream with none); never past a
+    ledger that is still open (its writer may still be rolling away from it)."""
+    end = await confirmed_stream_end(client.ledgers, await _ledger_ids(client, stream))
+    return EARLIEST if end is None else entry_end(*end)
 
 
 async def resolve(
@@ -149,7 +139,7 @@ async def _ranges(
     for ledger_id in await _ledger_ids(client, stream):
         if ledger_id < after.ledger_id or ledger_id > until.ledger_id:
             continue
-        handle = await _open(client, ledger_id)
+        handle = await open_for_reading(client.ledgers, ledger_id)
         if handle is None:
             continue
         try:
@@ -204,7 +194,7 @@ async def _scan(
 
 async def read_segment_entries(client: Client, segment: Segment) -> list[EntryData]:
     """The segment's entries, no-op entries left out (filter messages by after/until)."""
-    handle = await _open(client, segment.ledger_id)
+    handle = await open_for_reading(client.ledgers, segment.ledger_id)
     if handle is None:
         return []  # trimmed by retention after planning: nothing left to read
     try:

@@ -19,6 +19,14 @@ from streamlib.protocol.errors import (
     NoSuchLedgerError,
     StreamlibError,
 )
+from streamlib.protocol.stream_rules import (
+    OPEN_TAIL,
+    READERS_MAY_RECOVER,
+    LedgerEnd,
+    ReaderStep,
+    confirmed_end,
+    reader_step,
+)
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.batch import MessageDecodeError as MessageDecodeError  # (its old home)
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
@@ -239,16 +247,8 @@ class StreamScanner:
     async def end_position(self) -> MessageId:
         """The position of the last message confirmed now (EARLIEST if none)."""
         md, _ = await self._registry.read(self.name)
-        for info in reversed(md.ledgers):
-            try:
-                handle = await self._ledgers.open(
-                    info.ledger_id, password=STREAM_PASSWORD, recover=False
-                )
-            except NoSuchLedgerError:
-                continue
-            if handle.last_entry_id >= 0:
-                return MessageId(info.ledger_id, handle.last_entry_id, LATEST.batch_index)
-        return EARLIEST
+        end = await confirmed_stream_end(self._ledgers, [i.ledger_id for i in md.ledgers])
+        return EARLIEST if end is None else MessageId(*end, LATEST.batch_index)
 
     async def messages(self) -> AsyncIterator[Message]:
         async for batch in self.batches():
@@ -263,6 +263,7 @@ class StreamScanner:
         previous = after
         watch = self._registry.store.watch(self._registry.stream_path(self.name))
         finished: int | None = None  # the last ledger read to its end
+        self._stopped = False
         try:
             while True:
                 md, _ = await self._registry.read(self.name)
@@ -277,12 +278,12 @@ class StreamScanner:
                     await self._wait(watch)
                     continue
                 ledger_id = candidates[0]
-                async for batch in self._ledger_messages(ledger_id, after, previous, ids):
+                async for batch in self._ledger_messages(ledger_id, after, previous):
                     previous = batch.last_id
                     yield batch
+                if self._stopped or (not self.tail and ledger_id == ids[-1]):
+                    return  # (not tailing) an open ledger ends what is confirmed now
                 finished = ledger_id
-                if not self.tail and ledger_id == ids[-1]:
-                    return
         finally:
             await watch.close()
 
@@ -292,23 +293,10 @@ class StreamScanner:
         except TimeoutError:
             pass
 
-    async def _open(self, ledger_id: int, recover: bool) -> ReadHandle | None:
-        try:
-            return await self._ledgers.open(ledger_id, password=STREAM_PASSWORD, recover=recover)
-        except NoSuchLedgerError:
-            return None  # trimmed by retention meanwhile
-
     async def _ledger_messages(
-        self,
-        ledger_id: int,
-        after: MessageId,
-        previous: MessageId,
-        ids: list[int],
+        self, ledger_id: int, after: MessageId, previous: MessageId
     ) -> AsyncIterator[EntryMessages]:
-        is_last = ledger_id == ids[-1]
-        # A ledger that is no longer the last was rolled away from (or abandoned by a
-        # crashed writer): recovering it gives its final end. The last one is tailed.
-        handle = await self._open(ledger_id, recover=not is_last)
+        handle = await open_for_reading(self._ledgers, ledger_id)
         if handle is None:
             return
         try:
@@ -410,26 +398,48 @@ class StreamScanner:
                     yield batch
                 next_entry = last + 1
                 continue
-            if handle.is_closed:
+            step = reader_step(handle.is_closed, self.tail)
+            if step is ReaderStep.MOVE_ON:
                 return
-            if not self.tail:
+            if step is ReaderStep.STOP:
+                self._stopped = True
                 return
+            # Open: the last ledger (tailing), or one its writer is rolling away from
+            # (its close comes through the metadata watch). Never recovered here.
             self.long_polls += 1
-            before = handle.last_entry_id
             await handle.wait_for_more(next_entry, self.poll_timeout_s)
-            # A poll that brought nothing may mean the writer crashed after adding a newer
-            # ledger to the list: then this ledger is recovered for its end.
-            idle = handle.last_entry_id == before and not handle.is_closed
-            if idle and await self._superseded(ledger_id):
-                recovered = await self._open(ledger_id, recover=True)
-                if recovered is None:
-                    return
-                await handle.close()
-                handle = recovered
 
-    async def _superseded(self, ledger_id: int) -> bool:
-        md, _ = await self._registry.read(self.name)
-        return bool(md.ledgers) and md.ledgers[-1].ledger_id != ledger_id
+
+async def open_for_reading(ledgers: LedgerManager, ledger_id: int) -> ReadHandle | None:
+    """Open a stream's ledger as every reader does: without recovery (readers never
+    fence; see streamlib.protocol.stream_rules). None if retention deleted it."""
+    try:
+        return await ledgers.open(ledger_id, password=STREAM_PASSWORD, recover=READERS_MAY_RECOVER)
+    except NoSuchLedgerError:
+        return None
+
+
+async def confirmed_stream_end(
+    ledgers: LedgerManager, ledger_ids: list[int]
+) -> tuple[int, int] | None:
+    """The (ledger, entry) of the last entry of the list confirmed now (None if none):
+    nothing after a ledger that is still open counts (stream_rules.confirmed_end)."""
+    before, tail = ledger_ids[:-OPEN_TAIL], ledger_ids[-OPEN_TAIL:]
+    ends = []
+    for ledger_id in tail:
+        handle = await open_for_reading(ledgers, ledger_id)
+        if handle is not None:
+            await handle.close()
+            first = handle.metadata.first_entry_id
+            ends.append(LedgerEnd(ledger_id, handle.is_closed, handle.last_entry_id, first))
+    end = confirmed_end(ends)
+    for ledger_id in reversed(before):  # all closed: the newest with an entry
+        if end is not None:
+            break
+        handle = await open_for_reading(ledgers, ledger_id)
+        if handle is not None and handle.last_entry_id >= handle.metadata.first_entry_id:
+            end = (ledger_id, handle.last_entry_id)
+    return end
 
 
 def reading_failed(stream: str, error: Exception) -> StreamlibError:

@@ -19,6 +19,7 @@ from streamlib.errors import (
     TooLargeError,
 )
 from streamlib.protocol import LedgerState
+from streamlib.stream.batch import BatchBuilder
 from streamlib.stream.positions import EARLIEST, MessageId
 from tests.integration.conftest import reset_cursor_once_cursors_are_read
 
@@ -393,3 +394,37 @@ async def test_a_cursor_moved_back_while_retention_plans_is_respected(cluster, m
     assert [info.ledger_id for info in md.ledgers] == before
     again = await client.subscribe("racy", "s")
     assert [(await again.receive(timeout=30)).data for _ in sent] == [b"%d" % i for i in range(9)]
+
+
+async def test_readers_catching_up_during_a_roll_never_fence_the_producer(cluster):
+    # A roll between its CAS and its close: the list already names the next ledger while
+    # the producer still writes the old one. Readers must wait for the writer's own
+    # close, never recover (fence) the old ledger.
+    cluster.start_bookies(3)
+    client, other = await cluster.client(), await cluster.client()
+    producer = await client.create_producer("rolling", batching_max_publish_delay_ms=0)
+    sent = [b"before-%d" % i for i in range(5)]
+    for data in sent:
+        await producer.send(data)
+    md, version = await client.streams.read("rolling")
+    next_ledger = await client.ledgers.create(3, 2, 2, password=b"")
+    md.ledgers.append(LedgerInfo(ledger_id=next_ledger.ledger_id, created_time_ms=1))
+    await client.streams.registry.write("rolling", md, version)  # the roll's CAS, no close yet
+    reader = await other.create_reader("rolling", EARLIEST)
+    consumer = await other.subscribe("rolling", "s", initial_position="earliest")
+    got = [(await reader.read_next(timeout=30)).data for _ in range(5)]
+    got_c = [(await consumer.receive(timeout=30)).data for _ in range(5)]
+    assert got == got_c == sent
+    for i in range(5):  # the old ledger is not fenced: its writer goes on
+        sent.append(b"during-%d" % i)
+        await producer.send(sent[-1])
+    first_ledger = md.ledgers[-2].ledger_id
+    assert (await client.ledgers.metadata(first_ledger)).state is LedgerState.OPEN
+    got += [(await reader.read_next(timeout=30)).data for _ in range(5)]
+    assert got == sent
+    await producer.close()  # the writer's own close: readers move on past it
+    batch = BatchBuilder()
+    batch.add(b"after", 1)
+    await next_ledger.append(batch.encode())
+    assert (await reader.read_next(timeout=30)).data == b"after"
+    assert (await consumer.receive(timeout=30)).data == b"during-0"

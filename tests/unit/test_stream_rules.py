@@ -8,12 +8,17 @@ from hypothesis import strategies as st
 
 from streamlib.errors import InvalidPositionError
 from streamlib.protocol.stream_rules import (
+    READERS_MAY_RECOVER,
     FragmentSpan,
+    LedgerEnd,
     LedgerSpan,
+    ReaderStep,
     RetentionPolicy,
     RolloverPolicy,
+    confirmed_end,
     fragment_retention_plan,
     ledgers_to_recover,
+    reader_step,
     retention_plan,
     roll_deadline_ms,
     should_roll,
@@ -158,3 +163,27 @@ def test_cumulative_ack_swallows_ranges_below_it():
     assert acks.mark_delete == p[3]
     acks.ack_cumulative(p[5])
     assert acks.mark_delete == p[5] and acks.ranges == []
+
+
+def test_readers_never_recover_and_wait_at_an_open_ledger():
+    assert READERS_MAY_RECOVER is False
+    assert reader_step(closed=True, tail=True) is ReaderStep.MOVE_ON
+    assert reader_step(closed=True, tail=False) is ReaderStep.MOVE_ON
+    assert reader_step(closed=False, tail=True) is ReaderStep.WAIT
+    assert reader_step(closed=False, tail=False) is ReaderStep.STOP
+
+
+@pytest.mark.parametrize(
+    ("tail", "end"),
+    [
+        ([LedgerEnd(1, True, 9), LedgerEnd(2, False, 4)], (2, 4)),  # the writer's ledger
+        ([LedgerEnd(1, True, 9), LedgerEnd(2, False, -1)], (1, 9)),  # nothing in it yet
+        # A roll between its CAS and its close: nothing of the next ledger counts yet.
+        ([LedgerEnd(1, False, 9), LedgerEnd(2, False, 4)], (1, 9)),
+        ([LedgerEnd(1, False, -1), LedgerEnd(2, False, 4)], None),  # look further back
+        ([LedgerEnd(1, True, -1), LedgerEnd(2, True, -1)], None),
+        ([LedgerEnd(1, True, 9, first_entry_id=10), LedgerEnd(2, False, -1)], None),
+    ],
+)
+def test_the_confirmed_end_stops_at_the_first_open_ledger(tail, end):
+    assert confirmed_end(tail) == end
