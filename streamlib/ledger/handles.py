@@ -29,6 +29,7 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
 )
+from streamlib.protocol.read_rules import refresh_before_using_lac, retry_read_after_refresh
 from streamlib.protocol.writer import LedgerWriter
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
@@ -297,6 +298,16 @@ class ReadHandle:
     async def read_entries(self, first: int, last: int) -> list[EntryData]:
         if first < self.metadata.first_entry_id or last < first:
             raise BadRequestError(f"bad entry range {first}..{last} of ledger {self.ledger_id}")
+        try:
+            return await self._read_entries(first, last)
+        except (NoSuchEntryError, BookieIOError):
+            closed, version = self.is_closed, self.version
+            await self.refresh_metadata()
+            if not retry_read_after_refresh(closed, version, self.version):
+                raise
+            return await self.read_entries(first, last)
+
+    async def _read_entries(self, first: int, last: int) -> list[EntryData]:
         found: dict[int, EntryData] = {}
         for entry_id in range(first, last + 1):
             cached = self._cache.pop(entry_id, None)
@@ -396,6 +407,7 @@ class ReadHandle:
             for i, b in enumerate(ensemble)
         }
         best = self._lac
+        newest_term = 0
         pending = set(calls)
         try:
             while pending:
@@ -407,12 +419,18 @@ class ReadHandle:
                         continue
                     if response.status == pb.OK:
                         best = max(best, response.last_add_confirmed)
+                        newest_term = max(newest_term, response.term)
                         coverage.add(calls[call])
                 if coverage.is_covered():
                     break
         finally:
             for call in pending:
                 call.cancel()
+        if refresh_before_using_lac(md.term, md.state, newest_term, advanced=True):
+            version = self.version
+            await self.refresh_metadata()
+            if self.version != version:  # ask the bookies the fresh metadata names
+                return await self.read_last_add_confirmed()
         self._lac = max(self._lac, best)
         return self._lac
 
@@ -485,8 +503,11 @@ class ReadHandle:
                 response = None
                 self._poll_failures += 1
             if response is not None and response.status == pb.OK:
-                if response.last_add_confirmed > self._lac:
-                    self._lac = response.last_add_confirmed
+                advanced = response.last_add_confirmed > self._lac
+                if refresh_before_using_lac(md.term, md.state, response.term, advanced):
+                    await self.refresh_metadata()  # then the next poll asks the right bookies
+                    return
+                self._lac = response.last_add_confirmed
                 if response.HasField("next_entry"):
                     entry = entry_from_pb(response.next_entry)
                     if entry.entry_id == next_entry and self._valid(entry):

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from streamlib.errors import BadRequestError, InvalidTermError
+from streamlib.stream.positions import EARLIEST
 from tests.integration.conftest import reset_cursor_once_cursors_are_read
 
 
@@ -210,3 +211,45 @@ async def test_back_to_back_takeovers_never_turn_a_no_op_into_data(cluster):
     assert await reader.read(0, entry_c) == [b"A", b"C"]
     noops = [e for e in await reader.read_entries(0, entry_c) if e.payload == b""]
     assert len(noops) == 2 and all(e.flags for e in noops)
+
+
+async def test_tailing_consumers_follow_fragment_rolls_with_striped_write_sets(cluster):
+    # Qw < E: each fragment roll moves the write sets. A consumer tailing the stream
+    # learns the LAC from a long poll; it must read the new fragment's entries from the
+    # new write sets (fresh metadata), not get NoSuchEntry from the old ones.
+    cluster.start_bookies(5)
+    client, other = await cluster.client(), await cluster.client()
+    await client.streams.create("striped", 3, 2, 2, mode="unbounded",
+                                rollover={"max_entries": 3})  # fmt: skip
+    consumer = await other.subscribe("striped", "s", initial_position="earliest")
+    reader = await other.create_reader("striped", EARLIEST)
+    producer = await client.create_producer("striped", batching_max_publish_delay_ms=0)
+    for i in range(40):
+        await producer.send(b"m%d" % i)
+        assert (await consumer.receive(timeout=30)).data == b"m%d" % i
+        assert (await reader.read_next(timeout=30)).data == b"m%d" % i
+    md, _ = await client.streams.read("striped")
+    assert len((await client.ledgers.metadata(md.ledgers[0].ledger_id)).fragments) >= 5
+
+
+async def test_a_reader_with_metadata_from_before_fragment_rolls_reads_the_new_fragments(cluster):
+    cluster.start_bookies(5)
+    client, other = await cluster.client(), await cluster.client()
+    writer = await client.ledgers.create(3, 2, 2, unbounded=True)
+    await writer.append_many([b"a%d" % i for i in range(3)])
+    reader = await other.ledgers.open(writer.ledger_id, recover=False)
+    expected = [b"a%d" % i for i in range(3)]
+    for roll in range(4):  # fragments on bookies the reader's metadata does not name
+        before = writer.metadata.last_fragment
+        writer.roll_fragment()
+        datas = [b"r%d-%d" % (roll, i) for i in range(6)]
+        await writer.append_many(datas)  # held until the roll's CAS: in the new fragment
+        assert writer.metadata.last_fragment.first_entry_id > before.first_entry_id
+        expected += datas
+    await writer.release()  # publishes the LAC
+    for _ in range(10):
+        if reader.last_add_confirmed >= len(expected) - 1:
+            break
+        await reader.wait_for_more(reader.last_add_confirmed + 1, 2.0)
+    assert reader.last_add_confirmed == len(expected) - 1
+    assert await reader.read(0, len(expected) - 1) == expected
