@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from metadata.errors import BadVersionError, StreamExistsError
 from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
+from metadata.errors import StreamExistsError
 from metadata.schemas import (
     LedgerConfig,
     StreamMetadata,
@@ -34,6 +34,7 @@ from streamlib.protocol.stream_rules import (
     fragment_retention_plan,
     retention_plan,
 )
+from streamlib.retry import retry_cas
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.consumer import position_from_pb, ranges_to_state
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start, position_before
@@ -197,7 +198,8 @@ class StreamManager:
         delete them. Returns the deleted ledger ids. An unbounded stream lives in one
         ledger: its retention drops fragments instead (trim_fragments), and this
         returns []."""
-        for _ in range(10):
+
+        async def attempt() -> builtins.list[int]:
             md, version = await self.read(name)
             if md.mode == StreamMode.UNBOUNDED:
                 await self.trim_fragments(name, now=now)
@@ -214,17 +216,17 @@ class StreamManager:
             kept = [i for i in md.ledgers if i.ledger_id not in doomed]
             del md.ledgers[:]
             md.ledgers.extend(kept)
-            try:
-                await self.registry.write(name, md, version)
-            except BadVersionError:
-                continue  # a writer rolled meanwhile: plan again on the fresh list
-            for ledger_id in doomed:
-                try:
-                    await self._ledgers.delete(ledger_id)
-                except NoSuchLedgerError:
-                    pass
+            # BadVersionError: a writer rolled or a cursor moved: plan again, fresh.
+            await self.registry.write(name, md, version)
             return doomed
-        return []
+
+        doomed = await retry_cas(f"stream {name!r}: retention", attempt)
+        for ledger_id in doomed:  # after the CAS: a crash leaks, never dangles
+            try:
+                await self._ledgers.delete(ledger_id)
+            except NoSuchLedgerError:
+                pass
+        return doomed
 
     async def trim_fragments(self, name: str, *, now: int | None = None) -> builtins.list[int]:
         """Fragment retention of an unbounded stream (the rule:
@@ -232,7 +234,8 @@ class StreamManager:
         its ledger that every durable cursor has consumed and retention no longer keeps,
         by CAS of the ledger's metadata. Returns the first entry ids of the dropped
         fragments (bookies delete their entries in their next garbage collection)."""
-        for _ in range(10):
+
+        async def attempt() -> builtins.list[int]:
             # The stream's version is read BEFORE the cursors and checked in the same
             # transaction as the drop: a cursor created or moved back meanwhile moves it
             # (cursor_moved_back), and the plan is made again.
@@ -264,13 +267,12 @@ class StreamManager:
                 return fragment_retention_plan(spans, marks, policy, at)
 
             guard = (self.registry.stream_path(name), version)
-            try:
+            try:  # BadVersionError: a cursor moved back, or the stream changed: again
                 return await self._ledgers.drop_fragments(ledger_id, plan, guard=guard)
             except NoSuchLedgerError:
                 return []
-            except BadVersionError:
-                continue  # a cursor moved back, or the stream changed: plan again
-        return []
+
+        return await retry_cas(f"stream {name!r}: fragment retention", attempt)
 
     async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
         """Delete ledgers tagged as belonging to a stream that no stream's list holds

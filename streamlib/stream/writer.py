@@ -5,17 +5,33 @@ log", "Rolling ledgers"). Acknowledgements are delivered in append order across
 ledger boundaries. A writer that loses the stream to another (its ledger is fenced, or
 the list moved on without it) fails every later append with StreamFencedError; what
 it had acknowledged stays in the stream (the new writer recovered it).
+
+A writer whose ledger fails for any other reason (no bookie left to replace a failed
+one, too many ensemble changes, a metadata error) is BROKEN, not fenced: the appends in
+flight fail with that error (they are not in the stream: the ledger is closed at its
+LAC), and the next append replaces the ledger -- close it at its LAC, add a new one to
+the list by CAS, as a roll does -- retrying for up to REPLACE_S seconds while bookies
+come back. An unbounded stream takes its one ledger over again (a new term) instead.
+So a writer with enough live bookies never stays failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from metadata.errors import BadVersionError
 from metadata.schemas import LedgerInfo, StreamMetadata, StreamMode
@@ -32,13 +48,22 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.stream_rules import (
     RolloverPolicy,
     ledgers_to_recover,
+    may_roll,
     roll_deadline_ms,
     should_roll,
 )
+from streamlib.retry import retry_cas
 
 log = logging.getLogger(__name__)
 
 STREAM_PASSWORD = b""  # ledgers of a stream are opened by any reader of the stream
+REPLACE_S = 30.0  # how long the append that finds the writer broken retries a new ledger
+CLOSE_S = 10.0  # how long a roll retries closing the ledger it rolled away from
+_FENCING = (LedgerFencedError, InvalidTermError, StreamFencedError)
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, StreamlibError) and not isinstance(error, _FENCING)
 
 
 def now_ms() -> int:
@@ -87,6 +112,10 @@ class StreamWriter:
         self._on_roll = on_roll
         self._fragment_first = -1
         self._fragment_base_length = 0
+        self._unclosed: WriteHandle | None = None  # rolled away from, its close failed
+        self._broken: StreamlibError | None = None  # the current ledger failed (not fenced)
+        self._replacing: asyncio.Task[None] | None = None
+        self._held: list[tuple[bytes, asyncio.Future[tuple[int, int]]]] = []  # meanwhile
         self.stats = WriterStats()
 
     @property
@@ -195,9 +224,21 @@ class StreamWriter:
             raise StreamFencedError(f"stream {self.name!r}: {self._fenced}")
         if self._current is None:
             raise StreamFencedError(f"stream {self.name!r}: the writer has not started")
+        loop = asyncio.get_running_loop()
+        outer: asyncio.Future[tuple[int, int]] = loop.create_future()
+        if self._broken is not None or self._replacing is not None:
+            self._held.append((data, outer))  # sent once the ledger is replaced
+            if self._replacing is None:
+                self._replacing = loop.create_task(self._replace())
+            return outer
         handle = self._current
-        inner = handle.append_nowait([data])[0]
-        outer: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        try:
+            inner = handle.append_nowait([data])[0]
+        except StreamlibError as error:
+            if not _retryable(error):
+                raise
+            self._broken = error  # failed with nothing in flight: replace it now
+            return self.append_nowait(data)
         self._pending.append(_Pending(inner, outer, handle.ledger_id))
         inner.add_done_callback(self._drain)
         self._maybe_roll()
@@ -224,6 +265,9 @@ class StreamWriter:
                 error = StreamFencedError(
                     f"stream {self.name!r} was taken over by another writer ({error})"
                 )
+            elif _retryable(error) and self._broken is None and item.ledger_id == self.ledger_id:
+                self._broken = error  # type: ignore[assignment]  # the next append replaces it
+                log.warning("stream %s: ledger %d failed: %s", self.name, item.ledger_id, error)
             item.outer.set_exception(error)
         handle = self._current
         if handle is not None and handle.metadata.unbounded and not self._stopped():
@@ -241,7 +285,7 @@ class StreamWriter:
 
     def _maybe_roll(self) -> None:
         handle = self._current
-        if handle is None or self._rolling is not None:
+        if handle is None or self._rolling is not None or self._broken is not None:
             return
         if handle.metadata.unbounded:
             self._maybe_roll_fragment(handle)
@@ -280,35 +324,121 @@ class StreamWriter:
         old = self._current
         assert old is not None
         try:
+            if not may_roll(previous_closed=self._unclosed is None):
+                assert self._unclosed is not None
+                await self._close_rolled(self._unclosed)  # first the one before
             new = await self._create_ledger()
-            while True:
-                md, version = await self._registry.read(self.name)
-                if not md.ledgers or md.ledgers[-1].ledger_id != old.ledger_id:
-                    await self._discard(new)
-                    self._fence(StreamFencedError("the ledger list moved on without us"))
-                    return
-                md.ledgers[-1].entries = old.next_entry_id
-                md.ledgers[-1].size_bytes = old.length
-                md.ledgers.append(LedgerInfo(ledger_id=new.ledger_id, created_time_ms=now_ms()))
-                try:
-                    await self._registry.write(self.name, md, version)
-                    break
-                except BadVersionError:
-                    continue  # e.g. retention trimmed the front meanwhile: re-read
+            if not await self._add_to_list(old, new):
+                return
             self._use(new)  # from here on appends go to the new ledger
             self.stats.rolls += 1
-            try:
-                closed = await old.close()  # after its pending appends
-            except (LedgerFencedError, InvalidTermError) as error:
-                self._fence(error)
-            else:  # sends flowed in during the roll: record the final size
-                await self._record_final(closed.ledger_id, closed.last_entry_id + 1, closed.length)
+            self._unclosed = old
+            await self._close_rolled(old)  # after its pending appends
             if self._on_roll is not None:
                 self._on_roll()
         except StreamlibError as error:
             log.warning("stream %s: roll failed: %s", self.name, error)
         finally:
             self._rolling = None
+
+    async def _add_to_list(self, old: WriteHandle, new: WriteHandle) -> bool:
+        """CAS `new` into the list after `old`, recording old's size so far; False (and
+        fenced) when the list moved on without us."""
+
+        async def attempt() -> bool:
+            md, version = await self._registry.read(self.name)
+            if not md.ledgers or md.ledgers[-1].ledger_id != old.ledger_id:
+                return False
+            md.ledgers[-1].entries = old.next_entry_id
+            md.ledgers[-1].size_bytes = old.length
+            md.ledgers.append(LedgerInfo(ledger_id=new.ledger_id, created_time_ms=now_ms()))
+            await self._registry.write(self.name, md, version)
+            return True
+
+        try:
+            added = await retry_cas(f"stream {self.name!r}: adding a ledger", attempt)
+        except StreamlibError:
+            await self._discard(new)
+            raise
+        if not added:
+            await self._discard(new)
+            self._fence(StreamFencedError("the ledger list moved on without us"))
+        return added
+
+    async def _close_rolled(self, old: WriteHandle) -> None:
+        """Close a ledger rolled away from (retried: readers wait for this close)."""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retryable),
+                stop=stop_after_delay(CLOSE_S),
+                wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                reraise=True,
+            ):
+                with attempt:
+                    closed = await old.close()
+        except (LedgerFencedError, InvalidTermError) as error:
+            self._fence(error)  # a takeover recovered it: its end is the recovery's
+            self._unclosed = None
+            return
+        self._unclosed = None
+        await self._record_final(closed.ledger_id, closed.last_entry_id + 1, closed.length)
+
+    # -- replacing a broken ledger --------------------------------------------------------
+
+    async def _replace(self) -> None:
+        """The current ledger failed (not fenced): replace it, then send what was held."""
+        error: StreamlibError | None = None
+        try:
+            if self._rolling is not None:
+                await asyncio.gather(self._rolling, return_exceptions=True)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retryable),
+                stop=stop_after_delay(REPLACE_S),
+                wait=wait_random_exponential(multiplier=0.1, max=2.0),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._replace_once()
+        except StreamlibError as failed:
+            error = failed
+            if isinstance(failed, LedgerFencedError | InvalidTermError):
+                self._fence(failed)
+                error = StreamFencedError(f"stream {self.name!r} was taken over ({failed})")
+            log.warning("stream %s: could not replace the failed ledger: %s", self.name, error)
+        finally:
+            self._replacing = None
+        held, self._held = self._held, []
+        for data, outer in held:
+            if outer.done():
+                continue
+            if error is not None:
+                outer.set_exception(error)
+                continue
+            try:
+                inner = self.append_nowait(data)
+            except StreamlibError as failed:
+                outer.set_exception(failed)
+            else:
+                inner.add_done_callback(functools.partial(_copy_outcome, outer=outer))
+
+    async def _replace_once(self) -> None:
+        if self._fenced is not None:
+            raise StreamFencedError(f"stream {self.name!r}: {self._fenced}")
+        old = self._current
+        assert old is not None
+        if old.metadata.unbounded:  # its one ledger lives on: take it over again
+            handle = await self._ledgers.take_over(old.ledger_id, STREAM_PASSWORD)
+            self._use(handle)
+            self._broken = None
+            return
+        closed = await old.close()  # at its LAC: what failed after it is not in the stream
+        await self._record_final(closed.ledger_id, closed.last_entry_id + 1, closed.length)
+        new = await self._create_ledger()
+        if not await self._add_to_list(old, new):
+            raise StreamFencedError(f"stream {self.name!r}: the list moved on without us")
+        self._use(new)
+        self.stats.rolls += 1
+        self._broken = None
 
     async def check_age(self) -> None:
         """Roll a ledger (or an unbounded ledger's fragment) past its age even when no
@@ -369,13 +499,24 @@ class StreamWriter:
             )
 
     async def _record_final(self, ledger_id: int, entries: int, size: int) -> None:
-        for _ in range(5):
+        async def attempt() -> None:
             md, version = await self._registry.read(self.name)
             for info in md.ledgers:
                 if info.ledger_id == ledger_id:
                     info.entries, info.size_bytes = entries, size
-            try:
-                await self._registry.write(self.name, md, version)
-                return
-            except BadVersionError:
-                continue
+            await self._registry.write(self.name, md, version)
+
+        await retry_cas(f"stream {self.name!r}: recording ledger {ledger_id}'s size", attempt)
+
+
+def _copy_outcome(
+    done: asyncio.Future[tuple[int, int]], outer: asyncio.Future[tuple[int, int]]
+) -> None:
+    if outer.done():
+        return
+    if done.cancelled():
+        outer.cancel()
+    elif done.exception() is not None:
+        outer.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        outer.set_result(done.result())

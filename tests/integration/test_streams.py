@@ -16,6 +16,7 @@ from streamlib.errors import (
     InvalidPositionError,
     NoSuchStreamError,
     StreamFencedError,
+    StreamlibError,
     TooLargeError,
 )
 from streamlib.protocol import LedgerState
@@ -428,3 +429,28 @@ async def test_readers_catching_up_during_a_roll_never_fence_the_producer(cluste
     await next_ledger.append(batch.encode())
     assert (await reader.read_next(timeout=30)).data == b"after"
     assert (await consumer.receive(timeout=30)).data == b"during-0"
+
+
+async def test_a_producer_stays_live_after_its_ledger_ran_out_of_bookies(cluster):
+    # E = Qw = Qa = 3 on three bookies: one SIGKILL leaves the ledger's writer no
+    # replacement (it fails). Once the bookie is back, the next sends must go through
+    # (the stream writer closes that ledger at its LAC and rolls to a new one), without
+    # recreating the producer.
+    bookies = cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("live", 3, 3, 3)
+    producer = await client.create_producer("live", batching_max_publish_delay_ms=0)
+    acked = [b"before-%d" % i for i in range(3)]
+    for data in acked:
+        await producer.send(data)
+    bookies[0].kill()
+    with pytest.raises(StreamlibError):
+        await asyncio.wait_for(producer.send(b"while down"), 60)
+    bookies[0].start()
+    for i in range(5):
+        acked.append(b"after-%d" % i)
+        await asyncio.wait_for(producer.send(acked[-1]), 60)
+    await producer.close()
+    assert [m.data for m in await read_all(client, "live")] == acked
+    md, _ = await client.streams.read("live")
+    assert len(md.ledgers) >= 2  # the failed ledger was closed and a new one added
