@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 
+from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import MUTATIONS, InvariantViolation, run_seed
 from tests.sim.unbounded import run_unbounded_seed
 
@@ -26,12 +27,18 @@ def main() -> int:
     parser.add_argument(
         "--skip-truncate", action="store_true", help="with --unbounded: the unsafe variant"
     )
+    parser.add_argument("--placement", action="store_true", help="repeated bookie failures")
+    parser.add_argument(
+        "--keep-failed", action="store_true", help="with --placement: the unsafe variant"
+    )
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     start = time.perf_counter()
     for count, seed in enumerate(seeds, start=1):
         try:
-            if args.unbounded:
+            if args.placement:
+                scenario = run_placement_seed(seed, keep_failed=args.keep_failed)
+            elif args.unbounded:
                 scenario = run_unbounded_seed(seed, skip_truncate=args.skip_truncate)
             else:
                 scenario = run_seed(seed, args.mutation)

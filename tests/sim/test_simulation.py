@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import InvariantViolation, run_seed
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "2000"))
@@ -55,3 +56,20 @@ def test_scenarios_exercise_the_faults_they_claim():
         for key in seen:
             seen[key] += key in trace
     assert all(count > 0 for count in seen.values()), seen
+
+
+@pytest.mark.parametrize("first", range(0, SEEDS // 4, CHUNK))
+def test_a_writer_outlives_repeated_bookie_failures(first):
+    for seed in range(first, min(first + CHUNK, SEEDS // 4)):
+        run_placement_seed(seed)
+
+
+def test_simulator_catches_a_writer_that_never_forgets_failed_bookies():
+    for seed in range(SEEDS):
+        try:
+            run_placement_seed(seed, keep_failed=True)
+        except InvariantViolation as violation:
+            assert "never recovers" in str(violation)
+            assert "replay: python -m tests.sim --placement" in str(violation)
+            return
+    pytest.fail(f"the simulator did not catch a writer that bans failed bookies in {SEEDS} seeds")
