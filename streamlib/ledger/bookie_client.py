@@ -6,6 +6,17 @@ single bidirectional stream (many entries per message, never one RPC per entry);
 receiver task reads AddResponses and calls each entry's callback with its status. An
 add that gets no answer within ``add_timeout_s``, or whose stream breaks, is answered
 with ``None`` (unknown): the protocol machine decides what that means.
+
+Reconnecting. When a bookie goes away, gRPC backs off between connection attempts, by
+default up to two minutes, and while it backs off every call fails at once: a client that
+lived through a restart of the cluster found the bookies "unreachable" long after they
+were back. So the backoff here is capped at about a second (CHANNEL_OPTIONS), and the
+calls whose Unknown answers cost the most wait up to ``connect_timeout_s`` (never past
+their own deadline) for the connection to come up instead of failing on a stale backoff:
+fencing requests (an Unknown aborts the whole recovery) and the add stream (one failure
+answers every add on it, and the writer replaces the bookie). A bookie that is really
+down still fails them within that bound. Plain reads and LAC polls fail fast as before:
+their callers have other replicas to try right away.
 """
 
 from __future__ import annotations
@@ -52,6 +63,14 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect backoff (gRPC core channel args): first retry after 100 ms, then x1.6
+    # up to 1 s (+-20% jitter), instead of 1 s growing to 120 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Despite its name, the least time one connection attempt is given (default 20 s):
+    # shorter, so a bookie that was unreachable (no refusal, just silence) is dialled
+    # afresh soon after it is back; long enough for a lost SYN or two to be resent.
+    ("grpc.min_reconnect_backoff_ms", 5000),
 ]
 
 
@@ -66,6 +85,10 @@ class _Batch:
 class BookieClientConfig:
     add_timeout_s: float = 10.0
     read_timeout_s: float = 10.0
+    # How long a fencing request or a new add stream waits for the connection to be
+    # (re)established before the bookie counts as unreachable: more than the longest
+    # reconnect backoff (CHANNEL_OPTIONS), so it always covers a fresh attempt.
+    connect_timeout_s: float = 2.0
     max_batch_entries: int = 1024
     max_batch_bytes: int = 8 * 1024 * 1024
 
@@ -214,9 +237,9 @@ class BookieClient:
             self._stream_task = asyncio.get_running_loop().create_task(self._run_stream())
 
     async def _run_stream(self) -> None:
-        call = self._add_stream()
+        call: grpc.aio.StreamStreamCall | None = None
 
-        async def send() -> None:
+        async def send(call: grpc.aio.StreamStreamCall) -> None:
             try:
                 while True:
                     await self._wakeup.wait()
@@ -229,8 +252,15 @@ class BookieClient:
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
                 call.cancel()  # the stream is broken: end the receiver too, so all is answered
 
-        sender = asyncio.get_running_loop().create_task(send())
+        sender: asyncio.Task[None] | None = None
         try:
+            # Opened on a channel still backing off, the stream would fail at once and
+            # every add on it with it; wait for the connection (bounded) instead.
+            wait_s = min(self.config.connect_timeout_s, self.config.add_timeout_s)
+            if not await self._connected(wait_s):
+                return  # unreachable: the finally answers every queued add None
+            call = self._add_stream()
+            sender = asyncio.get_running_loop().create_task(send(call))
             async for response in call:
                 # Durable OKs first: one message may merge answers the bookie sent apart,
                 # and an OK is never made wrong by a later error (the fence waits for it).
@@ -241,8 +271,10 @@ class BookieClient:
         except (grpc.aio.AioRpcError, asyncio.CancelledError, grpc.aio.UsageError):
             pass
         finally:
-            sender.cancel()
-            call.cancel()
+            if sender is not None:
+                sender.cancel()
+            if call is not None:
+                call.cancel()
             if not self._closed:
                 self.stats.stream_failures += 1
             # Everything not answered on this stream is unknown now.
@@ -311,26 +343,83 @@ class BookieClient:
         )
         return method()  # type: ignore[call-arg]  # requests are written, not iterated
 
+    # -- connection ---------------------------------------------------------------------
+
+    async def _connected(self, timeout_s: float) -> bool:
+        """Whether the channel is READY, or gets there within timeout_s (asking it to
+        connect, and so waiting out at most one reconnect backoff)."""
+        channel = self._channel
+        if channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY:
+            return True
+
+        async def ready() -> bool:
+            state = channel.get_state(try_to_connect=True)
+            while state is not grpc.ChannelConnectivity.READY:
+                if state is grpc.ChannelConnectivity.SHUTDOWN:  # closed: it never will be
+                    return False
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
+            return True
+
+        try:
+            return await asyncio.wait_for(ready(), timeout_s)
+        except TimeoutError:
+            self.stats.extra["connect_timeouts"] = self.stats.extra.get("connect_timeouts", 0) + 1
+            return False
+
     # -- unary calls --------------------------------------------------------------------
 
-    async def _call(self, method: str, request: object, timeout_s: float | None = None) -> object:
+    async def _call(
+        self,
+        method: str,
+        request: object,
+        timeout_s: float | None = None,
+        *,
+        wait_for_ready: bool = False,
+    ) -> object:
+        """One unary call within timeout_s (default read_timeout_s). With wait_for_ready
+        it first waits up to connect_timeout_s for the connection, and then rides out a
+        reconnection within what is left of its deadline, instead of failing at once."""
         if self._closed:
             raise BookieUnavailableError(f"client of bookie {self.bookie_id} is closed")
+        timeout = timeout_s or self.config.read_timeout_s
+        if wait_for_ready:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            connect_s = min(self.config.connect_timeout_s, timeout)
+            if not await self._connected(connect_s):
+                if self._closed:
+                    raise BookieUnavailableError(f"client of bookie {self.bookie_id} is closed")
+                raise BookieUnavailableError(
+                    f"bookie {self.bookie_id} at {self.address}: no connection within "
+                    f"{connect_s:g}s"
+                )
+            timeout = max(0.001, timeout - (loop.time() - started))
         try:
             return await getattr(self._stub, method)(
-                request, timeout=timeout_s or self.config.read_timeout_s
+                request, timeout=timeout, wait_for_ready=wait_for_ready
             )
         except grpc.aio.AioRpcError as err:
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: {err.code().name} {err.details()}"
             ) from None
 
+    @staticmethod
+    def _fences(request: pb.ReadRequest | pb.ReadLacRequest) -> bool:
+        """A recovery's request: it fences (the flag, or a term claimed by a takeover).
+        Its Unknown answer can abort the whole recovery, so it waits for the connection."""
+        return bool(request.flags & pb.FENCE) or request.term > 0
+
     async def read(self, request: pb.ReadRequest) -> pb.ReadResponse:
-        return await self._call("ReadEntries", request)  # type: ignore[return-value]
+        return await self._call(  # type: ignore[return-value]
+            "ReadEntries", request, wait_for_ready=self._fences(request)
+        )
 
     async def read_lac(self, request: pb.ReadLacRequest) -> pb.ReadLacResponse:
         timeout = self.config.read_timeout_s + request.timeout_ms / 1000.0
-        return await self._call("ReadLac", request, timeout)  # type: ignore[return-value]
+        return await self._call(  # type: ignore[return-value]
+            "ReadLac", request, timeout, wait_for_ready=self._fences(request)
+        )
 
     async def write_lac(self, request: pb.WriteLacRequest) -> pb.WriteLacResponse:
         return await self._call("WriteLac", request)  # type: ignore[return-value]

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
 
 from metadata.errors import BadVersionError, NoNodeError, TransactionError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
@@ -26,6 +37,15 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
 from streamlib.protocol.term_recovery import TermRecovery
+
+T = TypeVar("T")
+
+# A recovery (or takeover) that aborts - some bookies did not answer, and an Unknown is
+# never taken for a missing entry - is tried again from freshly read metadata, after a
+# jittered exponential backoff from 0.1 s up to 2 s, for up to this long: enough to ride
+# out bookies that restart (their connections come back within about a second).
+RECOVERY_RETRY_FOR_S = 20.0
+RECOVERY_BACKOFF = wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1)
 
 
 class _RecoverySink:
@@ -103,11 +123,19 @@ class LedgerManager:
         return metadata_from_pb(stored), version
 
     async def open(
-        self, ledger_id: int, password: bytes = b"", recover: bool = True, *, attempts: int = 3
+        self,
+        ledger_id: int,
+        password: bytes = b"",
+        recover: bool = True,
+        *,
+        attempts: int | None = None,
+        retry_for_s: float = RECOVERY_RETRY_FOR_S,
     ) -> ReadHandle:
         """Open for reading. With recover=True (the default) an OPEN ledger is fenced,
         recovered and closed first, so the handle sees its final content; with
-        recover=False the writer is left alone and reads stop at the LAC."""
+        recover=False the writer is left alone and reads stop at the LAC. A recovery
+        that aborts (RecoveryAbortedError: bookies did not answer) is tried again for up
+        to retry_for_s seconds, and at most `attempts` times if given."""
         metadata, version = await self._read(ledger_id)
         if password_hash(password) != metadata.password_hash:
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
@@ -122,16 +150,49 @@ class LedgerManager:
             if not metadata.is_closed:
                 await handle.read_last_add_confirmed()
             return handle
-        for attempt in range(attempts):
-            try:
-                metadata, version = await self.recover(metadata, version)
-                break
-            except RecoveryAbortedError:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(0.2 * (attempt + 1))  # back off, then re-read and retry
-                metadata, version = await self._read(ledger_id)
+        known: tuple[LedgerMetadata, int] | None = (metadata, version)
+
+        async def recover_once() -> tuple[LedgerMetadata, int]:
+            nonlocal known
+            # Each retry re-reads: another recovery may have moved the ledger on meanwhile.
+            current = known if known is not None else await self._read(ledger_id)
+            known = None
+            return await self.recover(*current)
+
+        metadata, version = await self._retry_aborted(
+            ledger_id, "recovery", recover_once, attempts, retry_for_s
+        )
         return ReadHandle(metadata, version, self._context, lac=metadata.last_entry_id)
+
+    async def _retry_aborted(
+        self,
+        ledger_id: int,
+        what: str,
+        attempt: Callable[[], Awaitable[T]],  # an async def: tenacity awaits only those
+        attempts: int | None,
+        retry_for_s: float,
+    ) -> T:
+        """attempt() again while it raises RecoveryAbortedError, with RECOVERY_BACKOFF
+        between tries, for up to retry_for_s seconds (and `attempts` tries, if given);
+        then the last abort, saying how long we tried. Other errors end it at once."""
+        stop = stop_after_delay(retry_for_s)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(RecoveryAbortedError),
+            stop=stop if attempts is None else stop | stop_after_attempt(attempts),
+            wait=RECOVERY_BACKOFF,
+        )
+        started = time.monotonic()
+        try:
+            return await retrying(attempt)
+        except RetryError as gave_up:
+            last = gave_up.last_attempt
+            tries = f"{last.attempt_number} attempt{'s' if last.attempt_number > 1 else ''}"
+            raise RecoveryAbortedError(
+                f"ledger {ledger_id}: {what} gave up after {tries} in "
+                f"{time.monotonic() - started:.1f}s: the bookies of its last fragment never "
+                "answered enough to decide; check that they are up, then try again. "
+                f"Last abort: {last.exception()}"
+            ) from last.exception()
 
     async def recover(self, metadata: LedgerMetadata, version: int) -> tuple[LedgerMetadata, int]:
         """Run one recovery of an OPEN or IN_RECOVERY ledger to its CLOSE."""
@@ -151,45 +212,53 @@ class LedgerManager:
             await driver.cancel_pending()
 
     async def take_over(
-        self, ledger_id: int, password: bytes = b"", *, attempts: int = 3
+        self,
+        ledger_id: int,
+        password: bytes = b"",
+        *,
+        attempts: int | None = None,
+        retry_for_s: float = RECOVERY_RETRY_FOR_S,
     ) -> WriteHandle:
         """Become the writer of an unbounded ledger: claim term + 1 by CAS, recover the
         last fragment under it, seal the old term with the TRUNCATE no-op and reopen.
-        The previous writer's next add fails with InvalidTermError."""
-        for attempt in range(attempts):
-            metadata, version = await self._read(ledger_id)
-            if not metadata.unbounded:
-                raise BadRequestError(f"ledger {ledger_id} is bounded: open() recovers it")
-            if password_hash(password) != metadata.password_hash:
-                raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
-            await self._context.pool.prepare(metadata.bookies())
-            recovery = TermRecovery(
-                metadata,
-                version,
-                master_key=master_key(metadata.password_hash),
-                digest=DigestManager(ledger_id, metadata.digest_type, metadata.password_hash),
-            )
-            sink = _RecoverySink()
-            driver = Driver(recovery, ledger_id, self._context, sink)
-            driver.execute(recovery.start())
-            try:
-                reopened, version = await sink.future
-            except RecoveryAbortedError:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(0.2 * (attempt + 1))  # back off, then claim a new term
-                continue
-            finally:
-                await driver.cancel_pending()
-            await self._context.pool.prepare(reopened.bookies())
-            return WriteHandle(
-                reopened,
-                version,
-                self._context,
-                last_add_confirmed=recovery.last_add_confirmed,
-                length=recovery.length,
-            )
-        raise RecoveryAbortedError(f"ledger {ledger_id}: no takeover in {attempts} attempts")
+        The previous writer's next add fails with InvalidTermError. A takeover whose
+        recovery aborts is tried again (re-read, new term) as open() retries recovery."""
+
+        async def take_over_once() -> WriteHandle:  # a coroutine function, for tenacity
+            return await self._take_over_once(ledger_id, password)
+
+        return await self._retry_aborted(
+            ledger_id, "takeover", take_over_once, attempts, retry_for_s
+        )
+
+    async def _take_over_once(self, ledger_id: int, password: bytes) -> WriteHandle:
+        metadata, version = await self._read(ledger_id)
+        if not metadata.unbounded:
+            raise BadRequestError(f"ledger {ledger_id} is bounded: open() recovers it")
+        if password_hash(password) != metadata.password_hash:
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        await self._context.pool.prepare(metadata.bookies())
+        recovery = TermRecovery(
+            metadata,
+            version,
+            master_key=master_key(metadata.password_hash),
+            digest=DigestManager(ledger_id, metadata.digest_type, metadata.password_hash),
+        )
+        sink = _RecoverySink()
+        driver = Driver(recovery, ledger_id, self._context, sink)
+        driver.execute(recovery.start())
+        try:
+            reopened, version = await sink.future
+        finally:
+            await driver.cancel_pending()
+        await self._context.pool.prepare(reopened.bookies())
+        return WriteHandle(
+            reopened,
+            version,
+            self._context,
+            last_add_confirmed=recovery.last_add_confirmed,
+            length=recovery.length,
+        )
 
     async def drop_fragments(
         self,
