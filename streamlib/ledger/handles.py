@@ -502,7 +502,11 @@ class ReadHandle:
             except BookieUnavailableError:
                 response = None
                 self._poll_failures += 1
+                # A timer, not synchronisation: the next poll asks the next bookie, and
+                # while none answers (a cluster restart) tailing must not spin.
+                await asyncio.sleep(min(1.0, 0.02 * self._poll_failures))
             if response is not None and response.status == pb.OK:
+                self._poll_failures = 0
                 advanced = response.last_add_confirmed > self._lac
                 if refresh_before_using_lac(md.term, md.state, response.term, advanced):
                     await self.refresh_metadata()  # then the next poll asks the right bookies
