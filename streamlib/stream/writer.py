@@ -1,18 +1,14 @@
-"""The single writer of a managed stream: takeover, appends, rolling.
+"""The single writer of a managed stream: the asyncio driver of
+:class:`streamlib.protocol.stream_writer.StreamWriterMachine` (takeover, rolling,
+replacing a broken ledger: every decision is the machine's) plus the appends.
 
-Takeover and rolling follow streamlib.protocol.stream_rules (protocol.txt "Opening a
-log", "Rolling ledgers"). Acknowledgements are delivered in append order across
-ledger boundaries. A writer that loses the stream to another (its ledger is fenced, or
-the list moved on without it) fails every later append with StreamFencedError; what
-it had acknowledged stays in the stream (the new writer recovered it).
-
-A writer whose ledger fails for any other reason (no bookie left to replace a failed
-one, too many ensemble changes, a metadata error) is BROKEN, not fenced: the appends in
-flight fail with that error (they are not in the stream: the ledger is closed at its
-LAC), and the next append replaces the ledger -- close it at its LAC, add a new one to
-the list by CAS, as a roll does -- retrying for up to REPLACE_S seconds while bookies
-come back. An unbounded stream takes its one ledger over again (a new term) instead.
-So a writer with enough live bookies never stays failed.
+Acknowledgements are delivered in append order across ledger boundaries. A writer that
+loses the stream to another (its ledger is fenced, or the list moved on without it)
+fails every later append with StreamFencedError; what it had acknowledged stays in the
+stream (the new writer recovered it). A writer whose ledger fails for another reason is
+broken, not fenced: the appends in flight fail with that error (they are not in the
+stream: the ledger is closed at its LAC) and the next append replaces the ledger,
+retried for up to REPLACE_S seconds while bookies come back.
 """
 
 from __future__ import annotations
@@ -23,8 +19,9 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from tenacity import (
     AsyncRetrying,
@@ -33,7 +30,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from metadata.errors import BadVersionError
+from metadata.errors import BadVersionError, MetadataError
 from metadata.schemas import LedgerInfo, StreamMetadata, StreamMode
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import WriteHandle
@@ -41,16 +38,31 @@ from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.errors import (
     InvalidTermError,
     LedgerFencedError,
-    NoSuchLedgerError,
     StreamFencedError,
     StreamlibError,
 )
 from streamlib.protocol.stream_rules import (
+    LedgerSpan,
     RolloverPolicy,
-    ledgers_to_recover,
-    may_roll,
     roll_deadline_ms,
     should_roll,
+)
+from streamlib.protocol.stream_writer import (
+    CloseLedger,
+    CreateLedger,
+    DiscardLedger,
+    GiveUp,
+    ReadList,
+    RecordSize,
+    RecoverLedger,
+    ReplaceFailed,
+    Rolled,
+    Serve,
+    State,
+    StreamAction,
+    StreamWriterMachine,
+    TakeOverLedger,
+    WriteList,
 )
 from streamlib.retry import retry_cas
 
@@ -58,16 +70,22 @@ log = logging.getLogger(__name__)
 
 STREAM_PASSWORD = b""  # ledgers of a stream are opened by any reader of the stream
 REPLACE_S = 30.0  # how long the append that finds the writer broken retries a new ledger
-CLOSE_S = 10.0  # how long a roll retries closing the ledger it rolled away from
+CLOSE_S = 10.0  # how long closing a ledger rolled away from is retried (readers wait)
 _FENCING = (LedgerFencedError, InvalidTermError, StreamFencedError)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _retryable(error: BaseException) -> bool:
     return isinstance(error, StreamlibError) and not isinstance(error, _FENCING)
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+def _failure(error: Exception) -> StreamlibError:
+    if isinstance(error, StreamlibError):
+        return error
+    return StreamlibError(f"metadata store: {error}")
 
 
 @dataclass
@@ -97,83 +115,204 @@ class StreamWriter:
         self._ledgers = ledgers
         self._registry = registry
         self.name = name
-        self._max_attempts = max_takeover_attempts
+        self._machine = StreamWriterMachine(name, max_takeover_attempts=max_takeover_attempts)
+        self._handles: dict[int, WriteHandle] = {}  # ledgers we write, until closed
+        self._md = StreamMetadata()  # the list as last read (WriteList rewrites it)
         self._current: WriteHandle | None = None
-        self._current_created_ms = 0
         self._roll_deadline: int | None = None
-        self._rolling: asyncio.Task[None] | None = None
         self._age_checks: asyncio.Task[None] | None = None  # idle streams roll by age too
         self._closing = False
         self._pending: collections.deque[_Pending] = collections.deque()
-        self._fenced: StreamlibError | None = None
+        self._held: list[tuple[bytes, asyncio.Future[tuple[int, int]]]] = []  # while broken
+        self._replacing: asyncio.Task[None] | None = None
+        self._outcome: asyncio.Future[None] | None = None  # of start() or a replace()
+        self._op_done = asyncio.Event()  # set while the machine has no operation going
+        self._op_done.set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._rnd = random.Random()
         self._policy = RolloverPolicy()
         self._config: tuple[int, int, int] = (3, 2, 2)
         self._on_roll = on_roll
         self._fragment_first = -1
         self._fragment_base_length = 0
-        self._unclosed: WriteHandle | None = None  # rolled away from, its close failed
-        self._broken: StreamlibError | None = None  # the current ledger failed (not fenced)
-        self._replacing: asyncio.Task[None] | None = None
-        self._held: list[tuple[bytes, asyncio.Future[tuple[int, int]]]] = []  # meanwhile
         self.stats = WriterStats()
 
     @property
     def ledger_id(self) -> int | None:
         return self._current.ledger_id if self._current else None
 
-    # -- takeover -----------------------------------------------------------------------
+    @property
+    def _fenced(self) -> StreamlibError | None:
+        return self._machine.error if self._machine.state is State.FENCED else None
 
-    async def start(self) -> None:
-        """Take over the stream: recover the last two ledgers, add a new one by CAS. An
-        unbounded stream lives in ONE unbounded ledger, taken over by term instead."""
-        for _ in range(self._max_attempts):
-            self.stats.takeover_attempts += 1
-            md, version = await self._registry.read(self.name)
-            self._load_config(md)
-            if md.mode == StreamMode.UNBOUNDED:
-                if await self._start_unbounded(md, version):
-                    return
-                continue
-            for ledger_id in ledgers_to_recover([info.ledger_id for info in md.ledgers]):
-                await self._recover(md, ledger_id)
-            handle = await self._create_ledger()
-            md.ledgers.append(LedgerInfo(ledger_id=handle.ledger_id, created_time_ms=now_ms()))
-            try:
-                await self._registry.write(self.name, md, version)
-            except BadVersionError:
-                await self._discard(handle)  # someone else moved: start again
-                continue
-            self._use(handle)
-            return
-        raise StreamFencedError(
-            f"stream {self.name!r}: could not take over in {self._max_attempts} attempts; "
-            "another writer keeps moving the ledger list"
-        )
+    # -- carrying the machine's actions ---------------------------------------------------
 
-    async def _start_unbounded(self, md: StreamMetadata, version: int) -> bool:
-        """Take the stream's one ledger over by term (creating it on first use)."""
-        if md.ledgers:
-            handle = await self._ledgers.take_over(md.ledgers[0].ledger_id, STREAM_PASSWORD)
-            self._use(handle)
-            return True
-        e, qw, qa = self._config
-        handle = await self._ledgers.create(
-            e,
-            qw,
-            qa,
-            password=STREAM_PASSWORD,
-            custom_metadata={"stream": self.name.encode()},
-            unbounded=True,
-        )
-        md.ledgers.append(LedgerInfo(ledger_id=handle.ledger_id, created_time_ms=now_ms()))
+    def _feed(self, method: str, *args: Any) -> None:
+        self._execute(getattr(self._machine, method)(*args))
+
+    def _execute(self, actions: list[StreamAction]) -> None:
+        for action in actions:
+            if isinstance(action, Serve):
+                self._serve(self._handles[action.ledger_id])
+            elif isinstance(action, GiveUp):
+                self._give_up(action.error)
+            elif isinstance(action, ReplaceFailed):
+                self._settle(action.error)
+            elif isinstance(action, Rolled):
+                if self._on_roll is not None:
+                    self._on_roll()
+            else:
+                self._spawn(self._carry(action))
+        if self._machine.op is None:
+            self._op_done.set()
+        else:
+            self._op_done.clear()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _carry(self, action: StreamAction) -> None:
+        if isinstance(action, ReadList):
+            await self._read_list()
+        elif isinstance(action, WriteList):
+            await self._write_list(action)
+        elif isinstance(action, RecoverLedger):
+            await self._recover(action.ledger_id)
+        elif isinstance(action, CreateLedger):
+            await self._create(action.unbounded)
+        elif isinstance(action, TakeOverLedger):
+            await self._take_over(action.ledger_id)
+        elif isinstance(action, CloseLedger):
+            await self._close_ledger(action.ledger_id)
+        elif isinstance(action, DiscardLedger):
+            await self._discard(action.ledger_id)
+        elif isinstance(action, RecordSize):
+            await self._record_size(action)
+        else:  # pragma: no cover - every action kind must be carried
+            raise TypeError(f"no I/O for {action!r}")
+
+    async def _read_list(self) -> None:
         try:
-            await self._registry.write(self.name, md, version)
+            md, version = await self._registry.read(self.name)
+        except (StreamlibError, MetadataError) as error:
+            self._feed("on_list_failed", _failure(error))
+            return
+        self._md = md
+        self._load_config(md)
+        spans = [
+            LedgerSpan(i.ledger_id, i.entries, i.size_bytes, i.created_time_ms) for i in md.ledgers
+        ]
+        self._feed("on_list_read", spans, version, md.mode == StreamMode.UNBOUNDED)
+
+    async def _write_list(self, action: WriteList) -> None:
+        md = self._md
+        infos = []
+        for span in action.ledgers:
+            info = LedgerInfo(
+                ledger_id=span.ledger_id,
+                entries=span.entries,
+                size_bytes=span.size_bytes,
+                created_time_ms=span.created_time_ms or now_ms(),
+            )
+            handle = self._handles.get(span.ledger_id)
+            if handle is not None and handle.next_entry_id:  # its size so far
+                info.entries, info.size_bytes = handle.next_entry_id, handle.length
+            infos.append(info)
+        del md.ledgers[:]
+        md.ledgers.extend(infos)
+        try:
+            version = await self._registry.write(self.name, md, action.expected_version)
         except BadVersionError:
-            await self._discard(handle)  # another producer created it first: take it over
-            return False
-        self._use(handle)
-        return True
+            self._feed("on_list_conflict")
+            return
+        except (StreamlibError, MetadataError) as error:
+            self._feed("on_list_failed", _failure(error))
+            return
+        self._feed("on_list_written", version)
+
+    async def _recover(self, ledger_id: int) -> None:
+        self.stats.takeover_attempts = self._machine.takeover_attempts
+        try:
+            handle = await self._ledgers.open(ledger_id, password=STREAM_PASSWORD)
+        except StreamlibError as error:
+            self._feed("on_recovery_failed", ledger_id, error)
+            return
+        self._feed("on_recovered", ledger_id, handle.last_entry_id + 1, handle.metadata.length)
+
+    async def _create(self, unbounded: bool) -> None:
+        e, qw, qa = self._config
+        try:
+            handle = await self._ledgers.create(
+                e,
+                qw,
+                qa,
+                password=STREAM_PASSWORD,
+                custom_metadata={"stream": self.name.encode()},
+                unbounded=unbounded,
+            )
+        except StreamlibError as error:
+            self._feed("on_create_failed", error)
+            return
+        except MetadataError as error:
+            self._feed("on_create_failed", _failure(error))
+            return
+        self._handles[handle.ledger_id] = handle
+        self.stats.ledgers_created.append(handle.ledger_id)
+        self._feed("on_created", handle.ledger_id)
+
+    async def _take_over(self, ledger_id: int) -> None:
+        try:
+            handle = await self._ledgers.take_over(ledger_id, STREAM_PASSWORD)
+        except StreamlibError as error:
+            self._feed("on_recovery_failed", ledger_id, error)
+            return
+        self._handles[ledger_id] = handle
+        self._feed("on_taken_over", ledger_id)
+
+    async def _close_ledger(self, ledger_id: int) -> None:
+        handle = self._handles[ledger_id]
+        try:  # transient failures retried here: readers wait for this close
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retryable),
+                stop=stop_after_delay(CLOSE_S),
+                wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                reraise=True,
+            ):
+                with attempt:
+                    closed = await handle.close()
+        except StreamlibError as error:
+            fenced = isinstance(error, _FENCING)
+            if fenced:
+                self._handles.pop(ledger_id, None)
+            self._feed("on_close_failed", ledger_id, error, fenced)
+            return
+        if self._handles.get(ledger_id) is handle:
+            del self._handles[ledger_id]
+        self._feed("on_closed", ledger_id, closed.last_entry_id + 1, closed.length)
+
+    async def _discard(self, ledger_id: int) -> None:
+        handle = self._handles.pop(ledger_id, None)
+        try:
+            if handle is not None:
+                await handle.close()
+            await self._ledgers.delete(ledger_id)
+        except StreamlibError as error:  # left for the sweeper
+            log.info("stream %s: could not discard ledger %d: %s", self.name, ledger_id, error)
+
+    async def _record_size(self, action: RecordSize) -> None:
+        async def attempt() -> None:
+            md, version = await self._registry.read(self.name)
+            for info in md.ledgers:
+                if info.ledger_id == action.ledger_id:
+                    info.entries, info.size_bytes = action.entries, action.size_bytes
+            await self._registry.write(self.name, md, version)
+
+        try:
+            await retry_cas(f"stream {self.name!r}: ledger {action.ledger_id}'s size", attempt)
+        except (StreamlibError, MetadataError) as error:  # informational: retention waits
+            log.warning("stream %s: %s", self.name, error)
 
     def _load_config(self, md: StreamMetadata) -> None:
         cfg = md.ledger_config
@@ -181,41 +320,42 @@ class StreamWriter:
         r = md.rollover
         self._policy = RolloverPolicy(r.max_entries, r.max_bytes, r.max_age_ms)
 
-    async def _recover(self, md: StreamMetadata, ledger_id: int) -> None:
-        """Fence and close a ledger of the list; record its final size in md."""
-        try:
-            handle = await self._ledgers.open(ledger_id, password=STREAM_PASSWORD)
-        except NoSuchLedgerError:
-            return  # deleted meanwhile (a leak swept up): nothing to fence
-        for info in md.ledgers:
-            if info.ledger_id == ledger_id:
-                info.entries = handle.last_entry_id + 1
-                info.size_bytes = handle.metadata.length
+    # -- outcomes -------------------------------------------------------------------------
 
-    async def _create_ledger(self) -> WriteHandle:
-        e, qw, qa = self._config
-        handle = await self._ledgers.create(
-            e, qw, qa, password=STREAM_PASSWORD, custom_metadata={"stream": self.name.encode()}
-        )
-        self.stats.ledgers_created.append(handle.ledger_id)
-        return handle
-
-    async def _discard(self, handle: WriteHandle) -> None:
-        try:
-            await handle.close()
-            await self._ledgers.delete(handle.ledger_id)
-        except StreamlibError as error:  # left for the sweeper
-            log.info(
-                "stream %s: could not discard ledger %d: %s", self.name, handle.ledger_id, error
-            )
-
-    def _use(self, handle: WriteHandle) -> None:
+    def _serve(self, handle: WriteHandle) -> None:
         self._start_age_checks()
         self._current = handle
-        self._current_created_ms = now_ms()
-        self._roll_deadline = roll_deadline_ms(self._current_created_ms, self._policy, self._rnd)
+        self._roll_deadline = roll_deadline_ms(now_ms(), self._policy, self._rnd)
+        self.stats.rolls = self._machine.rolls
+        self._settle(None)
 
-    # -- appends ------------------------------------------------------------------------
+    def _give_up(self, error: StreamlibError) -> None:
+        log.info("stream %s: fenced out (%s)", self.name, error)
+        self._settle(error)
+
+    def _settle(self, error: StreamlibError | None) -> None:
+        outcome, self._outcome = self._outcome, None
+        if outcome is not None and not outcome.done():
+            if error is None:
+                outcome.set_result(None)
+            else:
+                outcome.set_exception(error)
+
+    async def _run(self, actions: list[StreamAction]) -> None:
+        """Carry actions until the machine serves a ledger (or says why not)."""
+        self._outcome = asyncio.get_running_loop().create_future()
+        outcome = self._outcome
+        self._execute(actions)
+        await outcome
+
+    # -- takeover -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Take over the stream: recover the last two ledgers, add a new one by CAS. An
+        unbounded stream lives in ONE unbounded ledger, taken over by term instead."""
+        await self._run(self._machine.start())
+
+    # -- appends --------------------------------------------------------------------------
 
     def append_nowait(self, data: bytes) -> asyncio.Future[tuple[int, int]]:
         """Append one entry; the future gives (ledger id, entry id) once acknowledged,
@@ -226,7 +366,7 @@ class StreamWriter:
             raise StreamFencedError(f"stream {self.name!r}: the writer has not started")
         loop = asyncio.get_running_loop()
         outer: asyncio.Future[tuple[int, int]] = loop.create_future()
-        if self._broken is not None or self._replacing is not None:
+        if self._machine.state is State.BROKEN or self._replacing is not None:
             self._held.append((data, outer))  # sent once the ledger is replaced
             if self._replacing is None:
                 self._replacing = loop.create_task(self._replace())
@@ -237,7 +377,8 @@ class StreamWriter:
         except StreamlibError as error:
             if not _retryable(error):
                 raise
-            self._broken = error  # failed with nothing in flight: replace it now
+            # It failed with nothing in flight: replace it now.
+            self._feed("on_ledger_failed", handle.ledger_id, error, False)
             return self.append_nowait(data)
         self._pending.append(_Pending(inner, outer, handle.ledger_id))
         inner.add_done_callback(self._drain)
@@ -260,14 +401,13 @@ class StreamWriter:
             if error is None:
                 item.outer.set_result((item.ledger_id, item.inner.result()))
                 continue
-            if isinstance(error, LedgerFencedError | InvalidTermError):
-                self._fence(error)
-                error = StreamFencedError(
-                    f"stream {self.name!r} was taken over by another writer ({error})"
-                )
-            elif _retryable(error) and self._broken is None and item.ledger_id == self.ledger_id:
-                self._broken = error  # type: ignore[assignment]  # the next append replaces it
-                log.warning("stream %s: ledger %d failed: %s", self.name, item.ledger_id, error)
+            if isinstance(error, StreamlibError):
+                fenced = isinstance(error, LedgerFencedError | InvalidTermError)
+                self._feed("on_ledger_failed", item.ledger_id, error, fenced)
+                if fenced:
+                    error = StreamFencedError(
+                        f"stream {self.name!r} was taken over by another writer ({error})"
+                    )
             item.outer.set_exception(error)
         handle = self._current
         if handle is not None and handle.metadata.unbounded and not self._stopped():
@@ -276,23 +416,51 @@ class StreamWriter:
     def _stopped(self) -> bool:
         return self._fenced is not None or self._closing
 
-    def _fence(self, cause: StreamlibError) -> None:
-        if self._fenced is None:
-            self._fenced = cause
-            log.info("stream %s: fenced out (%s)", self.name, cause)
+    async def _replace(self) -> None:
+        """The current ledger failed (not fenced): replace it, then send what was held."""
+        error: StreamlibError | None = None
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retryable),
+                stop=stop_after_delay(REPLACE_S),
+                wait=wait_random_exponential(multiplier=0.1, max=2.0),
+                reraise=True,
+            ):
+                with attempt:
+                    await self._op_done.wait()  # a roll in flight ends first
+                    if self._machine.state is State.BROKEN:
+                        await self._run(self._machine.replace())
+        except StreamlibError as failed:
+            error = failed
+            log.warning("stream %s: could not replace the failed ledger: %s", self.name, error)
+        finally:
+            self._replacing = None
+        held, self._held = self._held, []
+        for data, outer in held:
+            if outer.done():
+                continue
+            if error is not None:
+                outer.set_exception(error)
+                continue
+            try:
+                inner = self.append_nowait(data)
+            except StreamlibError as failed:
+                outer.set_exception(failed)
+            else:
+                inner.add_done_callback(functools.partial(_copy_outcome, outer=outer))
 
-    # -- rolling ------------------------------------------------------------------------
+    # -- rolling --------------------------------------------------------------------------
 
     def _maybe_roll(self) -> None:
         handle = self._current
-        if handle is None or self._rolling is not None or self._broken is not None:
+        if handle is None or self._machine.op is not None:
             return
         if handle.metadata.unbounded:
             self._maybe_roll_fragment(handle)
             return
         entries = handle.next_entry_id  # entries handed to this ledger
         if should_roll(entries, handle.length, now_ms(), self._roll_deadline, self._policy):
-            self._rolling = asyncio.get_running_loop().create_task(self._roll())
+            self._execute(self._machine.roll())
 
     def _maybe_roll_fragment(self, handle: WriteHandle) -> None:
         """An unbounded stream never rolls its ledger: the rollover policy rolls the
@@ -315,138 +483,16 @@ class StreamWriter:
             handle.roll_fragment()  # a no-op while one is in flight
 
     async def roll(self) -> None:
-        """Roll now (also used by age-based rolling on idle streams)."""
-        if self._rolling is None:
-            self._rolling = asyncio.get_running_loop().create_task(self._roll())
-        await self._rolling
-
-    async def _roll(self) -> None:
-        old = self._current
-        assert old is not None
-        try:
-            if not may_roll(previous_closed=self._unclosed is None):
-                assert self._unclosed is not None
-                await self._close_rolled(self._unclosed)  # first the one before
-            new = await self._create_ledger()
-            if not await self._add_to_list(old, new):
-                return
-            self._use(new)  # from here on appends go to the new ledger
-            self.stats.rolls += 1
-            self._unclosed = old
-            await self._close_rolled(old)  # after its pending appends
-            if self._on_roll is not None:
-                self._on_roll()
-        except StreamlibError as error:
-            log.warning("stream %s: roll failed: %s", self.name, error)
-        finally:
-            self._rolling = None
-
-    async def _add_to_list(self, old: WriteHandle, new: WriteHandle) -> bool:
-        """CAS `new` into the list after `old`, recording old's size so far; False (and
-        fenced) when the list moved on without us."""
-
-        async def attempt() -> bool:
-            md, version = await self._registry.read(self.name)
-            if not md.ledgers or md.ledgers[-1].ledger_id != old.ledger_id:
-                return False
-            md.ledgers[-1].entries = old.next_entry_id
-            md.ledgers[-1].size_bytes = old.length
-            md.ledgers.append(LedgerInfo(ledger_id=new.ledger_id, created_time_ms=now_ms()))
-            await self._registry.write(self.name, md, version)
-            return True
-
-        try:
-            added = await retry_cas(f"stream {self.name!r}: adding a ledger", attempt)
-        except StreamlibError:
-            await self._discard(new)
-            raise
-        if not added:
-            await self._discard(new)
-            self._fence(StreamFencedError("the ledger list moved on without us"))
-        return added
-
-    async def _close_rolled(self, old: WriteHandle) -> None:
-        """Close a ledger rolled away from (retried: readers wait for this close)."""
-        try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable),
-                stop=stop_after_delay(CLOSE_S),
-                wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                reraise=True,
-            ):
-                with attempt:
-                    closed = await old.close()
-        except (LedgerFencedError, InvalidTermError) as error:
-            self._fence(error)  # a takeover recovered it: its end is the recovery's
-            self._unclosed = None
-            return
-        self._unclosed = None
-        await self._record_final(closed.ledger_id, closed.last_entry_id + 1, closed.length)
-
-    # -- replacing a broken ledger --------------------------------------------------------
-
-    async def _replace(self) -> None:
-        """The current ledger failed (not fenced): replace it, then send what was held."""
-        error: StreamlibError | None = None
-        try:
-            if self._rolling is not None:
-                await asyncio.gather(self._rolling, return_exceptions=True)
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable),
-                stop=stop_after_delay(REPLACE_S),
-                wait=wait_random_exponential(multiplier=0.1, max=2.0),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._replace_once()
-        except StreamlibError as failed:
-            error = failed
-            if isinstance(failed, LedgerFencedError | InvalidTermError):
-                self._fence(failed)
-                error = StreamFencedError(f"stream {self.name!r} was taken over ({failed})")
-            log.warning("stream %s: could not replace the failed ledger: %s", self.name, error)
-        finally:
-            self._replacing = None
-        held, self._held = self._held, []
-        for data, outer in held:
-            if outer.done():
-                continue
-            if error is not None:
-                outer.set_exception(error)
-                continue
-            try:
-                inner = self.append_nowait(data)
-            except StreamlibError as failed:
-                outer.set_exception(failed)
-            else:
-                inner.add_done_callback(functools.partial(_copy_outcome, outer=outer))
-
-    async def _replace_once(self) -> None:
-        if self._fenced is not None:
-            raise StreamFencedError(f"stream {self.name!r}: {self._fenced}")
-        old = self._current
-        assert old is not None
-        if old.metadata.unbounded:  # its one ledger lives on: take it over again
-            handle = await self._ledgers.take_over(old.ledger_id, STREAM_PASSWORD)
-            self._use(handle)
-            self._broken = None
-            return
-        closed = await old.close()  # at its LAC: what failed after it is not in the stream
-        await self._record_final(closed.ledger_id, closed.last_entry_id + 1, closed.length)
-        new = await self._create_ledger()
-        if not await self._add_to_list(old, new):
-            raise StreamFencedError(f"stream {self.name!r}: the list moved on without us")
-        self._use(new)
-        self.stats.rolls += 1
-        self._broken = None
+        """Roll now (also used by age-based rolling on idle streams); returns once the
+        roll (or whatever operation was in flight) is over."""
+        self._execute(self._machine.roll())
+        await self._op_done.wait()
 
     async def check_age(self) -> None:
         """Roll a ledger (or an unbounded ledger's fragment) past its age even when no
         append comes (idle streams)."""
         handle = self._current
-        if handle is None or self._rolling is not None or self._fenced is not None:
-            return
-        if self._closing:
+        if handle is None or self._machine.op is not None or self._stopped():
             return
         if handle.metadata.unbounded:
             self._maybe_roll_fragment(handle)
@@ -469,10 +515,10 @@ class StreamWriter:
             except Exception as error:  # a metadata hiccup: try again next period
                 log.warning("stream %s: age check failed: %s", self.name, error)
 
-    # -- closing ------------------------------------------------------------------------
+    # -- closing --------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        pending = [p.outer for p in self._pending]
+        pending = [p.outer for p in self._pending] + [outer for _, outer in self._held]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
@@ -482,31 +528,27 @@ class StreamWriter:
             self._age_checks.cancel()
             await asyncio.gather(self._age_checks, return_exceptions=True)
             self._age_checks = None
-        if self._rolling is not None:
-            await asyncio.gather(self._rolling, return_exceptions=True)
+        if self._replacing is not None:
+            await asyncio.gather(self._replacing, return_exceptions=True)
+        await self._op_done.wait()  # a roll in flight finishes (and closes its old ledger)
         await self.flush()
-        if self._current is not None and self._fenced is None:
-            if self._current.metadata.unbounded:
-                await self._current.release()  # the stream's one ledger stays open
-                return
-            try:
-                metadata = await self._current.close()
-            except (LedgerFencedError, InvalidTermError) as error:
-                self._fence(error)
-                return
-            await self._record_final(
-                metadata.ledger_id, metadata.last_entry_id + 1, metadata.length
-            )
-
-    async def _record_final(self, ledger_id: int, entries: int, size: int) -> None:
-        async def attempt() -> None:
-            md, version = await self._registry.read(self.name)
-            for info in md.ledgers:
-                if info.ledger_id == ledger_id:
-                    info.entries, info.size_bytes = entries, size
-            await self._registry.write(self.name, md, version)
-
-        await retry_cas(f"stream {self.name!r}: recording ledger {ledger_id}'s size", attempt)
+        current = self._current
+        self._machine.close()
+        if current is not None and self._fenced is None:
+            if current.metadata.unbounded:
+                await current.release()  # the stream's one ledger stays open
+            else:
+                try:  # (a broken ledger too: it closes at its LAC)
+                    closed = await current.close()
+                except StreamlibError as error:
+                    log.info("stream %s: could not close at the end (%s)", self.name, error)
+                else:
+                    await self._record_size(
+                        RecordSize(closed.ledger_id, closed.last_entry_id + 1, closed.length)
+                    )
+        tasks = list(self._tasks)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _copy_outcome(

@@ -1,0 +1,401 @@
+"""The single writer of a stream as a state machine (protocol.txt "Ledgers to logs":
+"Opening a log", "Rolling ledgers"; unbounded-ledgers.txt for one-ledger streams).
+
+Theory of operation. The machine decides WHICH ledger of the stream's list appends go
+to and how the list changes; the appends themselves go through that ledger's
+:class:`~streamlib.protocol.writer.LedgerWriter`. Its outputs are composite operations
+the driver carries out (read or CAS the list, recover, create, close, take over a
+ledger) and two outcomes: ``Serve(ledger)`` (appends go there from now on) and
+``GiveUp(error)``.
+
+- Takeover (bounded): read the list; recover (fence + close) its LAST TWO ledgers, one
+  after the other; create a ledger; CAS the list with it appended. Nothing is served
+  before that CAS succeeds. A CAS conflict means someone else moved: discard the new
+  ledger and start again (up to ``max_takeover_attempts``).
+- Takeover (unbounded): the stream lives in one ledger; take it over by term (creating
+  it first on a new stream, by CAS of the list; a conflict means another writer created
+  it: take that one over).
+- Rolling: create a ledger, CAS it into the list after the current one, serve it, and
+  only then close the old one (appends flow meanwhile). If the list no longer ends with
+  our ledger, it moved on without us: we are fenced. A roll starts only once the ledger
+  rolled away from before is closed (``stream_rules.may_roll``), so at most the last two
+  ledgers of a list are open.
+- A ledger that fails WITHOUT being fenced (no bookie left for an ensemble change, too
+  many changes, a metadata error) makes the writer BROKEN: nothing is served until a
+  ``replace()`` (the driver's next append asks for it, and retries it while it fails):
+  close the ledger at its LAC, then roll as above; an unbounded stream takes its ledger
+  over again instead. Fenced anywhere (a ledger fenced, a term taken, the list moved on)
+  means another writer has the stream: GiveUp.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from streamlib.protocol.errors import (
+    NoSuchLedgerError,
+    StreamFencedError,
+    StreamlibError,
+)
+from streamlib.protocol.stream_rules import LedgerSpan, ledgers_to_recover, may_roll
+
+LIST_CAS_ATTEMPTS = 20  # a roll's list CAS retried this often (retention, cursor moves)
+
+
+# -- outputs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadList:
+    """Read the stream's ledger list: answer on_list_read(spans, version, unbounded)."""
+
+
+@dataclass(frozen=True)
+class WriteList:
+    """CAS the list: on_list_written(version), or on_list_conflict()."""
+
+    ledgers: tuple[LedgerSpan, ...]
+    expected_version: int
+
+
+@dataclass(frozen=True)
+class RecoverLedger:
+    """Open with recovery (fence + close): on_recovered(id, entries, size) or
+    on_recovery_failed(id, error)."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class CreateLedger:
+    """Create a ledger for the stream: on_created(id) or on_create_failed(error)."""
+
+    unbounded: bool = False
+
+
+@dataclass(frozen=True)
+class CloseLedger:
+    """Close one of our ledgers at its LAC once its pending appends are done:
+    on_closed(id, entries, size) or on_close_failed(id, error, fenced)."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class TakeOverLedger:
+    """Take an unbounded ledger over by term: on_taken_over(id) or
+    on_recovery_failed(id, error)."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class DiscardLedger:
+    """Delete a ledger we created that never made it into the list."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class RecordSize:
+    """A closed ledger's final size, for the list (retention reads it)."""
+
+    ledger_id: int
+    entries: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Appends go to this ledger from now on (its writer is the driver's)."""
+
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class Rolled:
+    """A roll finished: the ledger rolled away from is closed (retention may run)."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The writer is done: fenced out, or the takeover failed."""
+
+    error: StreamlibError
+
+
+@dataclass(frozen=True)
+class ReplaceFailed:
+    """A replace() did not get through (retry it later)."""
+
+    error: StreamlibError
+
+
+StreamAction = (
+    ReadList
+    | WriteList
+    | RecoverLedger
+    | CreateLedger
+    | CloseLedger
+    | TakeOverLedger
+    | DiscardLedger
+    | RecordSize
+    | Serve
+    | Rolled
+    | GiveUp
+    | ReplaceFailed
+)
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    BROKEN = "broken"  # the current ledger failed, not fenced: replace() before appends
+    FENCED = "fenced"  # another writer has the stream (or the takeover failed)
+    CLOSED = "closed"
+
+
+class Op(enum.Enum):
+    TAKEOVER = "takeover"
+    ROLL = "roll"
+    REPLACE = "replace"
+
+
+class StreamWriterMachine:
+    def __init__(self, name: str, *, max_takeover_attempts: int = 10) -> None:
+        self.name = name
+        self.max_takeover_attempts = max_takeover_attempts
+        self.state = State.STARTING
+        self.error: StreamlibError | None = None
+        self.current: int | None = None  # the ledger served
+        self.unbounded = False
+        self.takeover_attempts = 0
+        self.rolls = 0
+        self.op: Op | None = None
+        self._list: list[LedgerSpan] = []
+        self._version = -1
+        self._to_recover: list[int] = []
+        self._new: int | None = None  # created, not yet in the list
+        self._old: int | None = None  # the ledger a roll or replace moves away from
+        self._unclosed: int | None = None  # rolled away from; its close failed
+        self._cas_attempts = 0
+
+    # -- takeover -----------------------------------------------------------------------
+
+    def start(self) -> list[StreamAction]:
+        self.op = Op.TAKEOVER
+        self.takeover_attempts += 1
+        return [ReadList()]
+
+    def on_list_read(
+        self, ledgers: Sequence[LedgerSpan], version: int, unbounded: bool
+    ) -> list[StreamAction]:
+        self._list, self._version, self.unbounded = list(ledgers), version, unbounded
+        if self.op is Op.TAKEOVER:
+            if unbounded:
+                if ledgers:
+                    return [TakeOverLedger(ledgers[0].ledger_id)]
+                return [CreateLedger(unbounded=True)]
+            self._to_recover = ledgers_to_recover([span.ledger_id for span in ledgers])
+            return self._recover_next()
+        if self.op in (Op.ROLL, Op.REPLACE) and self._new is not None:
+            if not ledgers or ledgers[-1].ledger_id != self._old:
+                new, self._new = self._new, None
+                return [DiscardLedger(new), *self._fenced("the ledger list moved on without us")]
+            spans = (*ledgers, LedgerSpan(self._new))
+            return [WriteList(spans, version)]
+        return []
+
+    def on_list_failed(self, error: StreamlibError) -> list[StreamAction]:
+        """Reading or writing the list failed (not a version conflict)."""
+        new, self._new = self._new, None
+        discard: list[StreamAction] = [DiscardLedger(new)] if new is not None else []
+        if self.op is Op.TAKEOVER:
+            return discard + self._give_up(error)
+        if self.op is Op.REPLACE:
+            return discard + self._replace_failed(error)
+        return discard + self._roll_off()
+
+    def _recover_next(self) -> list[StreamAction]:
+        if self._to_recover:
+            return [RecoverLedger(self._to_recover[0])]
+        return [CreateLedger()]
+
+    def on_recovered(self, ledger_id: int, entries: int, size_bytes: int) -> list[StreamAction]:
+        if self.op is not Op.TAKEOVER or not self._to_recover:
+            return []
+        self._to_recover.pop(0)
+        self._list = [
+            LedgerSpan(s.ledger_id, entries, size_bytes, s.created_time_ms)
+            if s.ledger_id == ledger_id
+            else s
+            for s in self._list
+        ]
+        return self._recover_next()
+
+    def on_recovery_failed(self, ledger_id: int, error: StreamlibError) -> list[StreamAction]:
+        if self.op is Op.REPLACE:
+            return self._replace_failed(error)
+        if self.op is not Op.TAKEOVER:
+            return []
+        if isinstance(error, NoSuchLedgerError) and self._to_recover:
+            return self.on_recovered(ledger_id, 0, 0)  # deleted meanwhile: nothing to fence
+        return self._give_up(error)
+
+    def on_taken_over(self, ledger_id: int) -> list[StreamAction]:
+        if self.op not in (Op.TAKEOVER, Op.REPLACE):
+            return []
+        return self._serve(ledger_id)
+
+    def on_created(self, ledger_id: int) -> list[StreamAction]:
+        self._new = ledger_id
+        if self.op is Op.TAKEOVER:
+            return [WriteList((*self._list, LedgerSpan(ledger_id)), self._version)]
+        if self.op in (Op.ROLL, Op.REPLACE):
+            self._cas_attempts = 0
+            return [ReadList()]
+        return []
+
+    def on_create_failed(self, error: StreamlibError) -> list[StreamAction]:
+        if self.op is Op.TAKEOVER:
+            return self._give_up(error)
+        if self.op is Op.REPLACE:
+            return self._replace_failed(error)
+        self.op = None  # a roll is tried again on a later append
+        return []
+
+    def on_list_written(self, version: int) -> list[StreamAction]:
+        new, self._new = self._new, None
+        self._version = version
+        if new is None:
+            return []
+        if self.op is Op.ROLL:
+            old, self._unclosed = self._old, self._old
+            self.current = new
+            self.rolls += 1
+            assert old is not None
+            return [Serve(new), CloseLedger(old)]  # from here on appends go to `new`
+        return self._serve(new)
+
+    def on_list_conflict(self) -> list[StreamAction]:
+        new = self._new
+        if self.op is Op.TAKEOVER:
+            self._new = None
+            discard: list[StreamAction] = [DiscardLedger(new)] if new is not None else []
+            if self.takeover_attempts >= self.max_takeover_attempts:
+                return discard + self._give_up(
+                    StreamFencedError(
+                        f"stream {self.name!r}: could not take over in "
+                        f"{self.takeover_attempts} attempts; another writer keeps moving "
+                        "the ledger list"
+                    )
+                )
+            return discard + self.start()  # someone else moved: start again
+        self._cas_attempts += 1
+        if self._cas_attempts >= LIST_CAS_ATTEMPTS:
+            self._new = None
+            error = StreamlibError(f"stream {self.name!r}: the list CAS kept conflicting")
+            fail = self._replace_failed(error) if self.op is Op.REPLACE else self._roll_off()
+            return ([DiscardLedger(new)] if new is not None else []) + fail
+        return [ReadList()]  # e.g. retention trimmed the front meanwhile: re-read
+
+    def _serve(self, ledger_id: int) -> list[StreamAction]:
+        self.current = ledger_id
+        self.state = State.SERVING
+        self.op = None
+        return [Serve(ledger_id)]
+
+    # -- rolling ------------------------------------------------------------------------
+
+    def roll(self) -> list[StreamAction]:
+        """Roll to a new ledger (the driver asks when the rollover policy says so)."""
+        if self.state is not State.SERVING or self.op is not None or self.unbounded:
+            return []
+        self.op = Op.ROLL
+        self._old = self.current
+        if not may_roll(previous_closed=self._unclosed is None):
+            assert self._unclosed is not None
+            return [CloseLedger(self._unclosed)]  # first the one before
+        return [CreateLedger()]
+
+    def on_closed(self, ledger_id: int, entries: int, size_bytes: int) -> list[StreamAction]:
+        actions: list[StreamAction] = [RecordSize(ledger_id, entries, size_bytes)]
+        if ledger_id == self._unclosed:
+            self._unclosed = None
+        if self.op is Op.ROLL and ledger_id != self._old:  # the one before: now roll
+            return [*actions, CreateLedger()]
+        if self.op is Op.ROLL:  # the ledger rolled away from
+            self.op = None
+            return [*actions, Rolled()]
+        if self.op is Op.REPLACE and ledger_id == self._old:
+            return [*actions, CreateLedger()]
+        return actions
+
+    def on_close_failed(
+        self, ledger_id: int, error: StreamlibError, fenced: bool
+    ) -> list[StreamAction]:
+        if fenced:  # a takeover recovered it
+            if ledger_id == self._unclosed:
+                self._unclosed = None
+            return self._fenced(f"ledger {ledger_id} was recovered by another writer ({error})")
+        if self.op is Op.REPLACE:
+            return self._replace_failed(error)
+        if self.op is Op.ROLL:
+            return self._roll_off()  # _unclosed stays: the next roll closes it first
+        return []
+
+    def _roll_off(self) -> list[StreamAction]:
+        self.op = None
+        return []
+
+    # -- a broken ledger ----------------------------------------------------------------
+
+    def on_ledger_failed(
+        self, ledger_id: int, error: StreamlibError, fenced: bool
+    ) -> list[StreamAction]:
+        """The writer of one of our ledgers failed."""
+        if self.state in (State.FENCED, State.CLOSED):
+            return []
+        if fenced:
+            return self._fenced(f"stream {self.name!r} was taken over by another writer ({error})")
+        if ledger_id == self.current and self.state is State.SERVING:
+            self.state = State.BROKEN
+            self.error = error
+        return []
+
+    def replace(self) -> list[StreamAction]:
+        """Replace the broken current ledger (see the module docstring)."""
+        if self.state is not State.BROKEN or self.op is not None:
+            return []
+        self.op = Op.REPLACE
+        self._old = self.current
+        assert self._old is not None
+        if self.unbounded:
+            return [TakeOverLedger(self._old)]
+        return [CloseLedger(self._old)]  # at its LAC: what failed after it is not in it
+
+    def _replace_failed(self, error: StreamlibError) -> list[StreamAction]:
+        self.op = None
+        if self.state is State.FENCED:
+            return []
+        return [ReplaceFailed(error)]
+
+    # -- endings ------------------------------------------------------------------------
+
+    def _fenced(self, why: str) -> list[StreamAction]:
+        return self._give_up(StreamFencedError(f"stream {self.name!r}: {why}"))
+
+    def _give_up(self, error: StreamlibError) -> list[StreamAction]:
+        if self.state is State.FENCED:
+            return []
+        self.state = State.FENCED
+        self.error = error
+        self.op = None
+        return [GiveUp(error)]
+
+    def close(self) -> None:
+        """The driver stops (it closes or releases the current ledger itself)."""
+        if self.state is not State.FENCED:
+            self.state = State.CLOSED
