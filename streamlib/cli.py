@@ -1,4 +1,5 @@
-"""The `streamlib` command line: sandbox, everyday produce/consume, admin, benchmarks.
+"""The `streamlib` command line: sandbox, everyday produce/consume, admin, benchmarks,
+the chaos verifier.
 
 Errors are one line on stderr and a non-zero exit code; argparse usage errors exit 2.
 """
@@ -16,7 +17,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="BookKeeper-style replicated ledgers and streams.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from streamlib import bench, sandbox
+    from streamlib import bench, chaos, sandbox
     from streamlib import commands as everyday
     from streamlib.autorecovery import cli as autorecovery_cli
 
@@ -26,6 +27,7 @@ def _build_parser() -> argparse.ArgumentParser:
     autorecovery_cli.add_parsers(commands, admin_commands)
     everyday.add_parsers(commands, admin_commands)
     bench.add_parser(commands)
+    chaos.add_parser(commands)
     return parser
 
 

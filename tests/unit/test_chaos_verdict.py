@@ -1,0 +1,232 @@
+"""The verdict of `streamlib chaos` on hand-made histories: each violation it looks for
+(lost, duplicated, reordered, misplaced) is shown to fire, and what at-least-once
+allows (redeliveries to a later consumer session, unacknowledged sends that landed)
+is shown not to. Also the fault plan: seeded, and never too many bookies down."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamlib.chaos_plan import Fault, max_down, plan_faults
+from streamlib.chaos_verdict import (
+    Ack,
+    Delivery,
+    Failure,
+    ProducerRun,
+    StreamHistory,
+    deliveries,
+    judge,
+    payload_for,
+    producer_run,
+    unavailable_intervals,
+)
+
+HEALED_AT = 100.0
+
+
+def acked(incarnation: int, seqs: range, ledger_id: int = 7, t0: float = 101.0) -> ProducerRun:
+    """An incarnation whose sends seq were all acknowledged at (ledger_id, seq, 0)."""
+    acks = [
+        Ack(incarnation, seq, payload_for(incarnation, seq), (ledger_id, seq, 0), t0 + seq / 100)
+        for seq in seqs
+    ]
+    return ProducerRun(incarnation, started=t0 - 1, ended=t0 + len(seqs), acks=acks)
+
+
+def read_as(run: ProducerRun, order: list[int] | None = None, session: str = "r") -> list[Delivery]:
+    """The run's acknowledged messages delivered in that order of seq (default: as sent)."""
+    by_seq = {a.seq: a for a in run.acks}
+    seqs = order if order is not None else sorted(by_seq)
+    return [Delivery(session, by_seq[s].message_id, by_seq[s].payload) for s in seqs]
+
+
+def history(run: ProducerRun, reads: list[Delivery], receipts: list[Delivery] | None = None):
+    return StreamHistory(
+        producers=[run],
+        reads=reads,
+        receipts=read_as(run, session="c1") if receipts is None else receipts,
+        final_producer=run.incarnation,
+    )
+
+
+def test_a_clean_history_passes():
+    run = acked(1, range(1, 11))
+    verdict = judge({"s": history(run, read_as(run))}, HEALED_AT)
+    assert verdict.ok and verdict.safe
+    assert verdict.to_json()["acknowledged"] == 10
+    assert verdict.lost == verdict.duplicated == verdict.reordered == verdict.misplaced == 0
+
+
+def test_an_acknowledged_message_the_reader_never_read_is_lost():
+    run = acked(1, range(1, 11))
+    verdict = judge({"s": history(run, read_as(run, [1, 2, 3, 5, 6, 7, 8, 9, 10]))}, HEALED_AT)
+    assert not verdict.safe and not verdict.ok
+    assert verdict.lost == 1
+    assert verdict.streams["s"].lost_by_reader == ["p1-4"]
+    assert verdict.streams["s"].lost_by_consumer == []
+
+
+def test_an_acknowledged_message_no_consumer_session_received_is_lost():
+    run = acked(1, range(1, 6))
+    receipts = read_as(run, [1, 2], session="c1") + read_as(run, [2, 3, 5], session="c2")
+    verdict = judge({"s": history(run, read_as(run), receipts)}, HEALED_AT)
+    assert verdict.streams["s"].lost_by_consumer == ["p1-4"]
+    assert verdict.lost == 1
+
+
+def test_the_reader_reading_a_message_twice_is_a_duplicate():
+    run = acked(1, range(1, 6))
+    verdict = judge({"s": history(run, read_as(run, [1, 2, 3, 3, 4, 5]))}, HEALED_AT)
+    assert verdict.duplicated == 1
+    assert verdict.reordered == 0  # an equal id is a duplicate, not a reordering
+    assert not verdict.safe
+
+
+def test_the_same_payload_under_two_message_ids_is_a_duplicate():
+    run = acked(1, range(1, 4))
+    reads = [*read_as(run), Delivery("r", (8, 0, 0), "p1-3")]
+    verdict = judge({"s": history(run, reads)}, HEALED_AT)
+    assert verdict.duplicated == 1
+
+
+def test_a_consumer_session_receiving_twice_is_a_duplicate_a_later_session_a_redelivery():
+    run = acked(1, range(1, 5))
+    twice_in_one = read_as(run, [1, 2, 2, 3, 4], session="c1")
+    verdict = judge({"s": history(run, read_as(run), twice_in_one)}, HEALED_AT)
+    assert verdict.duplicated == 1
+
+    # The consumer crashed after receiving 1-3; the cursor had only 1: 2 and 3 again.
+    restarted = read_as(run, [1, 2, 3], session="c1") + read_as(run, [2, 3, 4], session="c2")
+    verdict = judge({"s": history(run, read_as(run), restarted)}, HEALED_AT)
+    assert verdict.duplicated == 0 and verdict.reordered == 0
+    assert verdict.streams["s"].redelivered == 2
+    assert verdict.ok
+
+
+def test_a_sequence_number_read_after_a_higher_one_is_reordered():
+    # The ids still increase: only the producer's order betrays it.
+    run = acked(1, range(1, 5))
+    swapped = [
+        Delivery("r", (7, i + 1, 0), payload_for(1, seq)) for i, seq in enumerate([1, 3, 2, 4])
+    ]
+    verdict = judge({"s": history(run, swapped, swapped)}, HEALED_AT)
+    assert verdict.reordered == 2  # once for the reader, once for the consumer session
+    assert verdict.misplaced > 0  # and p1-2, p1-3 were acknowledged at other ids
+    assert not verdict.safe
+
+
+def test_a_message_id_below_one_read_before_is_reordered():
+    run = acked(1, range(1, 5))
+    verdict = judge({"s": history(run, read_as(run, [1, 2, 4, 3]))}, HEALED_AT)
+    assert verdict.reordered == 1
+    assert "id 7:3:0 after 7:4:0" in verdict.streams["s"].reordered[0]
+
+
+def test_sequences_of_different_incarnations_interleave_freely():
+    # A duel: incarnation 2 took over, then 1 (recreated) took it back. Each one's own
+    # acknowledged messages keep their order; across incarnations anything goes.
+    first, second = acked(1, range(1, 4), ledger_id=7), acked(2, range(1, 4), ledger_id=8)
+    late = Ack(1, 10, payload_for(1, 10), (9, 0, 0), 105.0)
+    first.acks.append(late)
+    reads = [*read_as(first)[:3], *read_as(second), Delivery("r", (9, 0, 0), late.payload)]
+    h = StreamHistory([first, second], reads, reads, final_producer=1)
+    assert judge({"s": h}, HEALED_AT).ok
+
+
+def test_an_acknowledged_message_read_at_another_id_is_misplaced():
+    run = acked(1, range(1, 4))
+    reads = read_as(run)
+    reads[1] = Delivery("r", (7, 2, 1), reads[1].payload)
+    verdict = judge({"s": history(run, reads)}, HEALED_AT)
+    assert verdict.misplaced == 1 and not verdict.safe
+
+
+def test_unacknowledged_sends_that_landed_are_allowed():
+    run = acked(1, range(1, 4))
+    run.failures.append(Failure(sent=102.0, t=105.0, error="TimeoutError"))
+    reads = [*read_as(run), Delivery("r", (7, 4, 0), payload_for(1, 4))]
+    verdict = judge({"s": history(run, reads, reads)}, HEALED_AT)
+    assert verdict.ok
+    assert verdict.streams["s"].unacknowledged_read == 1
+    assert verdict.streams["s"].failed_sends == 1
+
+
+def test_a_producer_with_nothing_acknowledged_after_the_heal_never_recovered():
+    run = acked(1, range(1, 4), t0=90.0)  # every ack before the heal at 100
+    verdict = judge({"s": history(run, read_as(run))}, HEALED_AT)
+    assert verdict.safe and not verdict.ok
+    assert verdict.never_recovered == ["s"]
+
+
+def test_unavailability_runs_from_the_first_failure_to_the_next_ack():
+    run = ProducerRun(1, started=0.0, ended=20.0)
+    run.acks = [Ack(1, 1, "p1-1", (1, 0, 0), 1.0), Ack(1, 4, "p1-4", (2, 0, 0), 9.0)]
+    run.failures = [
+        Failure(sent=2.0, t=5.0, error="timeout"),
+        Failure(sent=6.0, t=6.5, error="fenced", send=False),
+        Failure(sent=10.0, t=12.0, error="fenced"),  # never followed by an ack
+    ]
+    assert unavailable_intervals(run) == [(0.0, 1.0), (2.0, 9.0), (10.0, 20.0)]
+    verdict = judge({"s": StreamHistory([run], final_producer=1)}, HEALED_AT)
+    assert verdict.streams["s"].longest_unavailable_s == 10.0
+    assert verdict.streams["s"].longest_without_ack_s == 11.0  # from 9 to its failing end
+    assert verdict.streams["s"].failed_sends == 2  # the takeover that failed is no send
+
+
+def test_a_producer_stopping_cleanly_is_not_unavailable_while_it_closes():
+    run = ProducerRun(1, started=0.0, ended=9.0)  # its close took from 5 s to 9 s
+    run.acks = [Ack(1, s, f"p1-{s}", (1, s, 0), float(s)) for s in range(1, 6)]
+    verdict = judge({"s": StreamHistory([run], final_producer=1)}, HEALED_AT)
+    assert unavailable_intervals(run) == [(0.0, 1.0)]
+    assert verdict.streams["s"].longest_without_ack_s == 1.0
+
+
+def test_a_duel_loser_is_unavailable_while_the_stream_is_not():
+    winner = ProducerRun(2, started=0.0, ended=10.0)
+    winner.acks = [Ack(2, s, f"p2-{s}", (2, s, 0), float(s)) for s in range(1, 11)]
+    loser = ProducerRun(1, started=0.0, ended=10.0, acks=[Ack(1, 1, "p1-1", (1, 0, 0), 0.5)])
+    loser.failures = [Failure(sent=1.0, t=1.5, error="fenced")]
+    verdict = judge({"s": StreamHistory([loser, winner], final_producer=2)}, HEALED_AT)
+    stream = verdict.streams["s"]
+    assert stream.longest_unavailable_s == 9.0 and stream.longest_unavailable_incarnation == 1
+    assert stream.longest_without_ack_s == 1.0  # someone had an ack every second
+
+
+def test_histories_come_from_the_workers_event_logs():
+    events = [
+        {"ev": "start", "t": 1.0},
+        {"ev": "producer", "t": 1.5},
+        {"ev": "ack", "t": 2.0, "seq": 1, "payload": "p3-1", "id": "5:0:0"},
+        {"ev": "fail", "t": 3.0, "seq": 2, "sent": 2.5, "error": "StreamFencedError: x"},
+        {"ev": "fail", "t": 3.5, "seq": -1, "sent": 3.2, "error": "StreamFencedError: y"},
+        {"ev": "exit", "t": 4.0},
+    ]
+    run = producer_run(3, events)
+    assert run.started == 1.0 and run.ended == 4.0
+    assert run.acks == [Ack(3, 1, "p3-1", (5, 0, 0), 2.0)]
+    assert [f.send for f in run.failures] == [True, False]
+    received = [{"ev": "msg", "t": 2.0, "session": "1.2", "id": "5:0:0", "payload": "p3-1"}]
+    assert deliveries(received, "x") == [Delivery("1.2", (5, 0, 0), "p3-1")]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_fault_plan_is_seeded_and_keeps_enough_bookies_up(seed):
+    streams = ["a", "b"]
+    plan = plan_faults(seed, 60, 5, streams)
+    assert plan == plan_faults(seed, 60, 5, streams)
+    assert {f.kind for f in plan} <= {"kill-bookie", "pause-bookie", "kill-producer", "duel",
+                                      "kill-consumer"}  # fmt: skip
+    outages = [f for f in plan if f.kind in ("kill-bookie", "pause-bookie")]
+    for f in outages:
+        down = {g.target for g in outages if g.at_s <= f.at_s < g.at_s + g.duration_s}
+        assert len(down) <= max_down(5) == 2
+    duels = [f for f in plan if f.kind == "duel"]
+    for f in duels:
+        assert sum(g.target == f.target and g.at_s <= f.at_s < g.at_s + g.duration_s
+                   for g in duels) == 1  # fmt: skip
+
+
+def test_three_bookies_get_no_bookie_faults():
+    plan = plan_faults(1, 60, 3, ["a"])
+    assert plan and all(isinstance(f, Fault) for f in plan)
+    assert not [f for f in plan if f.kind.endswith("-bookie")]
