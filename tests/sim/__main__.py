@@ -3,6 +3,7 @@
 python -m tests.sim --seeds 20000            # the long run
 python -m tests.sim --seed 1234 --trace      # replay one seed and print its trace
 python -m tests.sim --seeds 2000 --mutation skip_fencing   # must find a violation
+python -m tests.sim --streams --seeds 2000   # stream writers dueling, readers, outages
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 
 from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import MUTATIONS, InvariantViolation, run_seed
+from tests.sim.streams import run_stream_seed
 from tests.sim.unbounded import run_unbounded_seed
 
 
@@ -28,6 +30,10 @@ def main() -> int:
         "--skip-truncate", action="store_true", help="with --unbounded: the unsafe variant"
     )
     parser.add_argument("--placement", action="store_true", help="repeated bookie failures")
+    parser.add_argument("--streams", action="store_true", help="stream writers and readers")
+    parser.add_argument(
+        "--reader-fences", action="store_true", help="with --streams: the unsafe variant"
+    )
     parser.add_argument(
         "--keep-failed", action="store_true", help="with --placement: the unsafe variant"
     )
@@ -36,7 +42,9 @@ def main() -> int:
     start = time.perf_counter()
     for count, seed in enumerate(seeds, start=1):
         try:
-            if args.placement:
+            if args.streams:
+                scenario = run_stream_seed(seed, reader_fences=args.reader_fences)
+            elif args.placement:
                 scenario = run_placement_seed(seed, keep_failed=args.keep_failed)
             elif args.unbounded:
                 scenario = run_unbounded_seed(seed, skip_truncate=args.skip_truncate)

@@ -9,15 +9,28 @@ nothing more: this is the environment the real state machines are tested against
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamlib.protocol import LedgerMetadata
-from streamlib.protocol.actions import ADD_FLAG_RECOVERY, ADD_FLAG_TRUNCATE, EntryData
-from streamlib.protocol.errors import StatusCode
+from streamlib.protocol.actions import (
+    ADD_FLAG_RECOVERY,
+    ADD_FLAG_TRUNCATE,
+    Action,
+    ChooseBookies,
+    EntryData,
+    ReadEntry,
+    ReadLac,
+    ReadMetadata,
+    SendAdd,
+    WriteMetadata,
+)
+from streamlib.protocol.errors import NotEnoughBookiesError, StatusCode
 
 
 @dataclass
@@ -208,3 +221,104 @@ class World:
         self.now = when
         event()
         return True
+
+
+class LedgerIO:
+    """Carries the I/O actions of ledger machines (writers, recoveries) of ANY ledger over
+    the world, and hands every outcome action to the caller's callback."""
+
+    def __init__(self, world: World, on_written: Callable[[], None] | None = None) -> None:
+        self.world = world
+        self.on_written = on_written  # after every successful metadata CAS (a check)
+
+    def execute(
+        self,
+        name: str,
+        machine: Any,
+        actions: list[Action],
+        outcome: Callable[[Action], None],
+    ) -> None:
+        for action in actions:
+            self._one(name, machine, action, outcome)
+
+    def _feed(
+        self, name: str, machine: Any, outcome: Callable[[Action], None], method: str, *args: Any
+    ) -> None:
+        self.execute(name, machine, getattr(machine, method)(*args), outcome)
+
+    def _one(
+        self, name: str, machine: Any, action: Action, outcome: Callable[[Action], None]
+    ) -> None:
+        world = self.world
+        feed = functools.partial(self._feed, name, machine, outcome)
+        if isinstance(action, SendAdd):
+            a = action
+
+            def add(b: SimBookie) -> object:
+                return [b.add(a.ledger_id, e, a.master_key, a.flags, a.term) for e in a.entries]
+
+            def add_reply(statuses: object | None) -> None:
+                ids = [e.entry_id for e in a.entries]
+                answers = statuses if statuses is not None else [None] * len(ids)
+                feed("on_add_results", a.bookie, list(zip(ids, answers, strict=True)))  # type: ignore[call-overload]
+
+            world.rpc(a.bookie, add, add_reply)
+        elif isinstance(action, ReadLac):
+            r = action
+
+            def lac_reply(result: object | None) -> None:
+                status, lac = result if result is not None else (None, -1)  # type: ignore[misc]
+                feed("on_lac_result", r.bookie, status, lac)
+
+            world.rpc(
+                r.bookie,
+                lambda b: b.read_lac(r.ledger_id, r.fence, r.master_key, r.term),
+                lac_reply,
+            )
+        elif isinstance(action, ReadEntry):
+            re = action
+
+            def read_reply(result: object | None) -> None:
+                status, entry = result if result is not None else (None, None)  # type: ignore[misc]
+                feed("on_read_result", re.bookie, re.entry_id, status, entry)
+
+            world.rpc(
+                re.bookie,
+                lambda b: b.read(re.ledger_id, re.entry_id, re.fence, re.master_key, re.term),
+                read_reply,
+            )
+        elif isinstance(action, ChooseBookies):
+            candidates = sorted(
+                b for b, bk in world.bookies.items() if bk.alive and b not in action.exclude
+            )
+            if len(candidates) < action.count:
+                error = NotEnoughBookiesError(f"{len(candidates)} bookies for {action.count}")
+                world.at(1, lambda: feed("on_bookies_unavailable", error))
+            else:
+                chosen = world.rnd.sample(candidates, action.count)
+                world.at(1, lambda: feed("on_bookies_chosen", chosen))
+        elif isinstance(action, WriteMetadata):
+            w = action
+
+            def cas_reply(version: object) -> None:
+                if version is None:
+                    world.log(f"{name} CAS {w.purpose.value} conflict")
+                    feed("on_metadata_conflict")
+                else:
+                    world.log(
+                        f"{name} CAS {w.purpose.value} ok: {w.metadata.state.value} "
+                        f"last={w.metadata.last_entry_id} fragments={len(w.metadata.fragments)}"
+                    )
+                    if self.on_written is not None:
+                        self.on_written()
+                    feed("on_metadata_written", w.metadata, version)
+
+            world.metadata_op(lambda: world.metadata.cas(w.metadata, w.expected_version), cas_reply)
+        elif isinstance(action, ReadMetadata):
+            ledger_id = machine.ledger_id
+            world.metadata_op(
+                lambda: world.metadata.read(ledger_id),
+                lambda result: feed("on_metadata_read", *result),  # type: ignore[misc]
+            )
+        else:
+            outcome(action)

@@ -18,24 +18,18 @@ from dataclasses import dataclass, field
 from streamlib.protocol import DigestManager, Fragment, LedgerMetadata, LedgerState
 from streamlib.protocol.actions import (
     Action,
-    ChooseBookies,
     Closed,
     CloseFailed,
     CompleteAdds,
     FailAdds,
-    ReadEntry,
-    ReadLac,
-    ReadMetadata,
     RecoveryDone,
     RecoveryFailed,
-    SendAdd,
-    WriteMetadata,
 )
 from streamlib.protocol.digest import master_key, password_hash
 from streamlib.protocol.errors import NotEnoughBookiesError, RecoveryAbortedError
 from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
 from streamlib.protocol.writer import LedgerWriter, WriterState
-from tests.sim.cluster import NetworkConfig, SimBookie, World
+from tests.sim.cluster import LedgerIO, NetworkConfig, World
 
 LEDGER_ID = 7
 PASSWORD_HASH = password_hash(b"sim")
@@ -76,6 +70,7 @@ class Scenario:
     ) -> None:
         self.mutation = mutation or MUTATIONS["none"]
         self.world = World(seed, [f"b{i}" for i in range(5)], net or NetworkConfig())
+        self.io = LedgerIO(self.world, on_written=self.check_closed_covers_acks)
         rnd = self.world.rnd
         self.write_quorum = rnd.choice([2, 3])
         self.ack_quorum = rnd.randint(2, self.write_quorum)
@@ -148,84 +143,12 @@ class Scenario:
     # -- executing actions --------------------------------------------------------------
 
     def execute(self, name: str, machine: object, actions: list[Action]) -> None:
-        for action in actions:
-            self._execute_one(name, machine, action)
+        self.io.execute(name, machine, actions, lambda a: self.on_outcome(name, machine, a))
 
-    def _feed(self, name: str, machine: object, method: str, *args: object) -> None:
-        self.execute(name, machine, getattr(machine, method)(*args))
-
-    def _execute_one(self, name: str, machine: object, action: Action) -> None:
+    def on_outcome(self, name: str, machine: object, action: Action) -> None:
+        """A machine's outcome (its I/O is carried by LedgerIO)."""
         world = self.world
-        if isinstance(action, SendAdd):
-            a = action
-
-            def add(b: SimBookie) -> object:
-                return [b.add(a.ledger_id, e, a.master_key, a.flags, a.term) for e in a.entries]
-
-            def add_reply(statuses: object | None) -> None:
-                ids = [e.entry_id for e in a.entries]
-                answers = statuses if statuses is not None else [None] * len(ids)
-                results = list(zip(ids, answers, strict=True))  # type: ignore[call-overload]
-                self._feed(name, machine, "on_add_results", a.bookie, results)
-
-            world.rpc(a.bookie, add, add_reply)
-        elif isinstance(action, ReadLac):
-            r = action
-
-            def read_lac(b: SimBookie) -> object:
-                return b.read_lac(r.ledger_id, r.fence, r.master_key, r.term)
-
-            def lac_reply(result: object | None) -> None:
-                status, lac = result if result is not None else (None, -1)  # type: ignore[misc]
-                self._feed(name, machine, "on_lac_result", r.bookie, status, lac)
-
-            world.rpc(r.bookie, read_lac, lac_reply)
-        elif isinstance(action, ReadEntry):
-            re = action
-
-            def read(b: SimBookie) -> object:
-                return b.read(re.ledger_id, re.entry_id, re.fence, re.master_key, re.term)
-
-            def read_reply(result: object | None) -> None:
-                status, entry = result if result is not None else (None, None)  # type: ignore[misc]
-                self._feed(name, machine, "on_read_result", re.bookie, re.entry_id, status, entry)
-
-            world.rpc(re.bookie, read, read_reply)
-        elif isinstance(action, ChooseBookies):
-            candidates = sorted(
-                b for b, bk in world.bookies.items() if bk.alive and b not in action.exclude
-            )
-            if len(candidates) < action.count:
-                error = NotEnoughBookiesError(f"{len(candidates)} bookies for {action.count}")
-                world.at(1, lambda: self._feed(name, machine, "on_bookies_unavailable", error))
-            else:
-                chosen = world.rnd.sample(candidates, action.count)
-                world.at(1, lambda: self._feed(name, machine, "on_bookies_chosen", chosen))
-        elif isinstance(action, WriteMetadata):
-            w = action
-
-            def cas() -> object:
-                return world.metadata.cas(w.metadata, w.expected_version)
-
-            def cas_reply(version: object) -> None:
-                if version is None:
-                    world.log(f"{name} CAS {w.purpose.value} conflict")
-                    self._feed(name, machine, "on_metadata_conflict")
-                else:
-                    world.log(
-                        f"{name} CAS {w.purpose.value} ok: {w.metadata.state.value} "
-                        f"last={w.metadata.last_entry_id} fragments={len(w.metadata.fragments)}"
-                    )
-                    self.check_closed_covers_acks()
-                    self._feed(name, machine, "on_metadata_written", w.metadata, version)
-
-            world.metadata_op(cas, cas_reply)
-        elif isinstance(action, ReadMetadata):
-            world.metadata_op(
-                lambda: world.metadata.read(LEDGER_ID),
-                lambda result: self._feed(name, machine, "on_metadata_read", *result),  # type: ignore[misc]
-            )
-        elif isinstance(action, CompleteAdds):
+        if isinstance(action, CompleteAdds):
             for entry_id in range(action.first_entry_id, action.last_entry_id + 1):
                 self.record_ack(entry_id, self.sent[(id(machine), entry_id)])
             world.log(f"writer acknowledged ..{action.last_entry_id}")

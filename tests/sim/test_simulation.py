@@ -11,6 +11,7 @@ import pytest
 
 from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import InvariantViolation, run_seed
+from tests.sim.streams import run_stream_seed
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "2000"))
 CHUNK = 250
@@ -73,3 +74,37 @@ def test_simulator_catches_a_writer_that_never_forgets_failed_bookies():
             assert "replay: python -m tests.sim --placement" in str(violation)
             return
     pytest.fail(f"the simulator did not catch a writer that bans failed bookies in {SEEDS} seeds")
+
+
+@pytest.mark.parametrize("first", range(0, SEEDS // 4, CHUNK))
+def test_streams_keep_every_acknowledged_message_under_duels_and_outages(first):
+    for seed in range(first, min(first + CHUNK, SEEDS // 4)):
+        run_stream_seed(seed)
+
+
+def test_simulator_catches_a_reader_that_fences():
+    for seed in range(SEEDS):
+        try:
+            run_stream_seed(seed, reader_fences=True)
+        except InvariantViolation as violation:
+            assert "no writer took over after it" in str(violation)
+            assert "replay: python -m tests.sim --streams" in str(violation)
+            return
+    pytest.fail(f"the simulator did not catch a reader that fences in {SEEDS} seeds")
+
+
+def test_stream_scenarios_exercise_the_faults_they_claim():
+    # Duels, crashed writers, outages that break a writer's ledger (and replacements
+    # that fail until bookies return), list CAS conflicts and rolls must all happen.
+    seen = dict.fromkeys(
+        ["gives up", "is broken", "replace failed", "KILL writer", "list CAS conflict"], 0
+    )
+    rolls = 0
+    for seed in range(150):
+        scenario = run_stream_seed(seed)
+        trace = "\n".join(scenario.world.trace)
+        for key in seen:
+            seen[key] += key in trace
+        rolls += sum(w.machine.rolls for w in scenario.writers)
+    assert all(count > 0 for count in seen.values()), seen
+    assert rolls > 150

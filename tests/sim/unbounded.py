@@ -90,7 +90,7 @@ class UnboundedScenario(Scenario):
         self.recoveries.append(recovery)
         self.execute(name, recovery, recovery.start())
 
-    def _execute_one(self, name: str, machine: object, action: Action) -> None:
+    def on_outcome(self, name: str, machine: object, action: Action) -> None:
         if isinstance(action, RecoveryDone) and isinstance(machine, TermRecovery):
             self._new_writer(machine, action)
             return
@@ -107,7 +107,7 @@ class UnboundedScenario(Scenario):
                     self.world.rnd.randint(20, 80), lambda: self.start_recovery(attempt + 1)
                 )
             return
-        super()._execute_one(name, machine, action)
+        super().on_outcome(name, machine, action)
 
     def _new_writer(self, recovery: TermRecovery, done: RecoveryDone) -> None:
         self.writer_no += 1
