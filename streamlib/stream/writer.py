@@ -82,6 +82,16 @@ def _retryable(error: BaseException) -> bool:
     return isinstance(error, StreamlibError) and not isinstance(error, _FENCING)
 
 
+def _retrying(seconds: float, first_wait_s: float, max_wait_s: float) -> AsyncRetrying:
+    """Retry what fails for a reason other than fencing, for up to `seconds`."""
+    return AsyncRetrying(
+        retry=retry_if_exception(_retryable),
+        stop=stop_after_delay(seconds),
+        wait=wait_random_exponential(multiplier=first_wait_s, max=max_wait_s),
+        reraise=True,
+    )
+
+
 def _failure(error: Exception) -> StreamlibError:
     if isinstance(error, StreamlibError):
         return error
@@ -274,12 +284,7 @@ class StreamWriter:
     async def _close_ledger(self, ledger_id: int) -> None:
         handle = self._handles[ledger_id]
         try:  # transient failures retried here: readers wait for this close
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable),
-                stop=stop_after_delay(CLOSE_S),
-                wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                reraise=True,
-            ):
+            async for attempt in _retrying(CLOSE_S, 0.05, 1.0):
                 with attempt:
                     closed = await handle.close()
         except StreamlibError as error:
@@ -420,12 +425,7 @@ class StreamWriter:
         """The current ledger failed (not fenced): replace it, then send what was held."""
         error: StreamlibError | None = None
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retryable),
-                stop=stop_after_delay(REPLACE_S),
-                wait=wait_random_exponential(multiplier=0.1, max=2.0),
-                reraise=True,
-            ):
+            async for attempt in _retrying(REPLACE_S, 0.1, 2.0):
                 with attempt:
                     await self._op_done.wait()  # a roll in flight ends first
                     if self._machine.state is State.BROKEN:

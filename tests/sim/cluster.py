@@ -214,6 +214,17 @@ class World:
 
         self.at(self.delay(), deliver)
 
+    def crash(self, bookie_id: str, down_for: int) -> None:
+        """The bookie is down for down_for ticks (its state survives: it is durable)."""
+        self.bookies[bookie_id].alive = False
+        self.log(f"CRASH {bookie_id} for {down_for}")
+
+        def restart() -> None:
+            self.bookies[bookie_id].alive = True
+            self.log(f"RESTART {bookie_id}")
+
+        self.at(down_for, restart)
+
     def step(self) -> bool:
         if not self._queue:
             return False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from streamlib.protocol.writer import LedgerWriter, WriterState
 from tests.sim.cluster import NetworkConfig
-from tests.sim.scenario import MASTER_KEY, InvariantViolation, Scenario
+from tests.sim.scenario import MASTER_KEY, Scenario, run_replayable
 
 
 class RepeatedFailures(Scenario):
@@ -63,13 +63,9 @@ class RepeatedFailures(Scenario):
 
 
 def run_placement_seed(seed: int, *, keep_failed: bool = False) -> RepeatedFailures:
-    scenario = RepeatedFailures(seed, keep_failed=keep_failed)
-    try:
-        scenario.run()
-    except InvariantViolation as violation:
-        trace = "\n".join(scenario.world.trace[-200:])
-        raise InvariantViolation(
-            f"seed {seed} (repeated failures{', keep_failed' if keep_failed else ''}): "
-            f"{violation}\nreplay: python -m tests.sim --placement --seed {seed}\n{trace}"
-        ) from None
-    return scenario
+    flags = " --keep-failed" if keep_failed else ""
+    return run_replayable(
+        RepeatedFailures(seed, keep_failed=keep_failed),
+        f"repeated failures{flags}",
+        f"--placement{flags}",
+    )

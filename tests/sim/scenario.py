@@ -14,6 +14,7 @@ Invariants (checked after every step, and at the end):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from streamlib.protocol import DigestManager, Fragment, LedgerMetadata, LedgerState
 from streamlib.protocol.actions import (
@@ -175,14 +176,7 @@ class Scenario:
     # -- faults -------------------------------------------------------------------------
 
     def crash(self, bookie_id: str, down_for: int) -> None:
-        self.world.bookies[bookie_id].alive = False
-        self.world.log(f"CRASH {bookie_id} for {down_for}")
-
-        def restart() -> None:
-            self.world.bookies[bookie_id].alive = True
-            self.world.log(f"RESTART {bookie_id}")
-
-        self.world.at(down_for, restart)
+        self.world.crash(bookie_id, down_for)
 
     # -- invariants ---------------------------------------------------------------------
 
@@ -265,14 +259,30 @@ class Scenario:
             self.start_recovery(attempt=100)
 
 
-def run_seed(seed: int, mutation: str = "none") -> Scenario:
-    scenario = Scenario(seed, MUTATIONS[mutation])
+class Runnable(Protocol):
+    world: World
+
+    def run(self) -> None: ...
+
+
+R = TypeVar("R", bound=Runnable)
+
+
+def run_replayable(scenario: R, what: str, replay_flags: str) -> R:
+    """Run a scenario; a violation names its seed, how to replay it, and its trace."""
+    seed = scenario.world.seed
     try:
         scenario.run()
     except InvariantViolation as violation:
         trace = "\n".join(scenario.world.trace[-200:])
         raise InvariantViolation(
-            f"seed {seed} (mutation {mutation}): {violation}\n"
-            f"replay: python -m tests.sim --seed {seed} --mutation {mutation}\n{trace}"
+            f"seed {seed} ({what}): {violation}\n"
+            f"replay: python -m tests.sim {replay_flags} --seed {seed}\n{trace}"
         ) from None
     return scenario
+
+
+def run_seed(seed: int, mutation: str = "none") -> Scenario:
+    return run_replayable(
+        Scenario(seed, MUTATIONS[mutation]), f"mutation {mutation}", f"--mutation {mutation}"
+    )

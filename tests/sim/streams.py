@@ -61,7 +61,7 @@ from streamlib.protocol.stream_writer import (
 )
 from streamlib.protocol.writer import LedgerWriter
 from tests.sim.cluster import LedgerIO, NetworkConfig, World
-from tests.sim.scenario import MASTER_KEY, PASSWORD_HASH, InvariantViolation
+from tests.sim.scenario import MASTER_KEY, PASSWORD_HASH, InvariantViolation, run_replayable
 
 
 @dataclass
@@ -406,12 +406,12 @@ class StreamScenario:
         for _ in range(rnd.choice([0, 1, 2, 3])):  # one bookie down at a time
             down_for = rnd.randint(30, 200)
             victim = rnd.choice(sorted(world.bookies))
-            world.at(when, lambda v=victim, d=down_for: self.crash(v, d))
+            world.at(when, lambda v=victim, d=down_for: world.crash(v, d))
             when += down_for + rnd.randint(20, 150)
         if rnd.random() < 0.3:  # an outage: too few bookies for any ledger, for a while
             down_for = rnd.randint(100, 300)
             for victim in rnd.sample(sorted(world.bookies), 3):
-                world.at(when, lambda v=victim, d=down_for: self.crash(v, d))
+                world.at(when, lambda v=victim, d=down_for: world.crash(v, d))
             when += down_for + rnd.randint(20, 150)
         for r in self.readers:
             world.at(rnd.randint(1, 100), lambda r=r: self.reader_tick(r))
@@ -422,16 +422,6 @@ class StreamScenario:
             if steps > max_steps:
                 self.fail("the simulation did not settle (livelock?)")
         self.check_final()
-
-    def crash(self, bookie_id: str, down_for: int) -> None:
-        self.world.bookies[bookie_id].alive = False
-        self.world.log(f"CRASH {bookie_id} for {down_for}")
-
-        def restart() -> None:
-            self.world.bookies[bookie_id].alive = True
-            self.world.log(f"RESTART {bookie_id}")
-
-        self.world.at(down_for, restart)
 
     def heal(self) -> None:
         """Every bookie back, no drops; appends stop; a last writer takes over (it closes
@@ -465,14 +455,7 @@ class StreamScenario:
 
 
 def run_stream_seed(seed: int, *, reader_fences: bool = False) -> StreamScenario:
-    scenario = StreamScenario(seed, reader_fences=reader_fences)
-    try:
-        scenario.run()
-    except InvariantViolation as violation:
-        trace = "\n".join(scenario.world.trace[-200:])
-        mode = " --reader-fences" if reader_fences else ""
-        raise InvariantViolation(
-            f"seed {seed} (streams{mode}): {violation}\n"
-            f"replay: python -m tests.sim --streams --seed {seed}{mode}\n{trace}"
-        ) from None
-    return scenario
+    flags = " --reader-fences" if reader_fences else ""
+    return run_replayable(
+        StreamScenario(seed, reader_fences=reader_fences), f"streams{flags}", f"--streams{flags}"
+    )

@@ -24,6 +24,7 @@ from tests.sim.scenario import (
     PASSWORD_HASH,
     InvariantViolation,
     Scenario,
+    run_replayable,
 )
 
 
@@ -179,14 +180,9 @@ class UnboundedScenario(Scenario):
 
 
 def run_unbounded_seed(seed: int, *, skip_truncate: bool = False) -> UnboundedScenario:
-    scenario = UnboundedScenario(seed, skip_truncate=skip_truncate)
-    try:
-        scenario.run()
-    except InvariantViolation as violation:
-        trace = "\n".join(scenario.world.trace[-200:])
-        mode = " --skip-truncate" if skip_truncate else ""
-        raise InvariantViolation(
-            f"seed {seed} (unbounded{mode}): {violation}\n"
-            f"replay: python -m tests.sim --unbounded --seed {seed}{mode}\n{trace}"
-        ) from None
-    return scenario
+    flags = " --skip-truncate" if skip_truncate else ""
+    return run_replayable(
+        UnboundedScenario(seed, skip_truncate=skip_truncate),
+        f"unbounded{flags}",
+        f"--unbounded{flags}",
+    )
