@@ -29,12 +29,16 @@ class CasRetriesExhausted(StreamlibError):
 
 
 async def retry_cas(
-    what: str, attempt: Callable[[], Awaitable[T]], *, attempts: int = CAS_ATTEMPTS
+    what: str,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    attempts: int = CAS_ATTEMPTS,
+    conflict: type[Exception] = BadVersionError,
 ) -> T:
-    """Run attempt() (read, change, CAS) until it does not raise BadVersionError."""
+    """Run attempt() (read, change, CAS) until it does not raise `conflict`."""
     try:
         async for trying in AsyncRetrying(
-            retry=retry_if_exception_type(BadVersionError),
+            retry=retry_if_exception_type(conflict),
             stop=stop_after_attempt(attempts),
             wait=wait_random_exponential(multiplier=0.005, max=0.2),
         ):

@@ -37,6 +37,7 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
 from streamlib.protocol.term_recovery import TermRecovery
+from streamlib.retry import retry_cas
 
 T = TypeVar("T")
 
@@ -46,6 +47,10 @@ T = TypeVar("T")
 # out bookies that restart (their connections come back within about a second).
 RECOVERY_RETRY_FOR_S = 20.0
 RECOVERY_BACKOFF = wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1)
+
+
+class _LedgerMoved(Exception):
+    """The ledger's metadata changed under a CAS (retried by retry_cas)."""
 
 
 class _RecoverySink:
@@ -275,7 +280,8 @@ class LedgerManager:
         Returns the first entry ids of the dropped fragments; bookies delete those
         entries in their garbage collection, once the metadata no longer lists them."""
         ledgers = self._context.ledgers
-        for _ in range(attempts):
+
+        async def attempt() -> list[int]:
             metadata, version = await self._read(ledger_id)
             if metadata.state is LedgerState.IN_RECOVERY:
                 return []  # a takeover is under way: retention waits for the next round
@@ -292,12 +298,18 @@ class LedgerManager:
                 if failed.index == 0 and guard is not None:
                     raise BadVersionError(f"{guard[0]} moved on") from None
                 if isinstance(failed.cause, BadVersionError):
-                    continue
+                    raise _LedgerMoved from None  # re-plan on the fresh metadata
                 if isinstance(failed.cause, NoNodeError):
                     raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
                 raise
             return [f.first_entry_id for f in metadata.fragments[:count]]
-        return []
+
+        return await retry_cas(
+            f"ledger {ledger_id}: dropping fragments",
+            attempt,
+            attempts=attempts,
+            conflict=_LedgerMoved,
+        )
 
     async def delete(self, ledger_id: int) -> None:
         """Delete the ledger's metadata; bookies garbage-collect its entries."""
