@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from streamlib.protocol.errors import (
+    InvalidTermError,
+    LedgerFencedError,
     NoSuchLedgerError,
     StreamFencedError,
     StreamlibError,
@@ -390,6 +392,8 @@ class StreamWriterMachine:
     def _give_up(self, error: StreamlibError) -> list[StreamAction]:
         if self.state is State.FENCED:
             return []
+        if isinstance(error, LedgerFencedError | InvalidTermError):  # lost a takeover race
+            error = StreamFencedError(f"stream {self.name!r} was taken over ({error})")
         self.state = State.FENCED
         self.error = error
         self.op = None

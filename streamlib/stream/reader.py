@@ -9,12 +9,20 @@ import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import ReadHandle
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.actions import EntryData, is_noop
 from streamlib.protocol.errors import (
     BadRequestError,
+    BookieIOError,
     NoSuchEntryError,
     NoSuchLedgerError,
     StreamlibError,
@@ -210,6 +218,7 @@ def decode_entry(
 FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
 READ_BYTES = 4 << 20  # ... up to about this many bytes (measured: 2-4 MiB reads beat 16 MiB)
 READ_AHEAD = 3  # ranges in flight while one is consumed
+READ_RETRY_S = 30.0  # how long a read that no replica could serve is retried
 
 
 async def _cancel(tasks: Iterable[asyncio.Task[Any]]) -> None:
@@ -351,9 +360,18 @@ class StreamScanner:
     @staticmethod
     async def _read(handle: ReadHandle, first: int, last: int) -> list[EntryData] | None:
         """Entries first..last; None when fragment retention dropped some of them since
-        the handle last looked (a reader behind every durable cursor skips ahead)."""
+        the handle last looked (a reader behind every durable cursor skips ahead). While
+        no replica can be read (bookies restarting) it retries for up to READ_RETRY_S:
+        the entries are confirmed, so they come back with their bookies."""
         try:
-            return await handle.read_entries(first, last)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(BookieIOError),
+                stop=stop_after_delay(READ_RETRY_S),
+                wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                reraise=True,
+            ):
+                with attempt:
+                    return await handle.read_entries(first, last)
         except (NoSuchEntryError, BadRequestError):
             if not handle.metadata.unbounded:
                 raise
@@ -361,6 +379,7 @@ class StreamScanner:
             if first >= handle.metadata.first_entry_id:
                 raise
             return None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _decode(
         self, entries: list[EntryData], ledger_id: int, after: MessageId, previous: MessageId

@@ -366,7 +366,7 @@ class StreamWriter:
         """Append one entry; the future gives (ledger id, entry id) once acknowledged,
         in append order."""
         if self._fenced is not None:
-            raise StreamFencedError(f"stream {self.name!r}: {self._fenced}")
+            raise StreamFencedError(str(self._fenced))  # (it names the stream)
         if self._current is None:
             raise StreamFencedError(f"stream {self.name!r}: the writer has not started")
         loop = asyncio.get_running_loop()
