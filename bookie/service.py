@@ -356,4 +356,5 @@ def _entry_pb(e: StoredEntry) -> pb.Entry:
         digest=e.digest,
         flags=e.flags,
         length=e.length,
+        term=e.term,
     )

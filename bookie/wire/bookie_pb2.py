@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62ookie/wire/bookie.proto\x12\x13streamlib.bookie.v1\"\xad\x01\n\x08\x41\x64\x64\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x12\n\nmaster_key\x18\x06 \x01(\x0c\x12\r\n\x05\x66lags\x18\x07 \x01(\r\x12\x0c\n\x04term\x18\x08 \x01(\x04\x12\x0e\n\x06length\x18\t \x01(\x03\"<\n\nAddRequest\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.streamlib.bookie.v1.AddEntry\"#\n\x10\x41\x64\x64RequestFramed\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\"\x80\x01\n\tAddResult\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12/\n\x06status\x18\x03 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x0f\n\x07message\x18\x05 \x01(\t\"-\n\x05\x41\x64\x64Ok\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x11\n\tentry_ids\x18\x02 \x03(\x03\"f\n\x0b\x41\x64\x64Response\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.streamlib.bookie.v1.AddResult\x12&\n\x02ok\x18\x02 \x03(\x0b\x32\x1a.streamlib.bookie.v1.AddOk\"\x88\x01\n\x05\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\r\n\x05\x66lags\x18\x06 \x01(\r\x12\x0e\n\x06length\x18\x07 \x01(\x03\"\x93\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\x12\n\nmaster_key\x18\x05 \x01(\x0c\x12\x0c\n\x04term\x18\x06 \x01(\x04\x12\x11\n\tmax_bytes\x18\x07 \x01(\x04\"\x8c\x01\n\x0b\x45ntryResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12)\n\x05\x65ntry\x18\x03 \x01(\x0b\x32\x1a.streamlib.bookie.v1.Entry\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xad\x01\n\x0cReadResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x31\n\x07results\x18\x02 \x03(\x0b\x32 .streamlib.bookie.v1.EntryResult\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x0f\n\x07message\x18\x05 \x01(\t\"\x97\x01\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\r\n\x05\x66lags\x18\x02 \x01(\r\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x14\n\x0cprevious_lac\x18\x05 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x17\n\x0fpiggyback_entry\x18\x07 \x01(\x08\"\xbd\x01\n\x0fReadLacResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12.\n\nnext_entry\x18\x03 \x01(\x0b\x32\x1a.streamlib.bookie.v1.Entry\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x0f\n\x07message\x18\x06 \x01(\t\"b\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0c\n\x04term\x18\x04 \x01(\x04\"T\n\x10WriteLacResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"!\n\x0c\x46orceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"m\n\rForceResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x16\n\x14GetBookieInfoRequest\"\xa8\x01\n\x15GetBookieInfoResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x0f\n\x07message\x18\x06 \x01(\t*\xd7\x01\n\nStatusCode\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x06\n\x02OK\x10\x01\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x02\x12\x11\n\rNO_SUCH_ENTRY\x10\x03\x12\n\n\x06\x46\x45NCED\x10\x04\x12\x10\n\x0cINVALID_TERM\x10\x05\x12\x10\n\x0cUNAUTHORIZED\x10\x06\x12\r\n\tREAD_ONLY\x10\x07\x12\r\n\tTOO_LARGE\x10\x08\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\t\x12\x0c\n\x08IO_ERROR\x10\n\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x0b*F\n\x07\x41\x64\x64\x46lag\x12\x11\n\rADD_FLAG_NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01\x12\x0c\n\x08TRUNCATE\x10\x02\x12\x08\n\x04NOOP\x10\x04*)\n\x08ReadFlag\x12\x12\n\x0eREAD_FLAG_NONE\x10\x00\x12\t\n\x05\x46\x45NCE\x10\x01\x32\x97\x04\n\x06\x42ookie\x12R\n\tAddStream\x12\x1f.streamlib.bookie.v1.AddRequest\x1a .streamlib.bookie.v1.AddResponse(\x01\x30\x01\x12R\n\x0bReadEntries\x12 .streamlib.bookie.v1.ReadRequest\x1a!.streamlib.bookie.v1.ReadResponse\x12T\n\x07ReadLac\x12#.streamlib.bookie.v1.ReadLacRequest\x1a$.streamlib.bookie.v1.ReadLacResponse\x12W\n\x08WriteLac\x12$.streamlib.bookie.v1.WriteLacRequest\x1a%.streamlib.bookie.v1.WriteLacResponse\x12N\n\x05\x46orce\x12!.streamlib.bookie.v1.ForceRequest\x1a\".streamlib.bookie.v1.ForceResponse\x12\x66\n\rGetBookieInfo\x12).streamlib.bookie.v1.GetBookieInfoRequest\x1a*.streamlib.bookie.v1.GetBookieInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62ookie/wire/bookie.proto\x12\x13streamlib.bookie.v1\"\xad\x01\n\x08\x41\x64\x64\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x12\n\nmaster_key\x18\x06 \x01(\x0c\x12\r\n\x05\x66lags\x18\x07 \x01(\r\x12\x0c\n\x04term\x18\x08 \x01(\x04\x12\x0e\n\x06length\x18\t \x01(\x03\"<\n\nAddRequest\x12.\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1d.streamlib.bookie.v1.AddEntry\"#\n\x10\x41\x64\x64RequestFramed\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\"\x80\x01\n\tAddResult\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12/\n\x06status\x18\x03 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x0f\n\x07message\x18\x05 \x01(\t\"-\n\x05\x41\x64\x64Ok\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x11\n\tentry_ids\x18\x02 \x03(\x03\"f\n\x0b\x41\x64\x64Response\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.streamlib.bookie.v1.AddResult\x12&\n\x02ok\x18\x02 \x03(\x0b\x32\x1a.streamlib.bookie.v1.AddOk\"\x96\x01\n\x05\x45ntry\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\r\n\x05\x66lags\x18\x06 \x01(\r\x12\x0e\n\x06length\x18\x07 \x01(\x03\x12\x0c\n\x04term\x18\x08 \x01(\x04\"\x93\x01\n\x0bReadRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x66irst_entry_id\x18\x02 \x01(\x03\x12\x15\n\rlast_entry_id\x18\x03 \x01(\x03\x12\r\n\x05\x66lags\x18\x04 \x01(\r\x12\x12\n\nmaster_key\x18\x05 \x01(\x0c\x12\x0c\n\x04term\x18\x06 \x01(\x04\x12\x11\n\tmax_bytes\x18\x07 \x01(\x04\"\x8c\x01\n\x0b\x45ntryResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x03\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12)\n\x05\x65ntry\x18\x03 \x01(\x0b\x32\x1a.streamlib.bookie.v1.Entry\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xad\x01\n\x0cReadResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x31\n\x07results\x18\x02 \x03(\x0b\x32 .streamlib.bookie.v1.EntryResult\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x0f\n\x07message\x18\x05 \x01(\t\"\x97\x01\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\r\n\x05\x66lags\x18\x02 \x01(\r\x12\x12\n\nmaster_key\x18\x03 \x01(\x0c\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x14\n\x0cprevious_lac\x18\x05 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x17\n\x0fpiggyback_entry\x18\x07 \x01(\x08\"\xbd\x01\n\x0fReadLacResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12.\n\nnext_entry\x18\x03 \x01(\x0b\x32\x1a.streamlib.bookie.v1.Entry\x12\x0e\n\x06\x66\x65nced\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x0f\n\x07message\x18\x06 \x01(\t\"b\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x12\n\nmaster_key\x18\x02 \x01(\x0c\x12\x1a\n\x12last_add_confirmed\x18\x03 \x01(\x03\x12\x0c\n\x04term\x18\x04 \x01(\x04\"T\n\x10WriteLacResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"!\n\x0c\x46orceRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x03\"m\n\rForceResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x1a\n\x12last_add_confirmed\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x16\n\x14GetBookieInfoRequest\"\xa8\x01\n\x15GetBookieInfoResponse\x12/\n\x06status\x18\x01 \x01(\x0e\x32\x1f.streamlib.bookie.v1.StatusCode\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x0f\n\x07message\x18\x06 \x01(\t*\xd7\x01\n\nStatusCode\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x06\n\x02OK\x10\x01\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x02\x12\x11\n\rNO_SUCH_ENTRY\x10\x03\x12\n\n\x06\x46\x45NCED\x10\x04\x12\x10\n\x0cINVALID_TERM\x10\x05\x12\x10\n\x0cUNAUTHORIZED\x10\x06\x12\r\n\tREAD_ONLY\x10\x07\x12\r\n\tTOO_LARGE\x10\x08\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\t\x12\x0c\n\x08IO_ERROR\x10\n\x12\x15\n\x11TOO_MANY_REQUESTS\x10\x0b*F\n\x07\x41\x64\x64\x46lag\x12\x11\n\rADD_FLAG_NONE\x10\x00\x12\x10\n\x0cRECOVERY_ADD\x10\x01\x12\x0c\n\x08TRUNCATE\x10\x02\x12\x08\n\x04NOOP\x10\x04*)\n\x08ReadFlag\x12\x12\n\x0eREAD_FLAG_NONE\x10\x00\x12\t\n\x05\x46\x45NCE\x10\x01\x32\x97\x04\n\x06\x42ookie\x12R\n\tAddStream\x12\x1f.streamlib.bookie.v1.AddRequest\x1a .streamlib.bookie.v1.AddResponse(\x01\x30\x01\x12R\n\x0bReadEntries\x12 .streamlib.bookie.v1.ReadRequest\x1a!.streamlib.bookie.v1.ReadResponse\x12T\n\x07ReadLac\x12#.streamlib.bookie.v1.ReadLacRequest\x1a$.streamlib.bookie.v1.ReadLacResponse\x12W\n\x08WriteLac\x12$.streamlib.bookie.v1.WriteLacRequest\x1a%.streamlib.bookie.v1.WriteLacResponse\x12N\n\x05\x46orce\x12!.streamlib.bookie.v1.ForceRequest\x1a\".streamlib.bookie.v1.ForceResponse\x12\x66\n\rGetBookieInfo\x12).streamlib.bookie.v1.GetBookieInfoRequest\x1a*.streamlib.bookie.v1.GetBookieInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie.wire.bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSCODE']._serialized_start=2088
-  _globals['_STATUSCODE']._serialized_end=2303
-  _globals['_ADDFLAG']._serialized_start=2305
-  _globals['_ADDFLAG']._serialized_end=2375
-  _globals['_READFLAG']._serialized_start=2377
-  _globals['_READFLAG']._serialized_end=2418
+  _globals['_STATUSCODE']._serialized_start=2102
+  _globals['_STATUSCODE']._serialized_end=2317
+  _globals['_ADDFLAG']._serialized_start=2319
+  _globals['_ADDFLAG']._serialized_end=2389
+  _globals['_READFLAG']._serialized_start=2391
+  _globals['_READFLAG']._serialized_end=2432
   _globals['_ADDENTRY']._serialized_start=50
   _globals['_ADDENTRY']._serialized_end=223
   _globals['_ADDREQUEST']._serialized_start=225
@@ -50,29 +50,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADDRESPONSE']._serialized_start=502
   _globals['_ADDRESPONSE']._serialized_end=604
   _globals['_ENTRY']._serialized_start=607
-  _globals['_ENTRY']._serialized_end=743
-  _globals['_READREQUEST']._serialized_start=746
-  _globals['_READREQUEST']._serialized_end=893
-  _globals['_ENTRYRESULT']._serialized_start=896
-  _globals['_ENTRYRESULT']._serialized_end=1036
-  _globals['_READRESPONSE']._serialized_start=1039
-  _globals['_READRESPONSE']._serialized_end=1212
-  _globals['_READLACREQUEST']._serialized_start=1215
-  _globals['_READLACREQUEST']._serialized_end=1366
-  _globals['_READLACRESPONSE']._serialized_start=1369
-  _globals['_READLACRESPONSE']._serialized_end=1558
-  _globals['_WRITELACREQUEST']._serialized_start=1560
-  _globals['_WRITELACREQUEST']._serialized_end=1658
-  _globals['_WRITELACRESPONSE']._serialized_start=1660
-  _globals['_WRITELACRESPONSE']._serialized_end=1744
-  _globals['_FORCEREQUEST']._serialized_start=1746
-  _globals['_FORCEREQUEST']._serialized_end=1779
-  _globals['_FORCERESPONSE']._serialized_start=1781
-  _globals['_FORCERESPONSE']._serialized_end=1890
-  _globals['_GETBOOKIEINFOREQUEST']._serialized_start=1892
-  _globals['_GETBOOKIEINFOREQUEST']._serialized_end=1914
-  _globals['_GETBOOKIEINFORESPONSE']._serialized_start=1917
-  _globals['_GETBOOKIEINFORESPONSE']._serialized_end=2085
-  _globals['_BOOKIE']._serialized_start=2421
-  _globals['_BOOKIE']._serialized_end=2956
+  _globals['_ENTRY']._serialized_end=757
+  _globals['_READREQUEST']._serialized_start=760
+  _globals['_READREQUEST']._serialized_end=907
+  _globals['_ENTRYRESULT']._serialized_start=910
+  _globals['_ENTRYRESULT']._serialized_end=1050
+  _globals['_READRESPONSE']._serialized_start=1053
+  _globals['_READRESPONSE']._serialized_end=1226
+  _globals['_READLACREQUEST']._serialized_start=1229
+  _globals['_READLACREQUEST']._serialized_end=1380
+  _globals['_READLACRESPONSE']._serialized_start=1383
+  _globals['_READLACRESPONSE']._serialized_end=1572
+  _globals['_WRITELACREQUEST']._serialized_start=1574
+  _globals['_WRITELACREQUEST']._serialized_end=1672
+  _globals['_WRITELACRESPONSE']._serialized_start=1674
+  _globals['_WRITELACRESPONSE']._serialized_end=1758
+  _globals['_FORCEREQUEST']._serialized_start=1760
+  _globals['_FORCEREQUEST']._serialized_end=1793
+  _globals['_FORCERESPONSE']._serialized_start=1795
+  _globals['_FORCERESPONSE']._serialized_end=1904
+  _globals['_GETBOOKIEINFOREQUEST']._serialized_start=1906
+  _globals['_GETBOOKIEINFOREQUEST']._serialized_end=1928
+  _globals['_GETBOOKIEINFORESPONSE']._serialized_start=1931
+  _globals['_GETBOOKIEINFORESPONSE']._serialized_end=2099
+  _globals['_BOOKIE']._serialized_start=2435
+  _globals['_BOOKIE']._serialized_end=2970
 # @@protoc_insertion_point(module_scope)

@@ -117,7 +117,7 @@ class AddResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[AddResult, _Mapping]]] = ..., ok: _Optional[_Iterable[_Union[AddOk, _Mapping]]] = ...) -> None: ...
 
 class Entry(_message.Message):
-    __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "flags", "length")
+    __slots__ = ("ledger_id", "entry_id", "last_add_confirmed", "payload", "digest", "flags", "length", "term")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_ADD_CONFIRMED_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class Entry(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     entry_id: int
     last_add_confirmed: int
@@ -132,7 +133,8 @@ class Entry(_message.Message):
     digest: bytes
     flags: int
     length: int
-    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., flags: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., flags: _Optional[int] = ..., length: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
     __slots__ = ("ledger_id", "first_entry_id", "last_entry_id", "flags", "master_key", "term", "max_bytes")

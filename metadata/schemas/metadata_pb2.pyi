@@ -37,16 +37,18 @@ MANAGED: StreamMode
 UNBOUNDED: StreamMode
 
 class Fragment(_message.Message):
-    __slots__ = ("first_entry_id", "bookies", "created_time_ms", "start_length")
+    __slots__ = ("first_entry_id", "bookies", "created_time_ms", "start_length", "term")
     FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     BOOKIES_FIELD_NUMBER: _ClassVar[int]
     CREATED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     START_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     first_entry_id: int
     bookies: _containers.RepeatedScalarFieldContainer[str]
     created_time_ms: int
     start_length: int
-    def __init__(self, first_entry_id: _Optional[int] = ..., bookies: _Optional[_Iterable[str]] = ..., created_time_ms: _Optional[int] = ..., start_length: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, first_entry_id: _Optional[int] = ..., bookies: _Optional[_Iterable[str]] = ..., created_time_ms: _Optional[int] = ..., start_length: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class LedgerMetadata(_message.Message):
     __slots__ = ("format_version", "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "fragments", "digest_type", "password_hash", "term", "unbounded", "first_entry_id", "custom_metadata", "creation_time_ms")

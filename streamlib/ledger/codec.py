@@ -25,7 +25,10 @@ _DIGEST_FROM_PB = {v: k for k, v in _DIGEST_TO_PB.items()}
 
 def _fragment_to_pb(f: Fragment) -> schemas.Fragment:
     fragment = schemas.Fragment(
-        first_entry_id=f.first_entry_id, bookies=list(f.ensemble), created_time_ms=f.created_time_ms
+        first_entry_id=f.first_entry_id,
+        bookies=list(f.ensemble),
+        created_time_ms=f.created_time_ms,
+        term=f.term,
     )
     if f.start_length is not None:
         fragment.start_length = f.start_length
@@ -71,6 +74,7 @@ def metadata_from_pb(stored: schemas.LedgerMetadata) -> LedgerMetadata:
                 tuple(f.bookies),
                 f.created_time_ms,
                 f.start_length if f.HasField("start_length") else None,
+                f.term,
             )
             for f in stored.fragments
         ),
@@ -117,4 +121,5 @@ def entry_from_pb(entry: pb.Entry) -> EntryData:
         entry.payload,
         entry.digest,
         entry.flags,
+        entry.term,
     )

@@ -387,9 +387,10 @@ class ReadHandle:
         return good, [(e, e in negative) for e in entry_ids if e not in got and e <= answered]
 
     def _valid(self, entry: EntryData) -> bool:
+        """The client's digest holds and the copy is no leftover of an older term."""
         return self._digest.is_valid(
             entry.entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
-        )
+        ) and self.metadata.copy_is_current(entry.entry_id, entry.term)
 
     # -- LAC ----------------------------------------------------------------------------
 

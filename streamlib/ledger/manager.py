@@ -104,7 +104,7 @@ class LedgerManager:
             ensemble_size=ensemble,
             write_quorum=write_quorum,
             ack_quorum=ack_quorum,
-            fragments=(Fragment(0, tuple(bookies), created, 0),),
+            fragments=(Fragment(0, tuple(bookies), created, 0, 1 if unbounded else 0),),
             digest_type=digest_type,
             password_hash=password_hash(password),
             term=1 if unbounded else 0,

@@ -43,6 +43,7 @@ class EntryData(NamedTuple):
     payload: bytes
     digest: bytes
     flags: int = 0
+    term: int = 0  # as read back: the term of the add that stored this copy
 
 
 class Purpose(enum.Enum):

@@ -24,12 +24,19 @@ class Fragment:
     Two annotations serve fragment retention (they are not part of a fragment's
     identity): when the fragment began (epoch ms, 0 = unknown), and the ledger's length
     before its first entry (None = unknown). Unknown values never make a fragment look
-    old or big enough to drop."""
+    old or big enough to drop.
+
+    ``term``: the term the fragment was made in (unbounded ledgers; 0 otherwise). Every
+    entry of the fragment is written under that term or a later one, so a copy a bookie
+    stored under an OLDER term is a leftover of an earlier writer -- a bookie that a
+    term's recovery replaced keeps its dirty entries, and placement may pick it again
+    for a later fragment -- and is never read as the entry (``copy_is_current``)."""
 
     first_entry_id: int
     ensemble: tuple[str, ...]
     created_time_ms: int = field(default=0, compare=False)
     start_length: int | None = field(default=None, compare=False)
+    term: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,11 @@ class LedgerMetadata:
     def fragment_for(self, entry_id: int) -> Fragment:
         return self.fragments[self.fragment_index(entry_id)]
 
+    def copy_is_current(self, entry_id: int, copy_term: int) -> bool:
+        """Whether a stored copy of entry_id (written under copy_term) can be the entry:
+        not a leftover of a term older than its fragment (see Fragment)."""
+        return copy_term >= self.fragment_for(entry_id).term
+
     def write_set_bookies(self, entry_id: int) -> tuple[str, ...]:
         """The bookies that should hold entry_id."""
         ensemble = self.fragment_for(entry_id).ensemble
@@ -116,10 +128,11 @@ class LedgerMetadata:
         *,
         created_time_ms: int = 0,
         start_length: int | None = None,
+        term: int = 0,
     ) -> LedgerMetadata:
         """A new fragment from first_entry_id, the last ensemble with the bookies at the
-        given indexes replaced. A fragment that would start where the last one starts
-        replaces it (no entry was written to it yet)."""
+        given indexes replaced, made in `term`. A fragment that would start where the last
+        one starts replaces it (no entry was written to it yet)."""
         last = self.last_fragment
         if first_entry_id < last.first_entry_id:
             raise InvalidLedgerConfigError(
@@ -131,7 +144,8 @@ class LedgerMetadata:
         if first_entry_id == last.first_entry_id:  # it takes the replaced one's place
             created_time_ms = last.created_time_ms or created_time_ms
             start_length = last.start_length if last.start_length is not None else start_length
-        fragment = Fragment(first_entry_id, tuple(ensemble), created_time_ms, start_length)
+        term = max(term, last.term)
+        fragment = Fragment(first_entry_id, tuple(ensemble), created_time_ms, start_length, term)
         kept = self.fragments[:-1] if first_entry_id == last.first_entry_id else self.fragments
         return self._to(LedgerEvent.ENSEMBLE_CHANGE, fragments=(*kept, fragment))
 

@@ -271,9 +271,7 @@ class LedgerRecovery:
             return []
         if status == StatusCode.INVALID_TERM:
             return self._fail(InvalidTermError(f"bookie {bookie}: a newer term exists"))
-        digest_ok = entry is not None and self.digest.is_valid(
-            entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
-        )
+        digest_ok = self._good_copy(entry_id, entry)
         outcome = classify_read_status(
             StatusCode.STATUS_UNSPECIFIED if status is None else status, digest_ok=digest_ok
         )
@@ -337,19 +335,24 @@ class LedgerRecovery:
             for b in bookies
         ]
 
+    def _good_copy(self, entry_id: int, entry: EntryData | None) -> bool:
+        """A copy that can be the entry: its digest holds, and it is no leftover of a term
+        older than its fragment (a dirty entry a replaced bookie kept)."""
+        return (
+            entry is not None
+            and self.digest.is_valid(
+                entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
+            )
+            and self.metadata.copy_is_current(entry_id, entry.term)
+        )
+
     def _on_length_read(
         self, bookie: str, entry_id: int, status: int | None, entry: EntryData | None
     ) -> list[Action]:
         if entry_id != self.last_entry_id:
             return []
         self._length_answers.add(bookie)
-        if (
-            status == StatusCode.OK
-            and entry is not None
-            and self.digest.is_valid(
-                entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
-            )
-        ):
+        if status == StatusCode.OK and entry is not None and self._good_copy(entry_id, entry):
             self.length = entry.length
             self.phase = Phase.DRAIN
             return self._maybe_close()
@@ -474,10 +477,12 @@ class LedgerRecovery:
         ensemble = list(last.ensemble)
         ensemble[index] = bookie
         first = max(start, last.first_entry_id)
-        if first == last.first_entry_id:  # it takes the last fragment's place
+        if first == last.first_entry_id:  # it takes the last fragment's place: its
+            # entries keep the terms they were written in, and so does the fragment
             fragment = replace(last, ensemble=tuple(ensemble))
-        else:
-            fragment = Fragment(first, tuple(ensemble), now_ms, self._length_before(first))
+        else:  # a new fragment: only this term (and later ones) write its entries
+            length = self._length_before(first)
+            fragment = Fragment(first, tuple(ensemble), now_ms, length, self.metadata.term)
         self._local_fragments.append(fragment)
         # Local until the close writes it (ARCHITECTURE.md §3): no state change here.
         return replace(self.metadata, fragments=_merge(self.metadata.fragments, [fragment]))

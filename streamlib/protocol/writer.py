@@ -356,6 +356,7 @@ class LedgerWriter:
             replacements,
             created_time_ms=self._change_time_ms,
             start_length=self._lac_length,  # the new fragment starts after the LAC
+            term=self.term,
         )
         return WriteMetadata(new, self.version, self._change_purpose())
 

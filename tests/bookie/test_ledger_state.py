@@ -82,6 +82,8 @@ def test_truncate_entry_deletes_higher_entries_and_is_replayed(cluster: Cluster)
         got = {r.entry_id: r for r in client.read(4, 0, 9).results}
         assert all(got[i].status == pb.OK for i in range(7))
         assert got[6].entry.flags & pb.TRUNCATE
+        # Reads say which term stored each copy (readers reject older-term leftovers).
+        assert got[6].entry.term == 2 and got[5].entry.term == 1
         assert all(got[i].status == pb.NO_SUCH_ENTRY for i in (7, 8, 9))
         assert client.read_lac(4).last_add_confirmed <= 6
 

@@ -77,7 +77,7 @@ class SimBookie:
             return StatusCode.FENCED
         # As a real bookie: the entry is stored with the request's flags (no-op marks),
         # less the request-only recovery bit.
-        state.entries[entry.entry_id] = entry._replace(flags=flags & ~ADD_FLAG_RECOVERY)
+        state.entries[entry.entry_id] = entry._replace(flags=flags & ~ADD_FLAG_RECOVERY, term=term)
         state.lac = max(state.lac, entry.last_add_confirmed)
         if flags & ADD_FLAG_TRUNCATE:
             for higher in [e for e in state.entries if e > entry.entry_id]:

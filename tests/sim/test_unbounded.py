@@ -26,7 +26,12 @@ def test_simulator_finds_the_divergence_without_the_truncate_step():
         try:
             run_unbounded_seed(seed, skip_truncate=True)
         except InvariantViolation as violation:
-            assert "diverge" in str(violation) or "lost or changed" in str(violation)
+            # Divergence, or (readers and recoveries reject copies older than their
+            # fragment's term) the old term's dirty entries leave the end undecidable.
+            found = str(violation)
+            assert any(
+                what in found for what in ("diverge", "lost or changed", "past the recovered end")
+            ), found
             return
     pytest.fail(f"no divergence found in {SEEDS} seeds with the truncate step off")
 

@@ -101,3 +101,47 @@ def test_concurrent_recoveries_agree_on_the_last_entry():
     # Qw=Qa=2: entry 8 on one bookie may end up either side, but all ten agree.
     assert closed.last_entry_id in (7, 8)
     assert s.recovered_last == [closed.last_entry_id] * 10
+
+
+def test_a_takeover_never_recovers_a_leftover_an_earlier_term_left_on_a_reused_bookie():
+    # Term 2's recovery replaced b0 (unreachable) from entry 5 on with b3; b3 had been a
+    # bookie of this ledger before and kept dirty term-1 copies of entries 6 and 7. Term
+    # 2 committed entries 5 and 6 on b1 and b2. Term 3's recovery must recover 5 and 6
+    # as term 2 wrote them and end there: b3's copies are leftovers (older than their
+    # fragment), never Positive answers.
+    from streamlib.protocol import Fragment, LedgerMetadata
+    from tests.sim.scenario import PASSWORD_HASH
+    from tests.sim.unbounded import UnboundedScenario
+
+    s = UnboundedScenario(0, net=QUIET, quorums=(3, 2), ensemble=("b0", "b1", "b2"))
+    s.world.metadata.ledgers[LEDGER_ID] = (
+        LedgerMetadata(
+            LEDGER_ID, 3, 3, 2,
+            (Fragment(0, ("b0", "b1", "b2"), term=1), Fragment(5, ("b3", "b1", "b2"), term=2)),
+            password_hash=PASSWORD_HASH, term=2, unbounded=True,
+        ),
+        0,
+    )  # fmt: skip
+
+    def put(bookie, entry_id, payload, term, lac=4):
+        length = 10 * entry_id + len(payload)
+        digest = s.digest.compute(entry_id, lac, length, payload)
+        entry = EntryData(entry_id, lac, length, payload, digest)
+        assert s.world.bookies[bookie].add(LEDGER_ID, entry, MASTER_KEY, 0, term) == StatusCode.OK
+
+    for entry_id in range(5):
+        for bookie in ("b0", "b1", "b2"):
+            put(bookie, entry_id, b"e%d" % entry_id, 1)
+    for entry_id in (5, 6):
+        for bookie in ("b1", "b2"):
+            put(bookie, entry_id, b"committed%d" % entry_id, 2)
+    put("b3", 6, b"dirty6", 1)
+    put("b3", 7, b"dirty7", 1)
+    s.final = True  # no new writer's appends after the takeover
+    s.start_recovery()
+    settle(s)
+    done = s.recoveries[-1]
+    assert done.last_entry_id == 6
+    for bookie in ("b1", "b2", "b3"):
+        entries = s.world.bookies[bookie].ledgers[LEDGER_ID].entries
+        assert entries[6].payload == b"committed6", bookie

@@ -185,3 +185,14 @@ def test_large_payload_digest_equals_the_one_call_form():
         payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         header = struct.pack(">qqqq", 9, 3, 2, size)
         assert dm.compute(3, 2, size, payload) == crc32c.crc32c(header + payload).to_bytes(4, "big")
+
+
+def test_copies_older_than_their_fragment_are_leftovers():
+    md = LedgerMetadata(1, 3, 2, 2, (Fragment(0, ("a", "b", "c"), term=1),), term=1, unbounded=True)
+    changed = md.with_ensemble_change(4, {0: "d"}, term=3)
+    assert changed.last_fragment.term == 3
+    assert changed.copy_is_current(2, 1) and changed.copy_is_current(5, 3)
+    assert not changed.copy_is_current(5, 2)  # written under term 2 into a term-3 fragment
+    assert changed.copy_is_current(6, 4)
+    bounded = LedgerMetadata(2, 3, 2, 2, (Fragment(0, ("a", "b", "c")),))
+    assert bounded.copy_is_current(0, 0)
