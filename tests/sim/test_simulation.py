@@ -6,6 +6,7 @@ cannot catch them has no teeth.
 """
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -23,16 +24,22 @@ def test_no_invariant_breaks_under_faults(first):
         run_seed(seed)
 
 
-@pytest.mark.parametrize("mutation", ["skip_fencing", "unknown_as_negative", "skip_write_back"])
-def test_simulator_catches_each_known_unsafe_variant(mutation):
+def first_violation(run: Callable[[int], object], what: str) -> str:
+    """The report of the first seed whose run breaks an invariant (the test fails if no
+    seed of the budget does: a simulator that cannot catch a variant has no teeth)."""
     for seed in range(SEEDS):
         try:
-            run_seed(seed, mutation)
+            run(seed)
         except InvariantViolation as violation:
             assert f"seed {seed}" in str(violation)
-            assert "replay: python -m tests.sim" in str(violation)
-            return
-    pytest.fail(f"the simulator did not catch {mutation} in {SEEDS} seeds")
+            return str(violation)
+    pytest.fail(f"the simulator did not catch {what} in {SEEDS} seeds")
+
+
+@pytest.mark.parametrize("mutation", ["skip_fencing", "unknown_as_negative", "skip_write_back"])
+def test_simulator_catches_each_known_unsafe_variant(mutation):
+    found = first_violation(lambda seed: run_seed(seed, mutation), mutation)
+    assert "replay: python -m tests.sim" in found
 
 
 def test_a_seed_replays_exactly():
@@ -66,14 +73,11 @@ def test_a_writer_outlives_repeated_bookie_failures(first):
 
 
 def test_simulator_catches_a_writer_that_never_forgets_failed_bookies():
-    for seed in range(SEEDS):
-        try:
-            run_placement_seed(seed, keep_failed=True)
-        except InvariantViolation as violation:
-            assert "never recovers" in str(violation)
-            assert "replay: python -m tests.sim --placement" in str(violation)
-            return
-    pytest.fail(f"the simulator did not catch a writer that bans failed bookies in {SEEDS} seeds")
+    found = first_violation(
+        lambda seed: run_placement_seed(seed, keep_failed=True), "a writer banning bookies"
+    )
+    assert "never recovers" in found
+    assert "replay: python -m tests.sim --placement" in found
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS // 4, CHUNK))
@@ -83,14 +87,11 @@ def test_streams_keep_every_acknowledged_message_under_duels_and_outages(first):
 
 
 def test_simulator_catches_a_reader_that_fences():
-    for seed in range(SEEDS):
-        try:
-            run_stream_seed(seed, reader_fences=True)
-        except InvariantViolation as violation:
-            assert "no writer took over after it" in str(violation)
-            assert "replay: python -m tests.sim --streams" in str(violation)
-            return
-    pytest.fail(f"the simulator did not catch a reader that fences in {SEEDS} seeds")
+    found = first_violation(
+        lambda seed: run_stream_seed(seed, reader_fences=True), "a reader that fences"
+    )
+    assert "no writer took over after it" in found
+    assert "replay: python -m tests.sim --streams" in found
 
 
 def test_stream_scenarios_exercise_the_faults_they_claim():
