@@ -271,9 +271,12 @@ class LedgerRecovery:
             return []
         if status == StatusCode.INVALID_TERM:
             return self._fail(InvalidTermError(f"bookie {bookie}: a newer term exists"))
-        digest_ok = self._good_copy(entry_id, entry)
+        digest_ok = self._digest_ok(entry_id, entry)
+        stale = entry is not None and not self.metadata.copy_is_current(entry_id, entry.term)
         outcome = classify_read_status(
-            StatusCode.STATUS_UNSPECIFIED if status is None else status, digest_ok=digest_ok
+            StatusCode.STATUS_UNSPECIFIED if status is None else status,
+            digest_ok=digest_ok,
+            stale=stale,
         )
         index = self._read_ensemble.index(bookie)
         before = read.decision
@@ -335,15 +338,16 @@ class LedgerRecovery:
             for b in bookies
         ]
 
-    def _good_copy(self, entry_id: int, entry: EntryData | None) -> bool:
+    def _digest_ok(self, entry_id: int, entry: EntryData | None) -> bool:
+        return entry is not None and self.digest.is_valid(
+            entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
+        )
+
+    def _good_copy(self, entry_id: int, entry: EntryData) -> bool:
         """A copy that can be the entry: its digest holds, and it is no leftover of a term
         older than its fragment (a dirty entry a replaced bookie kept)."""
-        return (
-            entry is not None
-            and self.digest.is_valid(
-                entry_id, entry.last_add_confirmed, entry.length, entry.payload, entry.digest
-            )
-            and self.metadata.copy_is_current(entry_id, entry.term)
+        return self._digest_ok(entry_id, entry) and self.metadata.copy_is_current(
+            entry_id, entry.term
         )
 
     def _on_length_read(

@@ -43,10 +43,19 @@ class RecoveryDecision(enum.Enum):
 _NEGATIVE_STATUSES = frozenset({StatusCode.NO_SUCH_ENTRY, StatusCode.NO_SUCH_LEDGER})
 
 
-def classify_read_status(status: int, *, digest_ok: bool = True) -> ReadOutcome:
-    """Classify one recovery-read answer. A timeout has no status: it is UNKNOWN."""
+def classify_read_status(
+    status: int, *, digest_ok: bool = True, stale: bool = False
+) -> ReadOutcome:
+    """Classify one recovery-read answer. A timeout has no status: it is UNKNOWN.
+
+    A copy stored under a term older than its fragment (``stale``: see
+    ledger_metadata.Fragment) is NEGATIVE: the bookie had adopted no term of the fragment
+    when it stored it -- once it has, it refuses older-term adds -- so it has never held
+    a copy that this fragment's writers could have had acknowledged."""
     if status == StatusCode.OK:
-        return ReadOutcome.POSITIVE if digest_ok else ReadOutcome.UNKNOWN
+        if not digest_ok:
+            return ReadOutcome.UNKNOWN
+        return ReadOutcome.NEGATIVE if stale else ReadOutcome.POSITIVE
     if status in _NEGATIVE_STATUSES:
         return ReadOutcome.NEGATIVE
     return ReadOutcome.UNKNOWN

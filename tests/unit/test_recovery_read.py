@@ -134,3 +134,11 @@ def test_counting_unknown_as_negative_is_the_unsafe_variant():
 )
 def test_classification_of_read_statuses(status, digest_ok, outcome):
     assert classify_read_status(status, digest_ok=digest_ok) is outcome
+
+
+def test_a_copy_older_than_its_fragment_is_a_negative_answer():
+    # The bookie stored it before adopting any term of the fragment: it never held a copy
+    # the fragment's writers could have had acknowledged.
+    assert classify_read_status(StatusCode.OK, stale=True) is ReadOutcome.NEGATIVE
+    assert classify_read_status(StatusCode.OK, digest_ok=False, stale=True) is ReadOutcome.UNKNOWN
+    assert classify_read_status(StatusCode.OK) is ReadOutcome.POSITIVE
