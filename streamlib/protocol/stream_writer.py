@@ -331,8 +331,9 @@ class StreamWriterMachine:
         if self.op is Op.ROLL:  # the ledger rolled away from
             self.op = None
             return [*actions, Rolled()]
-        if self.op is Op.REPLACE and ledger_id == self._old:
-            return [*actions, CreateLedger()]
+        if self.op is Op.REPLACE:  # the one before first (may_roll), then the broken one
+            assert self._old is not None
+            return [*actions, CreateLedger() if ledger_id == self._old else CloseLedger(self._old)]
         return actions
 
     def on_close_failed(
@@ -376,6 +377,9 @@ class StreamWriterMachine:
         assert self._old is not None
         if self.unbounded:
             return [TakeOverLedger(self._old)]
+        if not may_roll(previous_closed=self._unclosed in (None, self._old)):
+            assert self._unclosed is not None
+            return [CloseLedger(self._unclosed)]  # a replacement rolls too: never past it
         return [CloseLedger(self._old)]  # at its LAC: what failed after it is not in it
 
     def _replace_failed(self, error: StreamlibError) -> list[StreamAction]:

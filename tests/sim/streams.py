@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamlib.protocol import DigestManager, Fragment, LedgerMetadata, LedgerState
@@ -434,16 +435,24 @@ class StreamScenario:
         world.log("HEAL: a final writer takes over")
         self.start_writer()
 
+        def when_settled(then: Callable[[], None]) -> None:
+            """Once no writer has a takeover, roll or replacement going (duels that were
+            under way at the heal end: their takeovers are bounded)."""
+            if any(w.alive and w.machine.op is not None for w in self.writers):
+                world.at(50, lambda: when_settled(then))
+            else:
+                then()
+
         def last_append() -> None:
             final = self.final = self.serving()
             if final is not None:
                 self.quiet = False
                 self.append(final)
                 self.quiet = True
-            world.at(300, close_final)
+            world.at(300, lambda: when_settled(close_final))
 
         def close_final() -> None:  # what a producer's close does; readers then drain
-            final = self.final
+            final = self.serving()
             if final is not None and final.machine.current is not None:
                 writer = final.ledgers[final.machine.current]
                 self.run_ledger(final, writer, writer.close())
@@ -451,7 +460,7 @@ class StreamScenario:
             else:
                 self.final_closed = True
 
-        world.at(400, last_append)
+        world.at(400, lambda: when_settled(last_append))
 
 
 def run_stream_seed(seed: int, *, reader_fences: bool = False) -> StreamScenario:
