@@ -169,6 +169,7 @@ class StreamWriter:
             elif isinstance(action, ReplaceFailed):
                 self._settle(action.error)
             elif isinstance(action, Rolled):
+                self.stats.rolls += 1
                 if self._on_roll is not None:
                     self._on_roll()
             else:
@@ -243,7 +244,6 @@ class StreamWriter:
         self._feed("on_list_written", version)
 
     async def _recover(self, ledger_id: int) -> None:
-        self.stats.takeover_attempts = self._machine.takeover_attempts
         try:
             handle = await self._ledgers.open(ledger_id, password=STREAM_PASSWORD)
         except StreamlibError as error:
@@ -262,10 +262,7 @@ class StreamWriter:
                 custom_metadata={"stream": self.name.encode()},
                 unbounded=unbounded,
             )
-        except StreamlibError as error:
-            self._feed("on_create_failed", error)
-            return
-        except MetadataError as error:
+        except (StreamlibError, MetadataError) as error:
             self._feed("on_create_failed", _failure(error))
             return
         self._handles[handle.ledger_id] = handle
@@ -331,7 +328,7 @@ class StreamWriter:
         self._start_age_checks()
         self._current = handle
         self._roll_deadline = roll_deadline_ms(now_ms(), self._policy, self._rnd)
-        self.stats.rolls = self._machine.rolls
+        self.stats.takeover_attempts = self._machine.takeover_attempts
         self._settle(None)
 
     def _give_up(self, error: StreamlibError) -> None:
