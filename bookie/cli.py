@@ -31,11 +31,103 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-entry-bytes", type=int, default=5 << 20)
     p.add_argument("--disk-usage-threshold", type=float, default=0.95)
     p.add_argument("--disk-usage-lwm", type=float, default=0.90)
-    p.add_argument("--disk-check-interval", type=float, default=5.0, help="seconds")
+    p.add_argument(
+        "--disk-check-interval",
+        type=float,
+        default=5.0,
+        help="seconds between disk-usage checks (also checked as journal commits use headroom)",
+    )
     p.add_argument("--gc-interval", type=float, default=60.0, help="seconds")
+    p.add_argument(
+        "--gc-max-vanished-fraction",
+        type=float,
+        default=0.5,
+        help="refuse a GC round in which more than this fraction of the bookie's ledgers "
+        "vanished from the metadata at once (POST /admin/gc?force=true overrides)",
+    )
+    p.add_argument(
+        "--gc-vanish-check-min-ledgers",
+        type=int,
+        default=10,
+        help="apply --gc-max-vanished-fraction only to a bookie holding at least this many ledgers",
+    )
+    p.add_argument(
+        "--allow-new-cluster",
+        action="store_true",
+        help="DANGEROUS: start although the metadata store has no or another cluster "
+        "instance id than this bookie's cookie, and adopt it; the ledgers on this bookie "
+        "that the store does not list are then garbage-collected. Only to move a bookie "
+        "to another store on purpose",
+    )
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds")
+    p.add_argument(
+        "--flush-bytes",
+        type=int,
+        default=64 << 20,
+        help="flush the write cache at this size; past 4x it adds are refused "
+        "(TOO_MANY_REQUESTS) until a flush",
+    )
     p.add_argument("--journal-max-file-bytes", type=int, default=128 << 20)
+    p.add_argument(
+        "--entrylog-max-file-bytes",
+        type=int,
+        default=512 << 20,
+        help="an entry log rolls past this size (GC also rolls one that holds dead data)",
+    )
     p.add_argument("--session-timeout", type=float, default=10.0, help="metadata session, seconds")
+    limits = p.add_argument_group("limits")
+    limits.add_argument(
+        "--max-stream-answer-bytes",
+        type=int,
+        default=4 << 20,
+        help="answers one add stream may queue for a client not reading them before it "
+        "stops reading that client's requests (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-stream-inflight-bytes",
+        type=int,
+        default=64 << 20,
+        help="entry bytes one add stream may have waiting for the journal before it "
+        "stops reading that client's requests (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=1024,
+        help="calls served at once (add streams and long polls included); more are "
+        "refused with RESOURCE_EXHAUSTED (default %(default)s)",
+    )
+    limits.add_argument(
+        "--keepalive-time",
+        type=float,
+        default=30.0,
+        help="ping each connection this often, s (default %(default)s)",
+    )
+    limits.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=10.0,
+        help="close a connection whose ping is unanswered this long, s (default %(default)s)",
+    )
+    limits.add_argument(
+        "--min-client-ping-interval",
+        type=float,
+        default=10.0,
+        help="clients pinging more often get GOAWAY too_many_pings, s (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-connection-idle",
+        type=float,
+        default=600.0,
+        help="close connections without calls after this long, s (default %(default)s; 0: never)",
+    )
+    limits.add_argument(
+        "--max-connection-age",
+        type=float,
+        default=3600.0,
+        help="older connections take no new calls (their open streams go on), s "
+        "(default %(default)s; 0: never)",
+    )
     p.add_argument("--log-level", default="WARNING")
     p.add_argument(
         "--autorecovery",
@@ -80,9 +172,22 @@ async def _serve(args: argparse.Namespace) -> int:
         disk_usage_lwm=args.disk_usage_lwm,
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
+        gc_max_vanished_fraction=args.gc_max_vanished_fraction,
+        gc_vanish_check_min_ledgers=args.gc_vanish_check_min_ledgers,
+        allow_new_cluster=args.allow_new_cluster,
         flush_interval_s=args.flush_interval,
+        flush_bytes=args.flush_bytes,
         journal_max_file_bytes=args.journal_max_file_bytes,
+        entrylog_max_file_bytes=args.entrylog_max_file_bytes,
         session_timeout_s=args.session_timeout,
+        max_stream_answer_bytes=args.max_stream_answer_bytes,
+        max_stream_inflight_bytes=args.max_stream_inflight_bytes,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        keepalive_time_s=args.keepalive_time,
+        keepalive_timeout_s=args.keepalive_timeout,
+        min_client_ping_interval_s=args.min_client_ping_interval,
+        max_connection_idle_s=args.max_connection_idle,
+        max_connection_age_s=args.max_connection_age,
     )
     server = BookieServer(config)
     stop = asyncio.Event()

@@ -17,6 +17,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from bookie.errors import DataDirectoryError, StorageIOError
+from bookie.failpoints import fail_if
 from bookie.journal import fsync_dir, write_all
 from bookie.records import RecordError, StoredEntry, decode_entry, parse_frame
 
@@ -43,6 +44,10 @@ class EntryLogger:
         self.current_id = (ids[-1] + 1) if ids else 1
         self._write_fd = -1
         self._write_offset = 0
+        # Set when a write or sync of the current log failed: its tail is in an unknown
+        # state (a short write, pages the kernel dropped after a failed fsync), and the
+        # fd is O_APPEND, so the next flush starts a new log rather than trust an offset.
+        self._broken = False
 
     def _path(self, log_id: int) -> Path:
         return self.directory / f"entrylog-{log_id:08x}.log"
@@ -64,12 +69,18 @@ class EntryLogger:
         after a restart (``current_id`` is past every existing log), so a log never
         has a torn tail followed by new data.
         """
-        if self._write_fd < 0 or self._write_offset >= self.max_file_bytes:
+        if self._broken or self._write_fd < 0 or self._write_offset >= self.max_file_bytes:
             self._roll()
         start = self._write_offset
         offsets = [start + before for before in accumulate(sizes, initial=0)]
-        written = write_all(self._write_fd, parts)
-        os.fdatasync(self._write_fd)
+        try:
+            written = write_all(self._write_fd, parts)
+            fail_if("entrylog-write")  # as an error after the bytes went out (a torn write)
+            fail_if("entrylog-sync")
+            os.fdatasync(self._write_fd)
+        except OSError:
+            self._broken = True
+            raise
         self._write_offset = offsets.pop()
         assert written == self._write_offset - start
         return self.current_id, offsets
@@ -81,12 +92,22 @@ class EntryLogger:
 
     def _roll(self) -> None:
         if self._write_fd >= 0:
-            os.close(self._write_fd)
+            fd, self._write_fd = self._write_fd, -1
             self.current_id += 1
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # a close after a failed write may report it again; the log is done
         path = self._path(self.current_id)
-        self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._write_offset = os.fstat(self._write_fd).st_size
-        fsync_dir(self.directory)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fsync_dir(self.directory)
+        except OSError:
+            os.close(fd)
+            raise
+        self._write_fd = fd
+        self._write_offset = os.fstat(fd).st_size
+        self._broken = False
 
     def _fd(self, log_id: int) -> int:
         with self._lock:

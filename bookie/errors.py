@@ -74,6 +74,15 @@ class CookieError(BookieError):
     """The bookie's on-disk identity does not match the metadata store's."""
 
 
+class GcRefusedError(BookieError):
+    """A garbage-collection round that would delete what may still be needed; it deleted
+    nothing. ``reason`` labels the refusal in the bookie_gc_refused_rounds metric."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class DataDirectoryError(BookieError):
     """A data, journal or entry-log file is not in a format this bookie can use."""
 

@@ -6,8 +6,11 @@
                                   change the read-only thresholds at runtime and run
                                   the disk check at once (how tests flip read-only
                                   mode for real, without mocks); answers /admin/state
-    POST /admin/gc                run one garbage-collection + compaction round now;
-                                  answers {"deleted": [ledger ids], "compacted": [...]}
+    POST /admin/gc[?force=true]   run one garbage-collection + compaction round now;
+                                  answers {"deleted": [ledger ids], "trimmed": {...},
+                                  "compacted": [...], "refused": null or why the round
+                                  deleted nothing}; force=true skips the safety checks
+                                  (server.gc_round) for a deletion known to be real
 
 Bound to the same loopback host as the gRPC port. A tiny HTTP/1.0 server on asyncio
 streams is enough here and keeps us off another dependency.

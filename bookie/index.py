@@ -16,51 +16,22 @@ Keys (big-endian, so an LMDB cursor walks one ledger's entries in order):
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Container
 from pathlib import Path
 
 import lmdb
 
 from bookie.entrylog import LOCATION, unpack_location
+from bookie.ledger_rules import LedgerState
 
 _ENTRY_KEY = struct.Struct(">cqq")
 _LEDGER_KEY = struct.Struct(">cq")
 _LOG_KEY = struct.Struct(">cI")
-_STATE = struct.Struct(">BQqqH")
-_FENCED = 1
 _U64 = struct.Struct(">Q")
 
 
 def entry_key(ledger_id: int, entry_id: int) -> bytes:
     return _ENTRY_KEY.pack(b"E", ledger_id, entry_id)
-
-
-@dataclass(slots=True)
-class LedgerState:
-    """What a bookie must remember about a ledger beyond its entries."""
-
-    master_key: bytes
-    fenced: bool = False
-    term: int = 0
-    explicit_lac: int = -1
-    piggyback_lac: int = -1  # the highest LAC carried by an entry the bookie stored
-
-    @property
-    def lac(self) -> int:
-        return max(self.explicit_lac, self.piggyback_lac)
-
-    def pack(self) -> bytes:
-        flags = _FENCED if self.fenced else 0
-        head = _STATE.pack(
-            flags, self.term, self.explicit_lac, self.piggyback_lac, len(self.master_key)
-        )
-        return head + self.master_key
-
-    @classmethod
-    def unpack(cls, raw: bytes) -> LedgerState:
-        flags, term, explicit, piggy, mk_len = _STATE.unpack_from(raw, 0)
-        mk = bytes(raw[_STATE.size : _STATE.size + mk_len])
-        return cls(mk, bool(flags & _FENCED), term, explicit, piggy)
 
 
 Location = tuple[int, int, int]
@@ -82,19 +53,49 @@ class LedgerIndex:
             raw = txn.get(entry_key(ledger_id, entry_id))
         return None if raw is None else unpack_location(raw)
 
-    def all_locations(self) -> list[tuple[int, int, Location]]:
-        """(ledger, entry, location) of every indexed entry (for compaction accounting)."""
-        out: list[tuple[int, int, Location]] = []
+    def live_bytes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(bytes written, bytes still indexed) per entry log, from one snapshot, in one
+        streamed pass over the index: memory grows with the logs, not with the entries."""
+        live: dict[int, int] = {}
         with self.env.begin() as txn:
             cur = txn.cursor()
-            if not cur.set_range(b"E"):
-                return out
+            if cur.set_range(b"E"):
+                for key, value in cur:
+                    if key[:1] != b"E":
+                        break
+                    log_id, _, length = unpack_location(value)
+                    live[log_id] = live.get(log_id, 0) + length
+            return self._log_sizes(txn), live
+
+    def locations_in(
+        self,
+        logs: Container[int],
+        after: tuple[int, int] | None,
+        max_entries: int,
+        max_bytes: int,
+    ) -> tuple[list[tuple[int, int, Location]], bool]:
+        """The next indexed entries, in key order after ``after``, stored in one of
+        ``logs``: at most ``max_entries`` of them and ``max_bytes`` of records (at least
+        one); and whether more may follow the last one (False: the scan reached the end)."""
+        out: list[tuple[int, int, Location]] = []
+        nbytes = 0
+        start = b"E" if after is None else entry_key(*after)
+        with self.env.begin() as txn:
+            cur = txn.cursor()
+            if not cur.set_range(start):
+                return out, False
             for key, value in cur:
                 if key[:1] != b"E":
-                    break
+                    return out, False
+                loc = unpack_location(value)
+                if loc[0] not in logs or key == start:
+                    continue
+                if out and (len(out) >= max_entries or nbytes + loc[2] > max_bytes):
+                    return out, True
                 _, ledger, entry = _ENTRY_KEY.unpack(key)
-                out.append((ledger, entry, unpack_location(value)))
-        return out
+                out.append((ledger, entry, loc))
+                nbytes += loc[2]
+        return out, False
 
     def write_flush(
         self,
@@ -154,6 +155,16 @@ class LedgerIndex:
                 n += 1
         return n
 
+    def last_entry(self, ledger_id: int) -> int:
+        """The highest indexed entry id of the ledger, or -1."""
+        prefix = _LEDGER_KEY.pack(b"E", ledger_id)
+        with self.env.begin() as txn:
+            cur = txn.cursor()
+            found = cur.prev() if cur.set_range(prefix + b"\xff" * 8) else cur.last()
+            if not found or not cur.key().startswith(prefix):
+                return -1
+            return int(_ENTRY_KEY.unpack(cur.key())[2])
+
     def get_state(self, ledger_id: int) -> LedgerState | None:
         with self.env.begin() as txn:
             raw = txn.get(_LEDGER_KEY.pack(b"L", ledger_id))
@@ -184,26 +195,28 @@ class LedgerIndex:
     # -- entry log accounting ---------------------------------------------------------
 
     def log_sizes(self) -> dict[int, int]:
-        out: dict[int, int] = {}
         with self.env.begin() as txn:
-            cur = txn.cursor()
-            if not cur.set_range(b"G"):
-                return out
-            for key, value in cur:
-                if key[:1] != b"G":
-                    break
-                out[_LOG_KEY.unpack(key)[1]] = _U64.unpack(value)[0]
+            return self._log_sizes(txn)
+
+    @staticmethod
+    def _log_sizes(txn: lmdb.Transaction) -> dict[int, int]:
+        out: dict[int, int] = {}
+        cur = txn.cursor()
+        if not cur.set_range(b"G"):
+            return out
+        for key, value in cur:
+            if key[:1] != b"G":
+                break
+            out[_LOG_KEY.unpack(key)[1]] = _U64.unpack(value)[0]
         return out
 
     def move_entries(
-        self,
-        log_id: int,
-        keys: list[tuple[int, int]],
-        offsets: list[int],
-        sizes: list[int],
-        dropped_log: int,
+        self, log_id: int, keys: list[tuple[int, int]], offsets: list[int], sizes: list[int]
     ) -> None:
-        """Point compacted entries at their new log and forget the old log's size."""
+        """Point compacted entries at their new log (and count their bytes in it)."""
         self.write_flush(log_id, keys, offsets, sizes, {}, {log_id: sum(sizes)} if keys else {})
+
+    def forget_log(self, log_id: int) -> None:
+        """Drop the size record of an entry log that was deleted."""
         with self.env.begin(write=True) as txn:
-            txn.delete(_LOG_KEY.pack(b"G", dropped_log))
+            txn.delete(_LOG_KEY.pack(b"G", log_id))

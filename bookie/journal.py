@@ -11,6 +11,18 @@ they rotate past ``max_file_bytes``. The checkpoint mark ``checkpoint`` names th
 (seq, offset) up to which everything is also in the entry logs and index; replay
 starts there and files wholly before it are deleted.
 
+Faults: a failed write or fdatasync fails its commit group (those adds are answered
+IO_ERROR and were never acknowledged) and leaves the file's tail in an unknown state,
+so before the next group the writer cuts the file back to its last durable record and
+continues in a new file -- it never appends after bytes it cannot vouch for, and a
+replay never meets them in the middle of the journal. Until a group is durable again,
+:attr:`Journal.fault` holds the error (the bookie is read-only meanwhile); every group
+retries, so recovery adds go on as soon as the disk allows.
+
+Reclaiming: once a flush has checkpointed everything written, :meth:`reclaim` starts
+a new file and deletes the old one, so an idle bookie does not keep up to
+``max_file_bytes`` of journal it no longer needs.
+
 Replay rules: a bad record in the LAST file with no valid record after it is a torn
 tail (a crash mid-write; the bytes were never acknowledged) and is cut; any other
 bad record raises :class:`JournalCorruptError` naming the file and offset.
@@ -19,6 +31,7 @@ bad record raises :class:`JournalCorruptError` naming the file and offset.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import struct
@@ -29,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bookie.errors import DataDirectoryError, JournalCorruptError
+from bookie.failpoints import fail_if
 from bookie.records import (
     FRAME_SIZE,
     EntryHeader,
@@ -63,6 +77,9 @@ class _Group:
     records: list[bytes] = field(default_factory=list)
     items: list[object] = field(default_factory=list)
     nbytes: int = 0
+
+
+FaultHook = Callable[["OSError | None"], None]  # the journal failed (error) or recovered (None)
 
 
 CommitHook = Callable[[int, int, float], None]  # entries, bytes, fsync seconds
@@ -127,12 +144,14 @@ class Journal:
         max_batch_bytes: int = 4 << 20,
         on_commit: CommitHook | None = None,
         on_durable: DurableHook | None = None,
+        on_fault: FaultHook | None = None,
     ) -> None:
         self.directory = directory
         self.max_file_bytes = max_file_bytes
         self.max_batch_bytes = max_batch_bytes
         self.on_commit = on_commit
         self.on_durable = on_durable
+        self.on_fault = on_fault
         self._fd = -1
         self._seq = 0
         self._offset = 0
@@ -140,10 +159,15 @@ class Journal:
         # holds max_batch_bytes, which bounds the size of one write + fdatasync.
         self._groups: deque[_Group] = deque()
         self._in_flight: asyncio.Future[JournalPosition] | None = None  # being written
+        self._in_flight_items: list[object] = []
         self.pending_bytes = 0  # queued, not yet written: the service's back-pressure signal
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._failed: BaseException | None = None
+        self.fault: OSError | None = None
+        self._torn = False  # the current file's tail after _offset is in an unknown state
+        self._reclaim_at: JournalPosition | None = None
+        self._reclaimed: list[asyncio.Future[None]] = []  # resolved once it was tried
+        self._durable_end = JournalPosition(0, 0)  # the end of the last durable group
         self._closing = False
 
     # -- files ------------------------------------------------------------------
@@ -245,16 +269,54 @@ class Journal:
         os.truncate(path, offset)
 
     def _open_next_file(self) -> None:
+        """Continue in file seq+1; on failure nothing of it is left and seq is unchanged
+        (a half-made file in the middle would stop every later replay)."""
         if self._fd >= 0:
-            os.close(self._fd)
-        self._seq += 1
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # a close may report an earlier failed write again
+        seq = self._seq + 1
+        path = self.directory / _file_name(seq)
+        path.unlink(missing_ok=True)  # left by an earlier attempt that failed
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        header = frame(_HEADER.pack(_HEADER_MAGIC, _VERSION, seq))
+        try:
+            fail_if("journal-write")
+            if os.write(fd, header) != len(header):
+                raise OSError(errno.ENOSPC, "short write of a journal file header")
+            fail_if("journal-sync")
+            os.fdatasync(fd)
+            fsync_dir(self.directory)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._fd, self._seq, self._offset = fd, seq, len(header)
+
+    def _repair(self) -> None:
+        """After a failed write: cut the file back to its last durable record, go on in
+        a new file. Raises (and stays torn) when the disk still refuses."""
         path = self.directory / _file_name(self._seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        header = frame(_HEADER.pack(_HEADER_MAGIC, _VERSION, self._seq))
-        os.write(self._fd, header)
-        os.fdatasync(self._fd)
-        fsync_dir(self.directory)
-        self._offset = len(header)
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if path.exists():
+            os.truncate(path, self._offset)
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._open_next_file()
+        self._torn = False
+        log.warning(
+            "journal: cut %s back to %d bytes; continuing in a new file", path, self._offset
+        )
 
     # -- the writer -----------------------------------------------------------------
 
@@ -267,8 +329,40 @@ class Journal:
         """Open a fresh file (never append after a replayed tail) and start the writer."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._open_next_file()
+        self._durable_end = self.position
         self._wake = asyncio.Event()
         self._writer = asyncio.get_running_loop().create_task(self._run(), name="journal-writer")
+
+    def unapplied_items(self) -> list[object]:
+        """The items of every group not yet applied (queued or being written), newest
+        first: what an add of the same entry must be compared with besides the cache."""
+        out: list[object] = []
+        for group in reversed(self._groups):
+            out.extend(reversed(group.items))
+        out.extend(reversed(self._in_flight_items))
+        return out
+
+    def reclaim(self, checkpoint: JournalPosition, min_bytes: int) -> asyncio.Future[None]:
+        """Everything before ``checkpoint`` is in the entry logs and index. If that is
+        everything durable, the writer deletes every file before the current one and,
+        when the current file holds at least ``min_bytes``, starts a new file and
+        deletes that one too (unless something was written meanwhile)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if checkpoint != self._durable_end or self._wake is None:
+            done.set_result(None)
+            return done
+        if checkpoint.seq < self._seq or self._offset - HEADER_SIZE >= max(min_bytes, 1):
+            self._reclaim_at = checkpoint
+            self._reclaimed.append(done)
+            self._wake.set()
+        else:
+            done.set_result(None)
+        return done
+
+    def probe(self) -> asyncio.Future[JournalPosition]:
+        """An empty commit group: the writer repairs a torn file first, then syncs; the
+        future fails while the disk still refuses."""
+        return self.append([], 0)
 
     def append(
         self, records: list[bytes], nbytes: int, items: list[object] | None = None
@@ -278,10 +372,6 @@ class Journal:
         The future is shared by every caller in the same commit group, so awaiting
         it costs nothing per entry.
         """
-        if self._failed is not None:
-            fut: asyncio.Future[JournalPosition] = asyncio.get_running_loop().create_future()
-            fut.set_exception(OSError(f"the journal failed earlier: {self._failed}"))
-            return fut
         if not self._groups or self._groups[-1].nbytes >= self.max_batch_bytes:
             self._groups.append(_Group(asyncio.get_running_loop().create_future()))
         group = self._groups[-1]
@@ -310,6 +400,9 @@ class Journal:
         assert self._wake is not None
         while True:
             if not self._groups:
+                if self._reclaim_at is not None:
+                    await self._reclaim()
+                    continue
                 if self._closing:
                     return
                 self._wake.clear()
@@ -319,14 +412,26 @@ class Journal:
             self.pending_bytes -= group.nbytes
             batch, count, nbytes = group.future, len(group.records), group.nbytes
             self._in_flight = batch
+            self._in_flight_items = group.items
             try:
                 pos, fsync_s = await asyncio.to_thread(self._write, group.records)
             except OSError as e:
-                log.error("journal write failed; refusing further adds: %s", e)
-                self._failed = e
+                self._in_flight_items = []
+                if self.fault is None:
+                    log.error("journal write failed; the bookie turns read-only: %s", e)
+                self.fault = e
+                if self.on_fault is not None:
+                    self.on_fault(e)
                 if not batch.done():
                     batch.set_exception(e)
                 continue
+            self._in_flight_items = []
+            self._durable_end = pos
+            if self.fault is not None:
+                log.warning("journal writes succeed again")
+                self.fault = None
+                if self.on_fault is not None:
+                    self.on_fault(None)
             if self.on_commit is not None:
                 self.on_commit(count, nbytes, fsync_s)
             if self.on_durable is not None:
@@ -334,15 +439,48 @@ class Journal:
             if not batch.done():
                 batch.set_result(pos)
 
+    async def _reclaim(self) -> None:
+        at, self._reclaim_at = self._reclaim_at, None
+        waiting, self._reclaimed = self._reclaimed, []
+        try:
+            await self._reclaim_files(at)
+        finally:
+            for fut in waiting:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _reclaim_files(self, at: JournalPosition | None) -> None:
+        if at != self._durable_end or self._torn:
+            return
+        try:
+            if at.seq == self._seq:
+                await asyncio.to_thread(self._open_next_file)
+            for seq, path in self._files():
+                if seq < self._seq:
+                    await asyncio.to_thread(path.unlink)
+        except OSError as e:
+            log.warning("journal: could not reclaim checkpointed files yet: %s", e)
+
     def _write(self, records: list[bytes]) -> tuple[JournalPosition, float]:
-        written = write_all(self._fd, records)
-        t0 = time.perf_counter()
-        os.fdatasync(self._fd)
+        if self._torn or self._fd < 0:
+            self._repair()
+        try:
+            written = write_all(self._fd, records)
+            fail_if("journal-write")  # as an error after the bytes went out (a torn write)
+            t0 = time.perf_counter()
+            fail_if("journal-sync")
+            os.fdatasync(self._fd)
+        except OSError:
+            self._torn = True
+            raise
         fsync_s = time.perf_counter() - t0
         self._offset += written
         pos = JournalPosition(self._seq, self._offset)
         if self._offset >= self.max_file_bytes:
-            self._open_next_file()
+            try:
+                self._open_next_file()
+            except OSError as e:  # this group is durable; the next one retries the rotation
+                log.warning("journal: could not start a new file yet: %s", e)
         return pos, fsync_s
 
     async def close(self) -> None:
@@ -353,5 +491,15 @@ class Journal:
         if self._writer is not None:
             await self._writer
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            try:
+                os.close(fd)
+            except OSError as e:  # a failed write reported again: nothing left to lose
+                log.warning("journal: closing the file reported %s", e)
+        if self._torn:
+            # Cut what a failed write left (never acknowledged), so a replay does not
+            # bring back entries whose adds were answered IO_ERROR.
+            try:
+                os.truncate(self.directory / _file_name(self._seq), self._offset)
+            except OSError as e:
+                log.warning("journal: could not cut the failed write's tail: %s", e)

@@ -22,6 +22,12 @@ class BookieMetrics:
         self.add_bytes = Counter(
             "bookie_add_bytes", "Bytes of entry records accepted (payload and headers)", registry=r
         )
+        self.add_stream_pauses = Counter(
+            "bookie_add_stream_pauses",
+            "Times an add stream stopped reading: its client was not reading its answers, "
+            "or the stream had too many bytes waiting for the journal",
+            registry=r,
+        )
         self.add_latency = Histogram(
             "bookie_add_batch_latency_seconds",
             "Receive-to-ack time of an add batch",
@@ -47,12 +53,36 @@ class BookieMetrics:
         )
         self.fsyncs = Counter("bookie_journal_fsyncs", "Journal fdatasyncs", registry=r)
         self.read_only = Gauge("bookie_read_only", "1 while the bookie is read-only", registry=r)
+        self.read_only_reason = Gauge(
+            "bookie_read_only_reason",
+            "1 for each reason the bookie is read-only now (disk_full: usage past the "
+            "threshold; storage_fault: a journal or flush write failed)",
+            ["reason"],
+            registry=r,
+        )
+        self.storage_faults = Counter(
+            "bookie_storage_faults",
+            "Journal or flush write failures that turned the bookie read-only",
+            registry=r,
+        )
+        for reason in ("disk_full", "storage_fault"):
+            self.read_only_reason.labels(reason).set(0)
         self.disk_usage = Gauge(
             "bookie_disk_usage_ratio", "Highest used fraction of its disks", registry=r
         )
         self.gc_deleted = Counter(
             "bookie_gc_deleted_ledgers", "Ledgers garbage-collected", registry=r
         )
+        self.gc_refused = Counter(
+            "bookie_gc_refused_rounds",
+            "GC rounds that deleted nothing because the metadata looked wrong "
+            "(cluster_mismatch: another or no cluster instance id; mass_vanish: too many "
+            "ledgers gone at once)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("cluster_mismatch", "mass_vanish"):
+            self.gc_refused.labels(reason)  # exported as 0 from the start, for alerts
 
     def on_commit(self, entries: int, nbytes: int, fsync_s: float) -> None:
         self.fsyncs.inc()

@@ -2,8 +2,11 @@
 
 The add stream reads batches and answers them asynchronously: each accepted batch
 is journaled as one unit and ONE done-callback on the commit group's future queues
-its results; a per-stream writer task merges everything queued into one
-AddResponse per write. Nothing on the hot path awaits per entry.
+its results; a per-stream writer task merges what is queued into few AddResponses.
+Nothing on the hot path awaits per entry. A stream whose client does not read its
+answers, or that has too many bytes waiting for the journal, stops reading requests until
+it is back under its limits: a bookie's memory does not depend on its clients' manners.
+Range reads that need the disk run in worker threads (LedgerStorage.read_entries).
 
 Requests are deserialized by our own handlers (not the generated registration) so
 a malformed message becomes a typed BAD_REQUEST answer instead of a bare gRPC
@@ -13,6 +16,7 @@ INTERNAL error.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,16 +30,21 @@ from bookie.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
     RequestError,
-    StorageIOError,
 )
-from bookie.index import LedgerState
 from bookie.journal import JournalPosition
+from bookie.ledger_rules import Copy, LedgerState
 from bookie.metrics import BookieMetrics
 from bookie.records import FRAME_SIZE, EntryHeader, StoredEntry, frame_header
 from bookie.storage import Cached, LedgerStorage
 from bookie.wire import bookie_pb2 as pb
 
 DEFAULT_READ_MAX_BYTES = 16 << 20
+# Per add stream: answers queued for a client that does not read them, and record bytes
+# accepted into the journal but not yet durable. Past either, the stream stops reading
+# requests until it is back under (see AddStream).
+DEFAULT_MAX_STREAM_ANSWER_BYTES = 4 << 20
+DEFAULT_MAX_STREAM_INFLIGHT_BYTES = 64 << 20
+ANSWER_MESSAGE_BYTES = 1 << 20
 SERVICE_NAME = "streamlib.bookie.v1.Bookie"
 
 
@@ -65,10 +74,14 @@ class BookieService:
         max_entry_bytes: int,
         is_read_only: Callable[[], bool],
         bookie_info: Callable[[], pb.GetBookieInfoResponse],
+        max_stream_answer_bytes: int = DEFAULT_MAX_STREAM_ANSWER_BYTES,
+        max_stream_inflight_bytes: int = DEFAULT_MAX_STREAM_INFLIGHT_BYTES,
     ) -> None:
         self.storage = storage
         self.metrics = metrics
         self.max_entry_bytes = max_entry_bytes
+        self.max_stream_answer_bytes = max_stream_answer_bytes
+        self.max_stream_inflight_bytes = max_stream_inflight_bytes
         self.is_read_only = is_read_only
         self.bookie_info = bookie_info
 
@@ -104,40 +117,76 @@ class BookieService:
         self, requests: AsyncIterator[pb.AddRequest | Malformed], context: Any
     ) -> None:
         # Serialized AddResponse messages; concatenated they form one valid AddResponse
-        # (repeated fields merge), so the writer sends everything queued in one message.
+        # (repeated fields merge), so the writer sends what is queued in few messages.
         queued: list[bytes] = []
         ready = asyncio.Event()
         in_flight = 0
         reading = True
+        # Back-pressure. A client that sends and never reads would otherwise grow the
+        # answers queued here (a refusal is about as big as the entry refused) and the
+        # journal's queue without bound. So the stream pulls the next request only while
+        # both are under their limits; HTTP/2 flow control then stops the client. It
+        # cannot deadlock: journal commits always finish and the writer keeps draining,
+        # and each sets ``drained``; a writer that died sets it too.
+        max_answer_bytes = self.max_stream_answer_bytes
+        max_inflight_bytes = self.max_stream_inflight_bytes
+        answer_bytes = 0  # queued or being written
+        inflight_bytes = 0  # accepted into the journal, not yet durable
+        drained = asyncio.Event()
 
-        def answer(results: list[pb.AddResult]) -> None:
-            queued.append(pb.AddResponse(results=results).SerializeToString())
+        def enqueue(data: bytes) -> None:
+            nonlocal answer_bytes
+            queued.append(data)
+            answer_bytes += len(data)
             ready.set()
 
+        def answer(results: list[pb.AddResult]) -> None:
+            enqueue(pb.AddResponse(results=results).SerializeToString())
+
         async def writer() -> None:
-            while True:
-                await ready.wait()
-                ready.clear()
-                if queued:
-                    data = b"".join(queued)
-                    queued.clear()
-                    await context.write(data)
-                if not reading and in_flight == 0 and not queued:
-                    return
+            nonlocal answer_bytes
+            try:
+                while True:
+                    await ready.wait()
+                    ready.clear()
+                    while queued:
+                        # Several answers per message, but not past ANSWER_MESSAGE_BYTES
+                        # (unless one answer is bigger): the join is a copy, and gRPC
+                        # refuses messages past its size limit.
+                        n, size = 1, len(queued[0])
+                        while n < len(queued) and size + len(queued[n]) <= ANSWER_MESSAGE_BYTES:
+                            size += len(queued[n])
+                            n += 1
+                        data = b"".join(queued[:n])
+                        del queued[:n]
+                        await context.write(data)
+                        answer_bytes -= size
+                        drained.set()
+                    if not reading and in_flight == 0 and not queued:
+                        return
+            finally:
+                drained.set()
 
         def on_durable(
-            accepted: list[Cached], started: float, fut: asyncio.Future[JournalPosition]
+            accepted: list[Cached],
+            nbytes: int,
+            started: float,
+            fut: asyncio.Future[JournalPosition],
         ) -> None:
-            nonlocal in_flight
+            nonlocal in_flight, inflight_bytes
             in_flight -= 1
+            inflight_bytes -= nbytes
             error = fut.exception()
             resp = pb.AddResponse()
             add = resp.results.add
             if error is not None:
+                # A full disk is the read-only condition, not a broken bookie.
+                full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+                status = pb.READ_ONLY if full else pb.IO_ERROR
                 msg = f"journal write failed: {error}"
                 for e, _, _ in accepted:
-                    add(ledger_id=e.ledger_id, entry_id=e.entry_id, status=pb.IO_ERROR, message=msg)
-                self.metrics.add_errors.labels("IO_ERROR").inc(len(accepted))
+                    add(ledger_id=e.ledger_id, entry_id=e.entry_id, status=status, message=msg)
+                self.metrics.add_errors.labels(pb.StatusCode.Name(status)).inc(len(accepted))
             else:
                 # One packed id list per ledger (a batch is mostly one ledger's entries).
                 lid = -1
@@ -152,8 +201,8 @@ class BookieService:
                     resp.ok.add(ledger_id=lid, entry_ids=ids)
                 self.metrics.adds.inc(len(accepted))
                 self.metrics.add_latency.observe(time.perf_counter() - started)
-            queued.append(resp.SerializeToString())
-            ready.set()
+            enqueue(resp.SerializeToString())
+            drained.set()
 
         write_task = asyncio.get_running_loop().create_task(writer())
         try:
@@ -163,16 +212,26 @@ class BookieService:
                     answer(
                         [_bad_add(-1, -1, BadRequestError(f"malformed AddRequest: {req.error}"))]
                     )
-                    continue
-                accepted, chunks, nbytes, refused = self._check_adds(req)
-                if refused:
-                    answer(refused)
-                if accepted:
-                    in_flight += 1
-                    fut = self.storage.submit(accepted, chunks, nbytes)
-                    fut.add_done_callback(
-                        lambda f, a=accepted, s=started: on_durable(a, s, f)  # type: ignore[misc]
-                    )
+                else:
+                    accepted, chunks, nbytes, refused = self._check_adds(req)
+                    if refused:
+                        answer(refused)
+                    if accepted:
+                        in_flight += 1
+                        inflight_bytes += nbytes
+                        fut = self.storage.submit(accepted, chunks, nbytes)
+                        fut.add_done_callback(
+                            lambda f, a=accepted, n=nbytes, s=started: on_durable(a, n, s, f)  # type: ignore[misc]
+                        )
+                if answer_bytes >= max_answer_bytes or inflight_bytes >= max_inflight_bytes:
+                    self.metrics.add_stream_pauses.inc()
+                    while (
+                        answer_bytes >= max_answer_bytes or inflight_bytes >= max_inflight_bytes
+                    ) and not write_task.done():
+                        drained.clear()
+                        await drained.wait()
+                    if write_task.done():
+                        break  # the writer failed (the call is broken): its error is raised below
             reading = False
             ready.set()
             await write_task
@@ -190,6 +249,7 @@ class BookieService:
         refused: list[pb.AddResult] = []
         nbytes = 0
         accepted_like: tuple[int, bytes, int, int] | None = None
+        st = LedgerState(b"")
         for ae in req.entries:
             # Each message field read is a call (and a copy for bytes): read only the few
             # the rules need, and let protobuf serialize the record body in C (measured:
@@ -209,8 +269,15 @@ class BookieService:
                 # accepted is accepted for the same reasons (a batch is mostly one ledger).
                 signature = (h.ledger_id, h.master_key, h.flags, h.term)
                 if signature != accepted_like:
-                    check_add(h, read_only=read_only)
+                    st = check_add(h, read_only=read_only)
                     accepted_like = signature
+                if h.entry_id > st.highest_entry:
+                    st.highest_entry = h.entry_id  # a new entry: the hot path
+                else:  # a write-back, a retry -- or a forgery (ledger_rules.check_rewrite)
+                    new = Copy(ae.payload, ae.length, ae.flags, h.term)
+                    self.storage.check_rewrite(h, new, accepted)
+                    if h.flags & pb.TRUNCATE:
+                        st.highest_entry = h.entry_id
             except RequestError as err:
                 refused.append(_bad_add(h.ledger_id, h.entry_id, err))
                 self.metrics.add_errors.labels(pb.StatusCode.Name(err.status)).inc()
@@ -249,21 +316,19 @@ class BookieService:
         max_bytes = min(req.max_bytes or DEFAULT_READ_MAX_BYTES, DEFAULT_READ_MAX_BYTES)
         results = []
         total = 0
-        for eid in range(req.first_entry_id, req.last_entry_id + 1):
-            try:
-                e = self.storage.read_entry(req.ledger_id, eid)
-            except (NoSuchEntryError, NoSuchLedgerError) as err:
+        found = await self.storage.read_entries(
+            req.ledger_id, req.first_entry_id, req.last_entry_id, max_bytes
+        )
+        for eid, got in found:
+            if isinstance(got, StoredEntry):
+                total += len(got.payload)
+                results.append(pb.EntryResult(entry_id=eid, status=pb.OK, entry=_entry_pb(got)))
+            elif isinstance(got, (NoSuchEntryError, NoSuchLedgerError)):
                 results.append(
-                    pb.EntryResult(entry_id=eid, status=pb.NO_SUCH_ENTRY, message=str(err))
+                    pb.EntryResult(entry_id=eid, status=pb.NO_SUCH_ENTRY, message=str(got))
                 )
-                continue
-            except StorageIOError as err:
-                results.append(pb.EntryResult(entry_id=eid, status=pb.IO_ERROR, message=str(err)))
-                continue
-            if results and total + len(e.payload) > max_bytes:
-                break
-            total += len(e.payload)
-            results.append(pb.EntryResult(entry_id=eid, status=pb.OK, entry=_entry_pb(e)))
+            else:  # unreadable: an Unknown for the reader, never a negative
+                results.append(pb.EntryResult(entry_id=eid, status=pb.IO_ERROR, message=str(got)))
         self.metrics.reads.inc(len(results))
         self.metrics.read_bytes.inc(total)
         self.metrics.read_latency.observe(time.perf_counter() - started)

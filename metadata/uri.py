@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from metadata.errors import InvalidURIError, InvalidValueError, UnknownSchemeError
 from metadata.paths import validate_path
@@ -50,6 +50,21 @@ def parse_uri(uri: object) -> MetadataURI:
             raise InvalidURIError(f"{uri!r}: write sqlite:///absolute/path/to/meta.db")
         return MetadataURI("sqlite", path=os.path.normpath(parts.path), options=query)
     return _parse_zk(uri, parts.netloc, parts.path or "/", query)
+
+
+def redact_uri(uri: str) -> str:
+    """The URI safe to print or log: a zk digest password becomes the word PASSWORD."""
+    base, sep, query = uri.partition("?")
+    if not sep:
+        return uri
+    items = []
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if key == "auth" and eq:
+            scheme, _, credentials = unquote(value).partition(":")
+            item = f"auth={scheme}:{credentials.partition(':')[0]}:PASSWORD"
+        items.append(item)
+    return f"{base}?{'&'.join(items)}"
 
 
 def _parse_zk(uri: str, netloc: str, chroot: str, query: dict[str, str]) -> MetadataURI:

@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError, Message
 from metadata.errors import SchemaError
 from metadata.schemas.metadata_pb2 import (
     BookieInfo,
+    ClusterInstance,
     Cookie,
     CursorState,
     DigestType,
@@ -73,6 +74,7 @@ def decode(cls: type[M], data: bytes) -> M:
 __all__ = [
     "FORMAT_VERSION",
     "BookieInfo",
+    "ClusterInstance",
     "Cookie",
     "CursorState",
     "DigestType",

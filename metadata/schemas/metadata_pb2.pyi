@@ -226,20 +226,32 @@ class BookieInfo(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., bookie_id: _Optional[str] = ..., address: _Optional[str] = ..., rack: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., metrics_address: _Optional[str] = ..., registered_ms: _Optional[int] = ...) -> None: ...
 
 class Cookie(_message.Message):
-    __slots__ = ("format_version", "bookie_id", "instance_id", "journal_dir", "data_dirs", "created_ms")
+    __slots__ = ("format_version", "bookie_id", "instance_id", "journal_dir", "data_dirs", "created_ms", "cluster_instance_id")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_DIR_FIELD_NUMBER: _ClassVar[int]
     DATA_DIRS_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     bookie_id: str
     instance_id: str
     journal_dir: str
     data_dirs: _containers.RepeatedScalarFieldContainer[str]
     created_ms: int
-    def __init__(self, format_version: _Optional[int] = ..., bookie_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., journal_dir: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., created_ms: _Optional[int] = ...) -> None: ...
+    cluster_instance_id: str
+    def __init__(self, format_version: _Optional[int] = ..., bookie_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., journal_dir: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., created_ms: _Optional[int] = ..., cluster_instance_id: _Optional[str] = ...) -> None: ...
+
+class ClusterInstance(_message.Message):
+    __slots__ = ("format_version", "instance_id", "created_ms")
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    instance_id: str
+    created_ms: int
+    def __init__(self, format_version: _Optional[int] = ..., instance_id: _Optional[str] = ..., created_ms: _Optional[int] = ...) -> None: ...
 
 class UnderReplicatedLedger(_message.Message):
     __slots__ = ("format_version", "ledger_id", "missing_bookies", "marked_ms")

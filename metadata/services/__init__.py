@@ -1,14 +1,16 @@
 """The coordination services built on a MetadataStore, one small file each (the way
-kazoo keeps its recipes apart): ledger ids, ledger metadata, bookie registry, cookies,
-streams and cursors, under-replication, auditor election. Each works under a root
-prefix (default "/streamlib") and stores the records of metadata.schemas.
+kazoo keeps its recipes apart): the cluster instance id, ledger ids, ledger metadata,
+bookie registry, cookies, streams and cursors, under-replication, auditor election.
+Each works under a root prefix (default "/streamlib") and stores the records of
+metadata.schemas.
 
 Layout under the root:
+    instance                    ClusterInstance: the cluster's instance id, made once
     idgen                       the next free ledger id (8 bytes, big-endian), CAS'd
     ledgers/BBBBBBBBBBBBBBBB/NNNN   LedgerMetadata of ledger BBBB..NNNN (2 levels so no
                                 child list grows past 10,000 names)
     bookies/available/ID        BookieInfo, ephemeral (the bookie's session)
-    cookies/ID                  Cookie
+    cookies/ID                  Cookie (records the cluster instance id it joined)
     streams/NAME                StreamMetadata; streams/NAME/cursors/SUB: CursorState
     underreplication/ledgers/N  UnderReplicatedLedger; .../locks/N ephemeral;
                                 .../disabled present = auto-recovery disabled
@@ -20,6 +22,7 @@ Must never import: streamlib or bookie.
 from metadata.services._base import DEFAULT_ROOT
 from metadata.services.auditor import AuditorElection
 from metadata.services.bookies import BookieRegistry
+from metadata.services.cluster import ClusterInstance
 from metadata.services.cookies import CookieStore
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
@@ -30,6 +33,7 @@ __all__ = [
     "DEFAULT_ROOT",
     "AuditorElection",
     "BookieRegistry",
+    "ClusterInstance",
     "CookieStore",
     "LedgerIdGenerator",
     "LedgerMetadataManager",

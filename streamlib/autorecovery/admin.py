@@ -3,6 +3,8 @@
 `recover` and `decommission` mark every ledger on the bookie and repair them with a
 worker of their own (taking the same per-ledger locks as the daemons, so they work
 alongside running auto-recovery nodes), until no ledger's metadata names the bookie.
+`decommission` then deletes the bookie's cookie, so the id can join again as a new
+bookie with fresh directories (what a bookie with wiped disks is told to do).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from metadata.errors import MetadataError
 from metadata.services.auditor import AuditorElection
+from metadata.services.cookies import CookieStore
 from streamlib.autorecovery.auditor import Auditor
 from streamlib.autorecovery.errors import (
     BookieStillWritableError,
@@ -77,14 +80,19 @@ async def recover(
     grace_period_s: float = 30.0,
     timeout_s: float | None = None,
     progress: Progress | None = None,
+    known: bool = False,
 ) -> int:
     """Re-replicate everything `bookie` held; returns once no ledger names it (the
-    number of ledgers repaired). DecommissionTimeoutError after timeout_s."""
+    number of ledgers repaired). DecommissionTimeoutError after timeout_s;
+    UnknownBookieError when it is not registered and no ledger names it, unless the
+    caller knows it by other means (``known``: decommission finds its cookie)."""
     auditor = Auditor(client)
     worker = ReplicationWorker(client, WorkerConfig(grace_period_s=grace_period_s))
     initial = await auditor.mark_ledgers_on([bookie])
-    if not initial and await client.registry.get(bookie) is None:
-        raise UnknownBookieError(f"bookie {bookie} is not registered and no ledger names it")
+    if not initial and not known and await client.registry.get(bookie) is None:
+        raise UnknownBookieError(
+            f"bookie {bookie} is not registered, has no cookie and no ledger names it"
+        )
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last_error: Exception | None = None
     marks = client.store.watch(
@@ -131,12 +139,25 @@ async def decommission(
     timeout_s: float | None = None,
     progress: Progress | None = None,
 ) -> int:
-    """Like recover, for a bookie leaving for good: it must be down or read-only."""
+    """Like recover, for a bookie leaving for good (it must be down or read-only), and
+    then delete its cookie: the id may join again, but only as a new bookie."""
     info = await client.registry.get(bookie)
     if info is not None and not info.read_only:
         raise BookieStillWritableError(
             f"bookie {bookie} is up and writable: stop it or make it read-only first"
         )
-    return await recover(
-        client, bookie, grace_period_s=grace_period_s, timeout_s=timeout_s, progress=progress
+    cookies = CookieStore(client.store)
+    # A wiped bookie that never took a ledger is known by its cookie alone.
+    has_cookie = await cookies.read(bookie) is not None
+    repaired = await recover(
+        client,
+        bookie,
+        grace_period_s=grace_period_s,
+        timeout_s=timeout_s,
+        progress=progress,
+        known=has_cookie,
     )
+    # Only now: until every ledger is re-replicated, the cookie is what keeps a wiped
+    # bookie from rejoining under the id those ledgers still name.
+    await cookies.delete(bookie)
+    return repaired

@@ -90,7 +90,11 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
 
     for name, text in (
         ("recover", "re-replicate every ledger fragment a bookie held"),
-        ("decommission", "re-replicate a down or read-only bookie's data and wait until done"),
+        (
+            "decommission",
+            "re-replicate a down or read-only bookie's data, wait until done, then delete "
+            "its cookie (the id can then join again as a new bookie)",
+        ),
     ):
         p = admin_commands.add_parser(name, help=text)
         p.add_argument("bookie", metavar="BOOKIE", help="the bookie id (host:port)")
@@ -173,6 +177,11 @@ async def _admin_recover(client: Client, args: argparse.Namespace) -> int:
             progress=progress,
         )
     print(f"{args.bookie}: {count} ledgers re-replicated; no ledger references it")
+    if args.operation == "decommission":
+        print(
+            f"{args.bookie}: cookie deleted; started with empty directories, it joins "
+            f"again as a new bookie"
+        )
     return 0
 
 

@@ -71,6 +71,16 @@ CHANNEL_OPTIONS = [
     # shorter, so a bookie that was unreachable (no refusal, just silence) is dialled
     # afresh soon after it is back; long enough for a lost SYN or two to be resent.
     ("grpc.min_reconnect_backoff_ms", 5000),
+    # Keepalive: a bookie that vanished without closing the connection (a dead host, a
+    # partition) fails a quiet add stream within ~40 s instead of the OS's hours. Every
+    # 30 s is well above the most a bookie permits (`bookie serve
+    # --min-client-ping-interval`, default 10 s); pinging more often would earn a GOAWAY
+    # "too_many_pings", which breaks every call on the connection.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # No cap on pings between data frames (default 2): the add stream may be quiet for long.
+    ("grpc.http2.max_pings_without_data", 0),
 ]
 
 

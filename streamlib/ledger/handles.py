@@ -29,7 +29,12 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
 )
-from streamlib.protocol.read_rules import refresh_before_using_lac, retry_read_after_refresh
+from streamlib.protocol.read_rules import (
+    explicit_lac_bookies,
+    long_poll_bookie,
+    refresh_before_using_lac,
+    retry_read_after_refresh,
+)
 from streamlib.protocol.writer import LedgerWriter
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
@@ -172,8 +177,9 @@ class WriteHandle:
             last_add_confirmed=lac,
             term=self._writer.term,
         )
+        recipients = explicit_lac_bookies(self._writer.metadata, lac)
         await asyncio.gather(
-            *(self._context.pool.get(b).write_lac(request) for b in self._writer.ensemble),
+            *(self._context.pool.get(b).write_lac(request) for b in recipients),
             return_exceptions=True,  # best effort: the next writer's entries carry it too
         )
         await self._driver.cancel_pending()
@@ -234,7 +240,7 @@ class WriteHandle:
             except StreamlibError:
                 pass  # best effort: the next entry carries the LAC anyway
 
-        for bookie in self._writer.ensemble:
+        for bookie in explicit_lac_bookies(self._writer.metadata, lac):
             self._driver._spawn(send(bookie))
 
 
@@ -478,9 +484,7 @@ class ReadHandle:
             self._watch = self._context.ledgers.watch(self.ledger_id)
         watch = self._watch
         md = self.metadata
-        ensemble = md.last_fragment.ensemble
-        # Rotate past a bookie whose poll failed; the write set of next_entry first.
-        bookie = ensemble[(next_entry + self._poll_failures) % len(ensemble)]
+        bookie = long_poll_bookie(md, next_entry, self._poll_failures)
         request = pb.ReadLacRequest(
             ledger_id=self.ledger_id,
             previous_lac=self._lac,

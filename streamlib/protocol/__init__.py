@@ -45,7 +45,7 @@ from streamlib.protocol.states import (
     on_ensemble_change_conflict,
     on_writer_close_conflict,
 )
-from streamlib.protocol.terms import TermCheck, check_term, next_term
+from streamlib.protocol.terms import next_term
 
 __all__ = [
     "AckTracker",
@@ -62,8 +62,6 @@ __all__ = [
     "PendingAdd",
     "ReadOutcome",
     "RecoveryDecision",
-    "TermCheck",
-    "check_term",
     "classify_read_status",
     "coverage_threshold",
     "covers_by_count",

@@ -13,10 +13,20 @@ ledgers roll them on a schedule), or when a new term takes an unbounded ledger o
 - A read of an entry up to the LAC that no replica could serve may have asked the wrong
   write set: re-read, and read again if the metadata changed; only an unchanged copy
   makes the error final.
+
+Which bookie a tailing reader long-polls (:func:`long_poll_bookie`): one of the write
+set of the next entry it wants, in that entry's fragment. A bookie reports an explicit
+LAC only up to the highest entry it holds (bookie/ledger_rules.py: a LAC past anything
+written is a forgery), so only a bookie that will hold the next entry is sure to report
+progress past it; the last fragment's bookie at the same index may hold nothing of it
+(E > Qw, or a fragment rolled after the entry). The writer, in turn, sends its explicit
+LAC to the write set of the LAC's entry as well as to its current ensemble
+(:func:`explicit_lac_bookies`): after a roll the current ensemble may hold nothing of it.
 """
 
 from __future__ import annotations
 
+from streamlib.protocol.ledger_metadata import LedgerMetadata
 from streamlib.protocol.states import LedgerState
 
 
@@ -33,3 +43,21 @@ def retry_read_after_refresh(closed_before: bool, version_before: int, version_n
     """A read up to the LAC failed on every replica; the metadata was re-read. Read again
     only if the copy was of an open ledger and has changed."""
     return not closed_before and version_now != version_before
+
+
+def long_poll_bookie(metadata: LedgerMetadata, next_entry: int, failures: int) -> str:
+    """The bookie to long-poll for the LAC passing ``next_entry - 1``: the write set of
+    ``next_entry`` first, then the rest of the last fragment, rotating past failures."""
+    write_set = metadata.write_set_bookies(next_entry)
+    rest = [b for b in metadata.last_fragment.ensemble if b not in write_set]
+    candidates = [*write_set, *rest]
+    return candidates[failures % len(candidates)]
+
+
+def explicit_lac_bookies(metadata: LedgerMetadata, lac: int) -> tuple[str, ...]:
+    """Where a writer publishes its explicit LAC: the bookies that hold the LAC's entry
+    (they can report it), then the rest of its current ensemble (they will hold the next
+    entries, so a reader waiting for those polls them)."""
+    holders = metadata.write_set_bookies(lac) if lac >= max(0, metadata.first_entry_id) else ()
+    rest = tuple(b for b in metadata.last_fragment.ensemble if b not in holders)
+    return (*holders, *rest)

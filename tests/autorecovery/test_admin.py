@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
+import shutil
 import sys
+from pathlib import Path
 
+from metadata.services.cookies import CookieStore
 from streamlib.client import Client
 from tests.autorecovery.conftest import (
     RecoveryCluster,
@@ -55,10 +60,48 @@ async def test_decommission_re_replicates_everything_and_waits(rcluster: Recover
     )
     assert rc == 0, err
     assert f"{target}: 3 ledgers re-replicated; no ledger references it" in out
+    assert f"{target}: cookie deleted" in out
+    assert await CookieStore(client.store).read(target) is None
     assert await rcluster.ledgers_naming(target) == []
     assert await rcluster.marks() == []
     for ledger_id, expected in written:
         await assert_fully_replicated(client, await client.ledgers.metadata(ledger_id), expected)
+
+
+async def test_a_wiped_bookie_rejoins_by_following_its_refusal_word_for_word(
+    rcluster: RecoveryCluster,
+) -> None:
+    rcluster.start_bookies(3)
+    client = await rcluster.client()
+    ledger_id, expected = await write_ledger(client, 20, qw=3)  # on every bookie
+    rcluster.start_bookies(1)  # the replacement
+    wiped = rcluster.bookies[0]
+    before = json.loads((wiped.data_dir / "cookie").read_bytes())
+    assert wiped.stop() == 0
+    shutil.rmtree(wiped.data_dir)  # the disks were replaced
+
+    rc, stderr = wiped.run_to_exit()
+    assert rc != 0 and "CookieError" in stderr, stderr
+    (command,) = [c for c in re.findall(r"`([^`]+)`", stderr) if "decommission" in c]
+    argv = shlex.split(command)
+    assert argv[0] == "streamlib", command
+    # The console script the operator has on PATH, installed beside this interpreter.
+    script = Path(sys.executable).parent / "streamlib"
+    proc = await asyncio.create_subprocess_exec(
+        str(script),
+        *argv[1:],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, (command, out.decode(), err.decode())
+    assert await rcluster.ledgers_naming(before["bookie_id"]) == []
+    await assert_fully_replicated(client, await client.ledgers.metadata(ledger_id), expected)
+
+    wiped.start()
+    after = json.loads((wiped.data_dir / "cookie").read_bytes())
+    assert wiped.bookie_id == after["bookie_id"] == before["bookie_id"]
+    assert after["instance_id"] != before["instance_id"]  # a new bookie under the same id
 
 
 async def test_unknown_bookie_is_a_clear_error(rcluster: RecoveryCluster) -> None:

@@ -96,10 +96,18 @@ class Cluster:
         self.clients: list[Client] = []
 
     def bookie(
-        self, name: str = "b0", extra: list[str] | None = None, *, start: bool = True
+        self,
+        name: str = "b0",
+        extra: list[str] | None = None,
+        *,
+        start: bool = True,
+        metadata_uri: str | None = None,
     ) -> BookieProcess:
+        """A bookie in ROOT/name, on the cluster's store unless metadata_uri names another."""
         b = BookieProcess(
-            self.root / name, metadata_uri=self.metadata_uri, extra=FAST + (extra or [])
+            self.root / name,
+            metadata_uri=metadata_uri or self.metadata_uri,
+            extra=FAST + (extra or []),
         )
         self.bookies.append(b)
         if start:
@@ -110,6 +118,10 @@ class Cluster:
         c = Client(b.address)
         self.clients.append(c)
         return c
+
+    def other_store(self, name: str) -> str:
+        """The URI of another, empty sqlite store beside the cluster's."""
+        return f"sqlite:///{self.root / name}.db"
 
     def close(self) -> None:
         for c in self.clients:

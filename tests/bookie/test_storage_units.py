@@ -3,22 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
-from bookie.cookie import check_cookie
-from bookie.errors import CookieError, JournalCorruptError, NoSuchEntryError, NoSuchLedgerError
+import metadata
+from bookie.cookie import BookieCookie, check_cookie
+from bookie.errors import (
+    CookieError,
+    GcRefusedError,
+    JournalCorruptError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+)
 from bookie.journal import Journal, write_all
+from bookie.meta import MetadataLink
 from bookie.records import RecordError, StoredEntry, decode_entry, encode_entry, parse_frame
 from bookie.storage import LedgerStorage, cached_entry
+from metadata.schemas import Cookie
+from metadata.services.cluster import ClusterInstance
+from metadata.services.cookies import CookieStore
 
 
-def stored(ledger: int, entry: int, size: int = 100, flags: int = 0) -> StoredEntry:
+def stored(ledger: int, entry: int, size: int = 100, flags: int = 0, term: int = 0) -> StoredEntry:
     return StoredEntry(
-        ledger, entry, entry - 1, flags, 0, b"key", b"dg", bytes([entry % 256]) * size
+        ledger, entry, entry - 1, flags, term, b"key", b"dg", bytes([entry % 256]) * size
     )
 
 
@@ -129,29 +143,99 @@ async def test_gc_deletes_nothing_when_the_metadata_read_fails(tmp_path: Path) -
     await s.close()
 
 
+async def _store_link(bookie_id: str = "b1") -> tuple[metadata.MetadataStore, MetadataLink]:
+    """A fresh in-process store (memory://) and the bookie's real link to it."""
+    store = await metadata.connect(f"memory://cookie-{uuid.uuid4().hex}")
+    return store, MetadataLink(store, bookie_id, 10.0)
+
+
 async def test_cookie_rules(tmp_path: Path) -> None:
-    remote: dict[str, object] = {}
-
-    async def read():  # type: ignore[no-untyped-def]
-        return remote.get("c")
-
-    async def write(c):  # type: ignore[no-untyped-def]
-        remote["c"] = c
-
+    store, link = await _store_link()
     data, journal = tmp_path / "d", tmp_path / "j"
     data.mkdir()
     journal.mkdir()
-    first = await check_cookie("b1", journal, data, 0, read, write)
-    assert remote["c"] == first
-    assert (await check_cookie("b1", journal, data, 0, read, write)) == first
+    first = await check_cookie("b1", journal, data, 0, link)
+    assert await link.read_cookie() == first
+    assert first.cluster_instance_id == await ClusterInstance(store).read() != ""
+    assert (await check_cookie("b1", journal, data, 0, link)) == first
     with pytest.raises(CookieError, match="directories belong to bookie b1"):
-        await check_cookie("b2", journal, data, 0, read, write)
+        await check_cookie("b2", journal, data, 0, MetadataLink(store, "b2", 10.0))
     (journal / "cookie").unlink()
-    with pytest.raises(CookieError, match="decommission"):
-        await check_cookie("b1", journal, data, 0, read, write)
+    partly = re.escape(f"decommission b1 --metadata {link.uri}") + ".*" + re.escape(f"empty {data}")
+    with pytest.raises(CookieError, match=partly):
+        await check_cookie("b1", journal, data, 0, link)
     (data / "cookie").unlink()
-    with pytest.raises(CookieError, match="decommission"):
-        await check_cookie("b1", journal, data, 0, read, write)
+    wiped = re.escape(f"`streamlib admin decommission b1 --metadata {link.uri}`")
+    with pytest.raises(CookieError, match=wiped):
+        await check_cookie("b1", journal, data, 0, link)
+    await CookieStore(store).delete("b1")  # what the decommission does last
+    again = await check_cookie("b1", journal, data, 0, link)
+    assert again.instance_id != first.instance_id
+    assert again.cluster_instance_id == first.cluster_instance_id
+    await store.close()
+
+
+async def test_a_cookie_is_republished_only_to_a_store_of_its_own_cluster(tmp_path: Path) -> None:
+    store, link = await _store_link()
+    first = await check_cookie("b1", tmp_path, tmp_path, 0, link)
+    # A crash between the disk write and the store write: the store lacks the cookie.
+    await CookieStore(store).delete("b1")
+    assert await check_cookie("b1", tmp_path, tmp_path, 0, link) == first
+    assert await link.read_cookie() == first
+
+    empty_store, empty = await _store_link()
+    with pytest.raises(CookieError, match="has no cluster instance id"):
+        await check_cookie("b1", tmp_path, tmp_path, 0, empty)
+    other_store, other = await _store_link()
+    theirs = await ClusterInstance(other_store).create_if_absent()
+    with pytest.raises(
+        CookieError, match=f"cluster {first.cluster_instance_id} .* cluster {theirs}"
+    ):
+        await check_cookie("b1", tmp_path, tmp_path, 0, other)
+    for refused in (empty, other):  # a refusal changes nothing
+        assert await refused.read_cookie() is None
+    assert await ClusterInstance(empty_store).read() is None
+    assert BookieCookie.from_json((tmp_path / "cookie").read_bytes(), "") == first
+
+    moved = await check_cookie("b1", tmp_path, tmp_path, 0, other, allow_new_cluster=True)
+    assert moved.cluster_instance_id == theirs and moved.same_identity(first)
+    assert await other.read_cookie() == moved
+    assert BookieCookie.from_json((tmp_path / "cookie").read_bytes(), "") == moved
+    with pytest.raises(CookieError, match="cluster"):  # and it no longer fits the first store
+        await check_cookie("b1", tmp_path, tmp_path, 0, link)
+    for s in (store, empty_store, other_store):
+        await s.close()
+
+
+async def test_a_cookie_older_than_cluster_ids_is_adopted_only_by_a_store_that_knows_it(
+    tmp_path: Path,
+) -> None:
+    """Old cookies load with an unknown cluster ("") and take on the store's id on the
+    first start against a store holding the same bookie's cookie (the store it was
+    formatted against; for a store written before cluster ids, the id is made then)."""
+    old = {"bookie_id": "b1", "instance_id": "i-1", "journal_dir": str(tmp_path)}
+    (tmp_path / "cookie").write_text(json.dumps({**old, "data_dirs": [str(tmp_path)]}))
+    legacy = BookieCookie.from_json((tmp_path / "cookie").read_bytes(), "")
+    assert legacy.cluster_instance_id == ""
+
+    unknown_store, unknown = await _store_link()
+    await ClusterInstance(unknown_store).create_if_absent()
+    with pytest.raises(CookieError, match="predates cluster instance ids"):
+        await check_cookie("b1", tmp_path, tmp_path, 0, unknown)
+
+    store, link = await _store_link()  # a store from before cluster ids, with our cookie
+    await CookieStore(store).write(
+        Cookie(
+            bookie_id="b1", instance_id="i-1", journal_dir=str(tmp_path), data_dirs=[str(tmp_path)]
+        )
+    )
+    adopted = await check_cookie("b1", tmp_path, tmp_path, 0, link)
+    assert adopted.same_identity(legacy)
+    assert adopted.cluster_instance_id == await ClusterInstance(store).read() != ""
+    assert await link.read_cookie() == adopted
+    assert BookieCookie.from_json((tmp_path / "cookie").read_bytes(), "") == adopted
+    for s in (store, unknown_store):
+        await s.close()
 
 
 def test_write_all_writes_every_buffer_in_order(tmp_path: Path) -> None:
@@ -167,13 +251,13 @@ def test_write_all_writes_every_buffer_in_order(tmp_path: Path) -> None:
 
 
 async def _storage_with_an_add_on_its_way_to_disk(
-    tmp_path: Path, ledger: int
+    tmp_path: Path, ledger: int, term: int = 0
 ) -> tuple[LedgerStorage, threading.Event, asyncio.Future[object]]:
     """A storage whose journal write blocks until the event is set, with entry 1 of
     `ledger` accepted (checked) and submitted, not yet durable; entry 0 is durable."""
     s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
     await s.start()
-    await submit(s, [stored(ledger, 0)])  # the ledger exists here
+    await submit(s, [stored(ledger, 0, term=term)])  # the ledger exists here
     release = threading.Event()
     write = s.journal._write
 
@@ -182,7 +266,7 @@ async def _storage_with_an_add_on_its_way_to_disk(
         return write(records)
 
     s.journal._write = slow_write  # type: ignore[method-assign]
-    item = cached_entry(stored(ledger, 1))
+    item = cached_entry(stored(ledger, 1, term=term))
     s.check_add(item[0], read_only=False)  # accepted: checked before any fence
     durable = s.submit([item], [item[1], item[2]], 0)
     await asyncio.sleep(0)  # the journal writer may take the group
@@ -193,7 +277,9 @@ async def _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path: Path, cha
     """An add accepted before a fence (or a term change) but not yet durable must be
     readable when the fencing read is answered: recovery reads right after, and the add
     is acknowledged as soon as its journal write ends."""
-    s, release, durable = await _storage_with_an_add_on_its_way_to_disk(tmp_path, 7)
+    # A term change needs a term-mode ledger (its adds carry term 1).
+    term = 0 if change == "fence" else 1
+    s, release, durable = await _storage_with_an_add_on_its_way_to_disk(tmp_path, 7, term)
     if change == "fence":
         settling = asyncio.ensure_future(s.fence(7, b"key"))
     else:
@@ -216,6 +302,43 @@ async def test_a_fence_waits_for_adds_accepted_before_it(tmp_path: Path) -> None
 
 async def test_a_term_change_waits_for_adds_accepted_before_it(tmp_path: Path) -> None:
     await _fence_while_an_accepted_add_is_on_its_way_to_disk(tmp_path, "term")
+
+
+async def test_gc_refuses_when_most_ledgers_vanish_at_once_but_not_on_a_tiny_bookie(
+    tmp_path: Path,
+) -> None:
+    s = LedgerStorage(tmp_path / "j", tmp_path / "d", flush_interval_s=3600)
+    await s.start()
+    await submit(s, [stored(ledger, 0) for ledger in range(1, 13)])
+    await s.flush()
+    guard = {"max_vanished_fraction": 0.5, "vanish_check_min_ledgers": 10}
+
+    async def six_gone(ledger_id: int) -> int | None:
+        return None if ledger_id <= 6 else 0
+
+    async def seven_gone(ledger_id: int) -> int | None:
+        return None if ledger_id <= 7 else 0
+
+    assert (await s.collect_garbage(six_gone, **guard)).deleted == [1, 2, 3, 4, 5, 6]  # type: ignore[arg-type]
+    await submit(s, [stored(ledger, 0) for ledger in range(1, 7)])
+    with pytest.raises(GcRefusedError, match="7 of this bookie's 12 ledgers") as refused:
+        await s.collect_garbage(seven_gone, **guard)  # type: ignore[arg-type]
+    assert refused.value.reason == "mass_vanish"
+    assert all(s.read_entry(ledger, 0) == stored(ledger, 0) for ledger in range(1, 13))
+    assert (await s.collect_garbage(seven_gone)).deleted == list(range(1, 8))  # no guard
+    await s.close()
+
+    # A bookie under the minimum is collected whatever the fraction: a tiny cluster that
+    # deletes its only ledger.
+    tiny = LedgerStorage(tmp_path / "j2", tmp_path / "d2", flush_interval_s=3600)
+    await tiny.start()
+    await submit(tiny, [stored(1, 0)])
+
+    async def all_gone(ledger_id: int) -> int | None:
+        return None
+
+    assert (await tiny.collect_garbage(all_gone, **guard)).deleted == [1]  # type: ignore[arg-type]
+    await tiny.close()
 
 
 async def test_gc_deletes_entries_below_the_first_listed_entry(tmp_path: Path) -> None:

@@ -41,7 +41,14 @@ RECORDS = [
         properties={"k": 1},
     ),
     s.BookieInfo(bookie_id="b1", address="127.0.0.1:3181", rack="/r1", free_bytes=10),
-    s.Cookie(bookie_id="b1", instance_id="i", journal_dir="/j", data_dirs=["/d1", "/d2"]),
+    s.Cookie(
+        bookie_id="b1",
+        instance_id="i",
+        journal_dir="/j",
+        data_dirs=["/d1", "/d2"],
+        cluster_instance_id="c",
+    ),
+    s.ClusterInstance(instance_id="c", created_ms=7),
     s.UnderReplicatedLedger(ledger_id=3, missing_bookies=["b2"], marked_ms=9),
 ]
 

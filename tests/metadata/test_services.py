@@ -18,6 +18,7 @@ from metadata.errors import (
 from metadata.services import (
     AuditorElection,
     BookieRegistry,
+    ClusterInstance,
     CookieStore,
     LedgerIdGenerator,
     LedgerMetadataManager,
@@ -141,6 +142,15 @@ async def test_cookies_create_then_cas(store):
     assert list(stored.data_dirs) == ["/d", "/d2"] and version == 1
     await cookies.delete("b1")
     assert await cookies.read("b1") is None
+
+
+async def test_the_cluster_instance_is_made_once_and_every_racer_gets_it(store, connect_store):
+    assert await ClusterInstance(store).read() is None
+    others = [ClusterInstance(await connect_store()) for _ in range(3)]
+    made = await asyncio.gather(*[c.create_if_absent() for c in [ClusterInstance(store), *others]])
+    assert len(set(made)) == 1 and made[0]
+    assert await ClusterInstance(store).read() == made[0]
+    assert await others[0].create_if_absent() == made[0]
 
 
 async def test_streams_and_cursors(store):

@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 
 import metadata
-from metadata.uri import MetadataURI
+from metadata.uri import MetadataURI, redact_uri
 
 
 def test_zookeeper_uri_with_several_hosts_chroot_and_digest_auth():
     parsed = metadata.parse_uri("zk://10.0.0.1:2181,10.0.0.2:2182/streamlib/prod?auth=digest:u:p")
     assert parsed == MetadataURI("zk", "10.0.0.1:2181,10.0.0.2:2182", "/streamlib/prod", ("u", "p"))
+
+
+def test_a_printed_uri_never_shows_the_zookeeper_password():
+    uri = "zk://h:2181/c?operation_timeout_s=3&auth=digest:admin:s3cret"
+    assert redact_uri(uri) == "zk://h:2181/c?operation_timeout_s=3&auth=digest:admin:PASSWORD"
+    assert redact_uri("sqlite:///var/lib/meta.db") == "sqlite:///var/lib/meta.db"
 
 
 def test_zookeeper_uri_without_chroot_uses_the_root():

@@ -17,6 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bookie import ledger_rules as rules
+from bookie.errors import RequestError
+from bookie.ledger_rules import LedgerState
 from streamlib.protocol import LedgerMetadata
 from streamlib.protocol.actions import (
     ADD_FLAG_RECOVERY,
@@ -35,71 +38,79 @@ from streamlib.protocol.errors import NotEnoughBookiesError, StatusCode
 
 @dataclass
 class SimLedgerState:
+    """A ledger on a simulated bookie: the real bookie's state (decided by the real
+    bookie's rules, bookie/ledger_rules.py) and its entries."""
+
+    state: LedgerState
     entries: dict[int, EntryData] = field(default_factory=dict)
-    fenced: bool = False
-    master_key: bytes | None = None
-    term: int = 0
-    lac: int = -1
+
+
+def _refused(err: RequestError) -> int:
+    return StatusCode(int(err.status))
 
 
 class SimBookie:
     """One bookie. Its state survives crashes: it only answers once an add is durable,
-    and a crash loses only messages in flight (the network drops them)."""
+    and a crash loses only messages in flight (the network drops them). Every decision
+    about the ledger's state is the real bookie's (bookie/ledger_rules.py); fences of
+    ledgers unknown here behave as on a bookie without a metadata store (the simulated
+    clients only fence ledgers that exist)."""
 
     def __init__(self, bookie_id: str) -> None:
         self.id = bookie_id
         self.alive = True
         self.ledgers: dict[int, SimLedgerState] = {}
 
-    def _ledger(self, ledger_id: int, master_key: bytes) -> tuple[SimLedgerState | None, int]:
-        state = self.ledgers.get(ledger_id)
-        if state is None:
-            state = self.ledgers[ledger_id] = SimLedgerState(master_key=master_key)
-        elif state.master_key != master_key:
-            return None, StatusCode.UNAUTHORIZED
-        return state, StatusCode.OK
-
-    def _term_ok(self, state: SimLedgerState, term: int) -> bool:
-        if term < state.term:
-            return False
-        state.term = term
-        return True
-
     def add(
         self, ledger_id: int, entry: EntryData, master_key: bytes, flags: int, term: int
     ) -> int:
-        state, status = self._ledger(ledger_id, master_key)
-        if state is None:
-            return status
-        if term and not self._term_ok(state, term):
-            return StatusCode.INVALID_TERM
-        if state.fenced and not flags & ADD_FLAG_RECOVERY:
-            return StatusCode.FENCED
-        # As a real bookie: the entry is stored with the request's flags (no-op marks),
-        # less the request-only recovery bit.
-        state.entries[entry.entry_id] = entry._replace(flags=flags & ~ADD_FLAG_RECOVERY, term=term)
-        state.lac = max(state.lac, entry.last_add_confirmed)
+        known = self.ledgers.get(ledger_id)
+        try:
+            state, _ = rules.check_add(
+                ledger_id, known.state if known else None, master_key, flags, term, read_only=False
+            )
+            if known is None:
+                known = self.ledgers[ledger_id] = SimLedgerState(state)
+            stored = known.entries.get(entry.entry_id)
+            # As a real bookie: the entry is stored with the request's flags (no-op marks),
+            # less the request-only recovery bit, stamped with the request's term.
+            copy = entry._replace(flags=flags & ~ADD_FLAG_RECOVERY, term=term)
+            if stored is not None:
+                rules.check_rewrite(ledger_id, entry.entry_id, _copy(stored), _copy(copy))
+        except RequestError as err:
+            return _refused(err)
+        known.entries[entry.entry_id] = copy
+        state.piggyback_lac = max(state.piggyback_lac, entry.last_add_confirmed)
+        state.highest_entry = max(state.highest_entry, entry.entry_id)
         if flags & ADD_FLAG_TRUNCATE:
-            for higher in [e for e in state.entries if e > entry.entry_id]:
-                del state.entries[higher]
+            for higher in [e for e in known.entries if e > entry.entry_id]:
+                del known.entries[higher]
+            rules.truncated(state, entry.entry_id)
+            state.highest_entry = entry.entry_id
         return StatusCode.OK
 
     def read_lac(
         self, ledger_id: int, fence: bool, master_key: bytes, term: int
     ) -> tuple[int, int]:
-        if fence or term:
-            state, status = self._ledger(ledger_id, master_key)
-            if state is None:
-                return status, -1
-            if term and not self._term_ok(state, term):
-                return StatusCode.INVALID_TERM, -1
-            if fence:
-                state.fenced = True
-            return StatusCode.OK, state.lac
         known = self.ledgers.get(ledger_id)
+        try:
+            if fence:
+                state, _ = rules.check_fence(
+                    ledger_id, known.state if known else None, master_key, term, in_metadata=None
+                )
+                if known is None:
+                    known = self.ledgers[ledger_id] = SimLedgerState(state)
+            elif term:
+                state, _ = rules.check_term_read(
+                    ledger_id, known.state if known else None, master_key, term, in_metadata=None
+                )
+                if known is None:
+                    known = self.ledgers[ledger_id] = SimLedgerState(state)
+        except RequestError as err:
+            return _refused(err), -1
         if known is None:
             return StatusCode.NO_SUCH_LEDGER, -1
-        return StatusCode.OK, known.lac
+        return StatusCode.OK, known.state.lac
 
     def read(
         self, ledger_id: int, entry_id: int, fence: bool, master_key: bytes, term: int
@@ -108,13 +119,17 @@ class SimBookie:
             status, _ = self.read_lac(ledger_id, fence, master_key, term)
             if status != StatusCode.OK:
                 return status, None
-        state = self.ledgers.get(ledger_id)
-        if state is None:
+        known = self.ledgers.get(ledger_id)
+        if known is None:
             return StatusCode.NO_SUCH_LEDGER, None
-        entry = state.entries.get(entry_id)
+        entry = known.entries.get(entry_id)
         if entry is None:
             return StatusCode.NO_SUCH_ENTRY, None
         return StatusCode.OK, entry
+
+
+def _copy(e: EntryData) -> rules.Copy:
+    return rules.Copy(e.payload, e.length, e.flags, e.term)
 
 
 class SimMetadata:

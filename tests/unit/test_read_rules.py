@@ -27,3 +27,37 @@ def test_a_failed_read_is_retried_only_on_changed_metadata_of_an_open_ledger():
     assert retry_read_after_refresh(closed_before=False, version_before=3, version_now=4)
     assert not retry_read_after_refresh(closed_before=False, version_before=3, version_now=3)
     assert not retry_read_after_refresh(closed_before=True, version_before=3, version_now=4)
+
+
+def test_a_tailing_reader_polls_a_bookie_that_will_hold_the_next_entry():
+    from streamlib.protocol import Fragment, LedgerMetadata
+    from streamlib.protocol.read_rules import long_poll_bookie
+
+    # E=3, Qw=2; a fragment rolled at entry 20 onto the same bookies in another order.
+    md = LedgerMetadata(
+        ledger_id=1,
+        ensemble_size=3,
+        write_quorum=2,
+        ack_quorum=2,
+        fragments=(Fragment(16, ("a", "b", "c")), Fragment(20, ("c", "a", "b"))),
+    )
+    # Entry 19 lives on b and c (index 1, 2 of the fragment at 16), not on a -- the
+    # bookie at index 19 % 3 of the LAST fragment, which the old rule asked.
+    assert [long_poll_bookie(md, 19, f) for f in range(3)] == ["b", "c", "a"]
+    assert [long_poll_bookie(md, 21, f) for f in range(3)] == ["c", "a", "b"]
+
+
+def test_a_writer_publishes_its_lac_where_the_lac_entry_lives_and_to_its_ensemble():
+    from streamlib.protocol import Fragment, LedgerMetadata
+    from streamlib.protocol.read_rules import explicit_lac_bookies
+
+    # The fragment rolled right after entry 19 onto other bookies: they hold nothing of 19.
+    md = LedgerMetadata(
+        ledger_id=1,
+        ensemble_size=3,
+        write_quorum=2,
+        ack_quorum=2,
+        fragments=(Fragment(16, ("a", "b", "c")), Fragment(20, ("d", "e", "a"))),
+    )
+    assert explicit_lac_bookies(md, 19) == ("b", "c", "d", "e", "a")
+    assert explicit_lac_bookies(md, -1) == ("d", "e", "a")

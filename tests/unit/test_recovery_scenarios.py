@@ -51,7 +51,7 @@ def test_fencing_txt_seed_scenario():
         assert 12 in s.world.bookies[bookie].ledgers[LEDGER_ID].entries
     assert closed.length == sum(len(s.payload(e)) for e in range(13))
     # ... and every bookie of the ensemble is now fenced
-    assert all(s.world.bookies[b].ledgers[LEDGER_ID].fenced for b in ("b0", "b1", "b2"))
+    assert all(s.world.bookies[b].ledgers[LEDGER_ID].state.fenced for b in ("b0", "b1", "b2"))
 
 
 def test_old_writer_is_fenced_out_after_recovery():

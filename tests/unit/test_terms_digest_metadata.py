@@ -1,4 +1,4 @@
-"""Term rules, entry digests and the protocol's ledger metadata."""
+"""The next term, entry digests and the protocol's ledger metadata."""
 
 import pytest
 from hypothesis import given
@@ -10,7 +10,6 @@ from streamlib.protocol import (
     Fragment,
     LedgerMetadata,
     LedgerState,
-    check_term,
     master_key,
     next_term,
     password_hash,
@@ -21,15 +20,6 @@ from streamlib.protocol.errors import (
     IllegalTransitionError,
     InvalidLedgerConfigError,
 )
-
-
-@pytest.mark.parametrize(
-    ("bookie", "request_term", "accepted", "after"),
-    [(0, 0, True, 0), (3, 3, True, 3), (3, 5, True, 5), (5, 3, False, 5), (1, 0, False, 1)],
-)
-def test_term_rules(bookie, request_term, accepted, after):
-    result = check_term(bookie, request_term)
-    assert (result.accepted, result.term_after) == (accepted, after)
 
 
 def test_next_term_increments():
