@@ -18,7 +18,25 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata", help="metadata store URI (sqlite:///path, zk://host:port/chroot)")
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--journal-dir", type=Path, help="default: DATA_DIR/journal")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (0.0.0.0 for every interface; see --advertised-address)",
+    )
+    p.add_argument(
+        "--advertised-address",
+        metavar="HOST[:PORT]",
+        help="what clients dial, registered in the metadata store (default: the --host "
+        "address; with a wildcard --host, this host's address towards the metadata store)",
+    )
+    p.add_argument(
+        "--metrics-host", help="address the metrics/admin HTTP port binds (default: --host)"
+    )
+    p.add_argument(
+        "--metrics-advertised-address",
+        metavar="HOST[:PORT]",
+        help="registered address of the metrics/admin port (default: as for --advertised-address)",
+    )
     p.add_argument("--port", type=int, default=3181, help="0 picks a free port")
     p.add_argument(
         "--metrics-port",
@@ -26,7 +44,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="HTTP port for /metrics and the admin API (bookie/http.py); 0 = free",
     )
-    p.add_argument("--bookie-id", help="default HOST:PORT")
+    p.add_argument(
+        "--bookie-id",
+        help="a stable name (default: the one in the data directory's cookie, else the "
+        "first advertised HOST:PORT)",
+    )
     p.add_argument("--rack", default="/default-rack")
     p.add_argument("--max-entry-bytes", type=int, default=5 << 20)
     p.add_argument("--disk-usage-threshold", type=float, default=0.95)
@@ -163,6 +185,9 @@ async def _serve(args: argparse.Namespace) -> int:
         journal_dir=args.journal_dir,
         metadata_uri=args.metadata,
         host=args.host,
+        advertised_address=args.advertised_address,
+        metrics_host=args.metrics_host,
+        metrics_advertised_address=args.metrics_advertised_address,
         port=args.port,
         metrics_port=args.metrics_port,
         bookie_id=args.bookie_id,
@@ -207,8 +232,8 @@ async def _serve(args: argparse.Namespace) -> int:
     gc.set_threshold(20_000, 50, 50)
     autorecovery = _start_autorecovery(args, server.bookie_id) if args.autorecovery else None
     print(
-        f"bookie {server.bookie_id} listening on {config.host}:{server.port} "
-        f"(metrics {config.host}:{server.metrics_port})",
+        f"bookie {server.bookie_id} listening on {server.address} "
+        f"(metrics {server.metrics_address})",
         flush=True,
     )
     await stop.wait()

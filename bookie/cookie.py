@@ -121,6 +121,16 @@ def _read_local(dirs: list[Path]) -> list[BookieCookie | None]:
     return out
 
 
+def bookie_id_on_disk(journal_dir: Path, data_dir: Path) -> str | None:
+    """The bookie id a cookie in these directories names, if any: a bookie's id is a
+    stable name, kept across restarts whatever address it comes back on."""
+    for d in (data_dir, journal_dir):
+        found = _read_local([d])[0] if d.exists() else None
+        if found is not None:
+            return found.bookie_id
+    return None
+
+
 def _write_local(dirs: list[Path], cookie: BookieCookie) -> None:
     for d in dirs:
         write_file_atomically(d / COOKIE_FILE, cookie.to_json())

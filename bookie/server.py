@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from bookie.cookie import BookieCookie, check_cookie
+from bookie.addresses import advertised_address
+from bookie.cookie import BookieCookie, bookie_id_on_disk, check_cookie
 from bookie.errors import GcRefusedError
 from bookie.http import AdminHttpServer
 from bookie.metrics import BookieMetrics
@@ -44,6 +45,11 @@ class BookieConfig:
     journal_dir: Path | None = None
     metadata_uri: str | None = None
     host: str = "127.0.0.1"
+    # What clients dial (bookie/addresses.py); None: the bind host, or for a wildcard
+    # bind the address that reaches the metadata store.
+    advertised_address: str | None = None
+    metrics_host: str | None = None  # the admin/metrics HTTP bind; None: same as host
+    metrics_advertised_address: str | None = None
     port: int = 0
     metrics_port: int = 0
     bookie_id: str | None = None
@@ -192,6 +198,8 @@ class BookieServer:
         self.free_bytes = 0
         self.total_bytes = 0
         self.bookie_id = ""
+        self.address = ""  # advertised: what clients dial
+        self.metrics_address = ""
         self.port = 0
         self.metrics_port = 0
         self.meta: MetadataLink | None = None
@@ -211,7 +219,14 @@ class BookieServer:
         self.port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.port}")
         if not self.port:
             raise OSError(f"cannot bind {cfg.host}:{cfg.port}")
-        self.bookie_id = cfg.bookie_id or f"{cfg.host}:{self.port}"
+        self.address = advertised_address(
+            cfg.host, self.port, cfg.advertised_address, cfg.metadata_uri
+        )
+        # An id is a name: the one in the cookie (a bookie keeps it when its address
+        # changes), else the first advertised address, as BookKeeper's default.
+        self.bookie_id = (
+            cfg.bookie_id or bookie_id_on_disk(self.journal_dir, self.data_dir) or self.address
+        )
         if cfg.metadata_uri:
             from bookie.meta import MetadataLink  # only a bookie with a metadata store needs it
 
@@ -251,7 +266,15 @@ class BookieServer:
                 ("POST", "/admin/gc"): self._admin_gc,
             },
         )
-        self.metrics_port = await self._http.start(cfg.host, cfg.metrics_port)
+        metrics_host = cfg.host if cfg.metrics_host is None else cfg.metrics_host
+        self.metrics_port = await self._http.start(metrics_host, cfg.metrics_port)
+        self.metrics_address = advertised_address(
+            metrics_host,
+            self.metrics_port,
+            cfg.metrics_advertised_address,
+            cfg.metadata_uri,
+            what="--metrics-advertised-address",
+        )
         if self.meta is not None:
             self._published_read_only = self.read_only
             await self.meta.register(self._registration())
@@ -399,7 +422,7 @@ class BookieServer:
                     f"{e} Nothing was deleted, and every round is refused until this is "
                     f"resolved. To run one round that deletes every local ledger this store "
                     f"does not list: curl -X POST "
-                    f"'http://{cfg.host}:{self.metrics_port}/admin/gc?force=true'"
+                    f"'http://{self.metrics_address}/admin/gc?force=true'"
                 )
                 log.warning("gc round refused: %s", refused)
                 return GcRound(refused=refused)
@@ -451,12 +474,12 @@ class BookieServer:
     def _registration(self) -> dict[str, object]:
         return {
             "bookie_id": self.bookie_id,
-            "address": f"{self.config.host}:{self.port}",
+            "address": self.address,
             "rack": self.config.rack,
             "read_only": self.read_only,
             "free_bytes": self.free_bytes,
             "total_bytes": self.total_bytes,
-            "metrics_address": f"{self.config.host}:{self.metrics_port}",
+            "metrics_address": self.metrics_address,
         }
 
     def _info(self) -> pb.GetBookieInfoResponse:

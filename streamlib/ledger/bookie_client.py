@@ -113,10 +113,19 @@ class _Stats:
 
 
 class BookieClient:
-    def __init__(self, bookie_id: str, address: str, config: BookieClientConfig | None = None):
+    def __init__(
+        self,
+        bookie_id: str,
+        address: str,
+        config: BookieClientConfig | None = None,
+        *,
+        on_unavailable: Callable[[], None] | None = None,
+    ):
         self.bookie_id = bookie_id
         self.address = address
         self.config = config or BookieClientConfig()
+        # Told when the bookie could not be reached: it may have moved (a new address).
+        self.on_unavailable = on_unavailable
         self.stats = _Stats()
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.BookieStub(self._channel)
@@ -287,6 +296,7 @@ class BookieClient:
                 call.cancel()
             if not self._closed:
                 self.stats.stream_failures += 1
+                self._unavailable()
             # Everything not answered on this stream is unknown now.
             self._fail_all()
             if self._outbox and not self._closed:  # added while we were answering
@@ -400,6 +410,7 @@ class BookieClient:
             if not await self._connected(connect_s):
                 if self._closed:
                     raise BookieUnavailableError(f"client of bookie {self.bookie_id} is closed")
+                self._unavailable()
                 raise BookieUnavailableError(
                     f"bookie {self.bookie_id} at {self.address}: no connection within "
                     f"{connect_s:g}s"
@@ -410,9 +421,15 @@ class BookieClient:
                 request, timeout=timeout, wait_for_ready=wait_for_ready
             )
         except grpc.aio.AioRpcError as err:
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self._unavailable()
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: {err.code().name} {err.details()}"
             ) from None
+
+    def _unavailable(self) -> None:
+        if self.on_unavailable is not None and not self._closed:
+            self.on_unavailable()
 
     @staticmethod
     def _fences(request: pb.ReadRequest | pb.ReadLacRequest) -> bool:

@@ -1,12 +1,27 @@
-"""Connections to bookies, by bookie id, with addresses from the bookie registry."""
+"""Connections to bookies, by bookie id, with addresses from the bookie registry.
+
+A bookie id is a stable name; its address is whatever the bookie registered last (a
+bookie restarted on a new IP keeps its id). Clients learn addresses when they list the
+registry, and when a bookie cannot be reached they look its registration up again (at
+most every ADDRESS_RECHECK_S): a new address replaces the connection, so the next call
+dials the bookie where it is now.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Iterable
 
+from metadata.errors import MetadataError
 from metadata.services.bookies import BookieRegistry
 from streamlib.ledger.bookie_client import BookieClient, BookieClientConfig
 from streamlib.ledger.placement import Candidate
+
+log = logging.getLogger(__name__)
+
+ADDRESS_RECHECK_S = 1.0
 
 
 class BookiePool:
@@ -16,12 +31,26 @@ class BookiePool:
         self._clients: dict[str, BookieClient] = {}
         self._addresses: dict[str, str] = {}
         self.racks: dict[str, str] = {}
+        self._rechecked: dict[str, float] = {}
+        self._rechecks: set[asyncio.Task[None]] = set()
+
+    def _learn(self, bookie_id: str, address: str) -> None:
+        """Remember a registered address; a changed one retires the old connection."""
+        old = self._addresses.get(bookie_id)
+        self._addresses[bookie_id] = address
+        client = self._clients.get(bookie_id)
+        if old is not None and old != address and client is not None:
+            log.info("bookie %s moved from %s to %s", bookie_id, old, address)
+            del self._clients[bookie_id]
+            task = asyncio.get_running_loop().create_task(client.close())
+            self._rechecks.add(task)
+            task.add_done_callback(self._rechecks.discard)
 
     async def writable(self) -> list[Candidate]:
         """Live writable bookies (and remember their addresses)."""
         infos = await self.registry.list()
         for info in infos:
-            self._addresses[info.bookie_id] = info.address
+            self._learn(info.bookie_id, info.address)
             self.racks[info.bookie_id] = info.rack
         return [Candidate(i.bookie_id, i.rack) for i in infos if not i.read_only]
 
@@ -30,7 +59,7 @@ class BookiePool:
         missing = [b for b in bookie_ids if b not in self._addresses]
         if missing:
             for info in await self.registry.list():
-                self._addresses[info.bookie_id] = info.address
+                self._learn(info.bookie_id, info.address)
                 self.racks[info.bookie_id] = info.rack
         for bookie_id in missing:
             # A bookie that is down is not registered; BookKeeper ids default to the
@@ -42,10 +71,37 @@ class BookiePool:
         client = self._clients.get(bookie_id)
         if client is None:
             address = self._addresses.get(bookie_id, bookie_id)
-            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self.config)
+            client = self._clients[bookie_id] = BookieClient(
+                bookie_id,
+                address,
+                self.config,
+                on_unavailable=lambda: self._recheck(bookie_id),
+            )
         return client
 
+    def _recheck(self, bookie_id: str) -> None:
+        """The bookie could not be reached: look its registration up again soon."""
+        now = time.monotonic()
+        if now - self._rechecked.get(bookie_id, -ADDRESS_RECHECK_S) < ADDRESS_RECHECK_S:
+            return
+        self._rechecked[bookie_id] = now
+        task = asyncio.get_running_loop().create_task(self._lookup(bookie_id))
+        self._rechecks.add(task)
+        task.add_done_callback(self._rechecks.discard)
+
+    async def _lookup(self, bookie_id: str) -> None:
+        try:
+            info = await self.registry.get(bookie_id)
+        except MetadataError as e:  # the store is unreachable too: the next failure retries
+            log.debug("address lookup of bookie %s failed: %s", bookie_id, e)
+            return
+        if info is not None:
+            self._learn(bookie_id, info.address)
+
     async def close(self) -> None:
+        for task in list(self._rechecks):
+            task.cancel()
+        await asyncio.gather(*self._rechecks, return_exceptions=True)
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()
