@@ -105,11 +105,16 @@ class LedgerIndex:
         sizes: list[int],
         states: dict[int, LedgerState],
         log_bytes: dict[int, int],
+        truncates: dict[int, int] | None = None,
     ) -> None:
-        """One synced transaction: entries ``keys`` now live in ``log_id`` at ``offsets``
-        (``sizes`` long), plus dirty ledger states and entry-log sizes."""
+        """One synced transaction: first every entry above each ``truncates`` point is
+        deleted (ledger -> TRUNCATE entry id: applied before the entries written after
+        it), then entries ``keys`` now live in ``log_id`` at ``offsets`` (``sizes``
+        long), plus dirty ledger states and entry-log sizes."""
         pack_key, pack_loc = _ENTRY_KEY.pack, LOCATION.pack
         with self.env.begin(write=True) as txn:
+            for ledger, above in (truncates or {}).items():
+                self._delete_above(txn, ledger, above)
             # putmulti: one C call for the batch (keys arrive sorted, so LMDB appends fast).
             txn.cursor().putmulti(
                 [
@@ -127,16 +132,20 @@ class LedgerIndex:
 
     def delete_entries(self, ledger_id: int, above: int = -1) -> int:
         """Delete every indexed entry of the ledger with id > ``above``; the count deleted."""
+        with self.env.begin(write=True) as txn:
+            return self._delete_above(txn, ledger_id, above)
+
+    @staticmethod
+    def _delete_above(txn: lmdb.Transaction, ledger_id: int, above: int) -> int:
         prefix = _LEDGER_KEY.pack(b"E", ledger_id)
         n = 0
-        with self.env.begin(write=True) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(entry_key(ledger_id, above + 1)):
-                return 0
-            while cur.key().startswith(prefix):
-                if not cur.delete():
-                    break
-                n += 1
+        cur = txn.cursor()
+        if not cur.set_range(entry_key(ledger_id, above + 1)):
+            return 0
+        while bytes(cur.key()).startswith(prefix):
+            if not cur.delete():
+                break
+            n += 1
         return n
 
     # -- ledger state -----------------------------------------------------------------

@@ -401,7 +401,10 @@ class Journal:
         while True:
             if not self._groups:
                 if self._reclaim_at is not None:
-                    await self._reclaim()
+                    try:
+                        await self._reclaim()
+                    except Exception as e:  # an unexpected file: reclaim later, write on
+                        log.error("journal: reclaiming checkpointed files failed: %s", e)
                     continue
                 if self._closing:
                     return
@@ -432,10 +435,22 @@ class Journal:
                 self.fault = None
                 if self.on_fault is not None:
                     self.on_fault(None)
+            # The hooks must never end the writer: every later add and fence would hang.
             if self.on_commit is not None:
-                self.on_commit(count, nbytes, fsync_s)
+                try:
+                    self.on_commit(count, nbytes, fsync_s)
+                except Exception as e:  # metrics or a disk check failed: the data is safe
+                    log.error("journal commit hook failed: %s", e)
             if self.on_durable is not None:
-                self.on_durable(group.items, pos)
+                try:
+                    self.on_durable(group.items, pos)
+                except Exception as e:
+                    # Durable but not (wholly) applied: not answered OK. The adds' outcome
+                    # is unknown to their writers (IO_ERROR), as after a crash.
+                    log.error("applying a durable commit group failed: %s", e)
+                    if not batch.done():
+                        batch.set_exception(OSError(errno.EIO, f"applying the commit failed: {e}"))
+                    continue
             if not batch.done():
                 batch.set_result(pos)
 

@@ -250,6 +250,9 @@ class BookieService:
         nbytes = 0
         accepted_like: tuple[int, bytes, int, int] | None = None
         st = LedgerState(b"")
+        # The copies on their way, by key: built at the first rewrite in this request
+        # (rare: write-backs, retries), then kept up to date with what it accepts.
+        pending: dict[tuple[int, int], Cached] | None = None
         for ae in req.entries:
             # Each message field read is a call (and a copy for bytes): read only the few
             # the rules need, and let protobuf serialize the record body in C (measured:
@@ -274,8 +277,11 @@ class BookieService:
                 if h.entry_id > st.highest_entry:
                     st.highest_entry = h.entry_id  # a new entry: the hot path
                 else:  # a write-back, a retry -- or a forgery (ledger_rules.check_rewrite)
+                    if pending is None:
+                        pending = self.storage.unapplied()
+                        pending.update(((a[0].ledger_id, a[0].entry_id), a) for a in accepted)
                     new = Copy(ae.payload, ae.length, ae.flags, h.term)
-                    self.storage.check_rewrite(h, new, accepted)
+                    self.storage.check_rewrite(h, new, pending)
                     if h.flags & pb.TRUNCATE:
                         st.highest_entry = h.entry_id
             except RequestError as err:
@@ -284,6 +290,8 @@ class BookieService:
                 continue
             head = frame_header(body)
             accepted.append((h, head, body))
+            if pending is not None:
+                pending[(h.ledger_id, h.entry_id)] = accepted[-1]
             chunks.append(head)
             chunks.append(body)
             nbytes += FRAME_SIZE + len(body)

@@ -22,9 +22,15 @@ transaction is always read from the live objects INSIDE that transaction, so a
 flush racing a fence can never write back an older, unfenced copy.
 
 Ordering of a TRUNCATE entry t: applied in journal order, it drops the ledger's
-cached entries above t at once and queues the index deletion behind the flush lock
-(asyncio.Lock is FIFO), so it runs before any later flush and before the checkpoint
-passes the truncate record; until then reads treat indexed entries above t as gone.
+cached entries above t at once; the index deletion is done by the next flush that
+starts after it, in the same transaction as (and before) the entries written after t,
+and before the checkpoint passes the truncate record; until then reads treat indexed
+entries above t as gone. (A separate deletion task could run after a flush that was
+already waiting for the lock, deleting acknowledged entries written after t.)
+
+Work under the flush lock that runs in a thread is shielded from cancellation: a
+stopping server's cancel returns at once, but the lock is held until the thread ends,
+so two threads never write the entry log or the index at once.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 
@@ -66,6 +73,7 @@ from bookie.wire import bookie_pb2 as pb
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]
+T = TypeVar("T")
 # Range reads that need the disk run here rather than in asyncio's default pool: that
 # pool also runs the journal's writes, and a burst of reads must not queue an fsync.
 READ_THREADS = 4
@@ -361,18 +369,25 @@ class LedgerStorage:
             self._dirty.add(e.ledger_id)
         return st
 
-    def check_rewrite(self, e: EntryHeader, new: rules.Copy, batch: Sequence[Cached]) -> None:
+    def unapplied(self) -> dict[Key, Cached]:
+        """Entries accepted into the journal and not yet applied, the latest copy of each
+        (built once per request that holds a rewrite: the rewrite path's index)."""
+        out: dict[Key, Cached] = {}
+        for item in reversed(self.journal.unapplied_items()):  # oldest first
+            h = item[0]  # type: ignore[index]
+            out[(h.ledger_id, h.entry_id)] = item  # type: ignore[assignment]
+        return out
+
+    def check_rewrite(self, e: EntryHeader, new: rules.Copy, pending: Mapping[Key, Cached]) -> None:
         """An add at or below the ledger's highest entry: compare with the copy this
-        bookie holds or has on its way (earlier in this batch, in the journal, in the
-        cache, in the entry logs). A copy that cannot be read is no reason to refuse:
-        the new one repairs it."""
+        bookie holds or has on its way (``pending``: earlier in this request or in the
+        journal; then the cache, then the entry logs). A copy that cannot be read is no
+        reason to refuse: the new one repairs it."""
         key = (e.ledger_id, e.entry_id)
         stored: StoredEntry | None = None
-        for item in (*reversed(batch), *self.journal.unapplied_items()):
-            h = item[0]  # type: ignore[index]
-            if (h.ledger_id, h.entry_id) == key:
-                stored = decode_entry(item[2])  # type: ignore[index]
-                break
+        item = pending.get(key)
+        if item is not None:
+            stored = decode_entry(item[2])
         if stored is None:
             try:
                 stored = self.read_entry(*key)
@@ -432,10 +447,12 @@ class LedgerStorage:
         if self._replaying:
             self.index.delete_entries(ledger_id, above=entry_id)
             return
-        self._pending_truncates[ledger_id] = entry_id
-        task = asyncio.get_running_loop().create_task(self._truncate_index(ledger_id, entry_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        # The index deletion goes into the next flush's transaction, ahead of the entries
+        # written after the TRUNCATE and of the checkpoint that passes it; until then
+        # reads treat indexed entries above it as gone.
+        self._pending_truncates[ledger_id] = min(
+            entry_id, self._pending_truncates.get(ledger_id, entry_id)
+        )
 
     def _drop_cached(self, ledger_id: int, above: int = -1) -> None:
         """Forget cached entries of a ledger with id > ``above`` (rare: truncate and GC)."""
@@ -444,12 +461,6 @@ class LedgerStorage:
                 item = cache.pop(key)
                 if cache is self._cache:
                     self._cache_bytes -= FRAME_SIZE + len(item[2])
-
-    async def _truncate_index(self, ledger_id: int, entry_id: int) -> None:
-        async with self._flush_lock:
-            await asyncio.to_thread(self.index.delete_entries, ledger_id, entry_id)
-            if self._pending_truncates.get(ledger_id) == entry_id:
-                del self._pending_truncates[ledger_id]
 
     # -- reads ------------------------------------------------------------------------
 
@@ -578,7 +589,8 @@ class LedgerStorage:
             fut = asyncio.get_running_loop().create_future()
             self._waiters.setdefault(ledger_id, []).append(fut)
             try:
-                await asyncio.wait_for(fut, remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: it can drop a cancel
+                    await fut
             except TimeoutError:
                 pass
             finally:
@@ -603,7 +615,14 @@ class LedgerStorage:
                 log.error("flush failed; entries stay in the journal and cache: %s", e)
 
     async def flush(self) -> None:
-        """Write the cache to an entry log + index, then advance the checkpoint mark."""
+        """Write the cache to an entry log + index, then advance the checkpoint mark.
+
+        Shielded: a caller cancelled meanwhile (a stopping server) gets CancelledError,
+        but the flush itself runs to its end, so its thread never writes the entry log
+        while a later flush does, and its bookkeeping matches what the thread did."""
+        await asyncio.shield(self._flush())
+
+    async def _flush(self) -> None:
         async with self._flush_lock:
             if not self._cache and not self._dirty and self._mark == self._applied:
                 self.journal.reclaim(self._applied, self.journal_reclaim_bytes)
@@ -613,13 +632,14 @@ class LedgerStorage:
             dirty, self._dirty = self._dirty, set()
             mark = self._applied
             states = {lid: self._states[lid] for lid in dirty if lid in self._states}
+            truncates = dict(self._pending_truncates)
             # The thread gets its own sorted copy: a TRUNCATE or GC applied meanwhile
-            # drops keys from _flushing (readers must stop seeing them at once), and the
-            # index deletion it queues behind this flush removes what this flush writes.
+            # drops keys from _flushing (readers must stop seeing them at once); such a
+            # TRUNCATE's index deletion goes into the next flush, ahead of its entries.
             items = sorted(self._flushing.items())
             try:
-                await asyncio.to_thread(self._write_flush, items, states, mark)
-            except BaseException as e:
+                await asyncio.to_thread(self._write_flush, items, states, mark, truncates)
+            except Exception as e:
                 # Nothing is lost: the journal still holds it all. Put back what is still
                 # wanted (not what a TRUNCATE dropped meanwhile) for the next try.
                 self._flushing.update(self._cache)
@@ -627,11 +647,12 @@ class LedgerStorage:
                 self._cache_bytes = sum(FRAME_SIZE + len(item[2]) for item in self._cache.values())
                 self._dirty |= dirty
                 self._flushing = {}
-                if isinstance(e, Exception):
-                    self.flush_fault = e
-                    self._update_fault()
-                    raise OSError(f"flush failed: {e}") from e
-                raise
+                self.flush_fault = e
+                self._update_fault()
+                raise OSError(f"flush failed: {e}") from e
+            for lid, at in truncates.items():  # applied in the index: readers may look again
+                if self._pending_truncates.get(lid) == at:
+                    del self._pending_truncates[lid]
             self._flushing = {}
             self._mark = mark
             if self.flush_fault is not None:
@@ -645,6 +666,7 @@ class LedgerStorage:
         flushing: list[tuple[Key, Cached]],
         states: dict[int, LedgerState],
         mark: JournalPosition,
+        truncates: dict[int, int],
     ) -> None:
         if flushing:
             keys = [k for k, _ in flushing]
@@ -654,11 +676,13 @@ class LedgerStorage:
             crash_if("flush-after-entrylog")
             fail_if("flush-before-index")
             fail_if("index-write")
-            self.index.write_flush(log_id, keys, offsets, sizes, states, {log_id: sum(sizes)})
+            self.index.write_flush(
+                log_id, keys, offsets, sizes, states, {log_id: sum(sizes)}, truncates
+            )
             crash_if("flush-after-index")
-        elif states:
+        elif states or truncates:
             fail_if("index-write")
-            self.index.write_flush(0, [], [], [], states, {})
+            self.index.write_flush(0, [], [], [], states, {}, truncates)
         self.journal.write_mark(mark)
 
     # -- garbage collection and compaction ----------------------------------------------
@@ -701,22 +725,37 @@ class LedgerStorage:
                 reason="mass_vanish",
             )
         trimmed: dict[int, int] = {}
-        async with self._flush_lock:
-            for lid in gone:
-                self._drop_cached(lid)
-                self._states.pop(lid, None)
-                self._state_changes.pop(lid, None)
-                self._durable_changes.pop(lid, None)
-                self._dirty.discard(lid)
-                self._wake(lid)
-                await asyncio.to_thread(self.index.delete_ledger, lid)
-            for lid, first in firsts.items():
-                if first:
-                    self._drop_cached_below(lid, first)
-                    n = await asyncio.to_thread(self.index.delete_entries_below, lid, first)
-                    if n:
-                        trimmed[lid] = n
+
+        async def delete() -> None:
+            async with self._flush_lock:
+                for lid in gone:
+                    self._drop_cached(lid)
+                    self._states.pop(lid, None)
+                    self._state_changes.pop(lid, None)
+                    self._durable_changes.pop(lid, None)
+                    self._dirty.discard(lid)
+                    self._wake(lid)
+                    await asyncio.to_thread(self.index.delete_ledger, lid)
+                for lid, first in firsts.items():
+                    if first:
+                        self._drop_cached_below(lid, first)
+                        n = await asyncio.to_thread(self.index.delete_entries_below, lid, first)
+                        if n:
+                            trimmed[lid] = n
+
+        await asyncio.shield(delete())  # see _locked: the lock is never left to a thread
         return GarbageCollected(gone, trimmed)
+
+    async def _locked(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` in a worker thread under the flush lock, shielded: a cancelled
+        caller (a stopping server) returns at once, but the lock is held until the
+        thread is done, so no flush ever writes the entry log or index beside it."""
+
+        async def run() -> T:
+            async with self._flush_lock:
+                return await asyncio.to_thread(fn, *args)
+
+        return await asyncio.shield(run())
 
     def _drop_cached_below(self, ledger_id: int, first: int) -> None:
         for cache in (self._cache, self._flushing):
@@ -761,14 +800,12 @@ class LedgerStorage:
         after: Key | None = None
         more = any(live.get(log_id) for log_id in targets)
         while more:
-            async with self._flush_lock:
-                after, more = await asyncio.to_thread(
-                    self._compact_batch, targets, after, batch_entries, batch_bytes, damaged
-                )
+            after, more = await self._locked(
+                self._compact_batch, targets, after, batch_entries, batch_bytes, damaged
+            )
         removed = sorted(targets - damaged)
         if removed:
-            async with self._flush_lock:
-                await asyncio.to_thread(self._drop_logs, removed)
+            await self._locked(self._drop_logs, removed)
         return removed
 
     def _compact_batch(

@@ -145,7 +145,8 @@ class Watch:
 
     async def next(self, timeout_s: float) -> WatchEvent:
         """The next event, or TimeoutError after timeout_s."""
-        return await asyncio.wait_for(self.__anext__(), timeout_s)
+        async with asyncio.timeout(timeout_s):  # not wait_for: see backends/zookeeper.py
+            return await self.__anext__()
 
     async def close(self) -> None:
         if not self._closed:

@@ -26,6 +26,7 @@ from kazoo.protocol.states import EventType, WatchedEvent, ZnodeStat
 from kazoo.recipe.election import Election as KazooElection
 from kazoo.recipe.lock import Lock as KazooLock
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
 from kazoo.security import make_digest_acl
 
 from metadata import errors
@@ -108,7 +109,14 @@ class ZooKeeperStore(MetadataStore):
             # Nodes we create are readable and writable only with the same credentials.
             acl = [make_digest_acl(user, password, all=True)]
         self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout_s, auth_data=auth_data, default_acl=acl
+            hosts=hosts,
+            timeout=session_timeout_s,
+            auth_data=auth_data,
+            default_acl=acl,
+            # Reconnect every second at most while ZooKeeper is unreachable: kazoo's
+            # default backoff doubles up to an hour, so a bookie healed after a long
+            # partition took tens of seconds to notice and register again.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
         )
         self._lost = False
         self._closed = False
@@ -170,7 +178,11 @@ class ZooKeeperStore(MetadataStore):
         except Exception as exc:
             raise translate(exc, context) from exc
         try:
-            return await asyncio.wait_for(future, self._operation_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation
+            # that arrives as the answer does, and the cancelled caller runs on (a closed
+            # consumer's reader task polled for ever).
+            async with asyncio.timeout(self._operation_timeout_s):
+                return await future
         except TimeoutError:
             # kazoo queues requests while it reconnects and may still send this one
             # later: the outcome is unknown, which is what ConnectionLossError means.

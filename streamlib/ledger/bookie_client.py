@@ -99,8 +99,20 @@ class BookieClientConfig:
     # (re)established before the bookie counts as unreachable: more than the longest
     # reconnect backoff (CHANNEL_OPTIONS), so it always covers a fresh attempt.
     connect_timeout_s: float = 2.0
+    # A bookie that vanished without closing the connection (a dead host, a partition)
+    # fails a quiet connection within keepalive_time_s + keepalive_timeout_s (see
+    # CHANNEL_OPTIONS: keep keepalive_time_s above the bookies' --min-client-ping-interval).
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
     max_batch_entries: int = 1024
     max_batch_bytes: int = 8 * 1024 * 1024
+
+    def channel_options(self) -> list[tuple[str, int]]:
+        keepalive = {
+            "grpc.keepalive_time_ms": int(self.keepalive_time_s * 1000),
+            "grpc.keepalive_timeout_ms": int(self.keepalive_timeout_s * 1000),
+        }
+        return [(k, keepalive.get(k, v)) for k, v in CHANNEL_OPTIONS]
 
 
 @dataclass
@@ -127,7 +139,7 @@ class BookieClient:
         # Told when the bookie could not be reached: it may have moved (a new address).
         self.on_unavailable = on_unavailable
         self.stats = _Stats()
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=self.config.channel_options())
         self._stub = pb_grpc.BookieStub(self._channel)
         self._outbox: list[bytes] = []  # serialized AddEntry messages (see frame_add)
         self._outbox_bytes = 0
@@ -382,7 +394,10 @@ class BookieClient:
             return True
 
         try:
-            return await asyncio.wait_for(ready(), timeout_s)
+            # Not wait_for: on Python 3.11 it can drop a cancellation (see metadata's
+            # ZooKeeper backend); a cancelled caller must stop waiting.
+            async with asyncio.timeout(timeout_s):
+                return await ready()
         except TimeoutError:
             self.stats.extra["connect_timeouts"] = self.stats.extra.get("connect_timeouts", 0) + 1
             return False

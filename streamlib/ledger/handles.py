@@ -413,6 +413,14 @@ class ReadHandle:
             asyncio.ensure_future(self._context.pool.get(b).read_lac(request)): i
             for i, b in enumerate(ensemble)
         }
+        # A last fragment with no entry yet (a roll to fresh bookies) knows nothing of
+        # the LAC: the holders of the entry before it do (they report what they hold).
+        before = md.last_fragment.first_entry_id - 1
+        extra = (
+            [b for b in md.write_set_bookies(before) if b not in ensemble] if before >= 0 else []
+        )
+        for b in extra:
+            calls[asyncio.ensure_future(self._context.pool.get(b).read_lac(request))] = -1
         best = self._lac
         newest_term = 0
         pending = set(calls)
@@ -427,8 +435,10 @@ class ReadHandle:
                     if response.status == pb.OK:
                         best = max(best, response.last_add_confirmed)
                         newest_term = max(newest_term, response.term)
-                        coverage.add(calls[call])
-                if coverage.is_covered():
+                        if calls[call] >= 0:
+                            coverage.add(calls[call])
+                extra_pending = any(calls[c] < 0 for c in pending)
+                if coverage.is_covered() and not extra_pending:
                     break
         finally:
             for call in pending:
@@ -510,9 +520,15 @@ class ReadHandle:
                 # A timer, not synchronisation: the next poll asks the next bookie, and
                 # while none answers (a cluster restart) tailing must not spin.
                 await asyncio.sleep(min(1.0, 0.02 * self._poll_failures))
+            if response is not None and response.status != pb.OK:
+                # The bookie does not hold the ledger (yet): ask the next one, not at once.
+                self._poll_failures += 1
+                await asyncio.sleep(min(1.0, 0.02 * self._poll_failures))
             if response is not None and response.status == pb.OK:
-                self._poll_failures = 0
                 advanced = response.last_add_confirmed > self._lac
+                # No progress: the next poll asks the next bookie (this one may hold
+                # nothing the writer publishes now, e.g. after a roll to fresh bookies).
+                self._poll_failures = 0 if advanced else self._poll_failures + 1
                 if refresh_before_using_lac(md.term, md.state, response.term, advanced):
                     await self.refresh_metadata()  # then the next poll asks the right bookies
                     return
