@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.multihost.hosts import NetnsUnavailableError, Network, Worker
+from tests.multihost.hosts import Network, Worker, running_network
 from tests.multihost.services import Bookie, ZooKeeper
 
 BOOKIE_HOSTS = ("b1", "b2", "b3", "b4")
@@ -26,15 +26,8 @@ HOSTS = ("zk", *BOOKIE_HOSTS, "c1", "c2", "ob")
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    net = Network(HOSTS, tmp_path_factory.mktemp("multihost"))
-    try:
-        net.start()
-    except NetnsUnavailableError as e:
-        pytest.fail(f"the multi-host tests need Linux network namespaces: {e}", pytrace=False)
-    try:
+    with running_network(HOSTS, tmp_path_factory.mktemp("multihost")) as net:
         yield net
-    finally:
-        net.close()
 
 
 @pytest.fixture(scope="module")

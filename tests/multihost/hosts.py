@@ -32,6 +32,7 @@ namespaces, then deletes the namespaces; it runs even when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,7 +43,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -522,3 +523,20 @@ class Host:
         if direction not in pairs:
             raise ValueError(f"direction is 'in', 'out' or 'both', got {direction!r}")
         return pairs[direction]
+
+
+@contextlib.contextmanager
+def running_network(names: Sequence[str], root: Path) -> Iterator[Network]:
+    """A started Network, closed however the block ends; a machine that cannot make
+    namespaces fails the test with the reason (the suite needs root, never skips)."""
+    import pytest  # only the tests use this helper
+
+    net = Network(list(names), root)
+    try:
+        net.start()
+    except NetnsUnavailableError as e:
+        pytest.fail(f"the multi-host tests need Linux network namespaces: {e}", pytrace=False)
+    try:
+        yield net
+    finally:
+        net.close()

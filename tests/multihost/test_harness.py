@@ -13,9 +13,9 @@ import pytest
 from tests.multihost.hosts import (
     NETNS_ETC,
     Host,
-    NetnsUnavailableError,
     Network,
     netns_names,
+    running_network,
     sweep_leftovers,
 )
 
@@ -33,15 +33,8 @@ DIAL = (
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Network]:
-    net = Network(["h1", "h2"], tmp_path)
-    try:
-        net.start()
-    except NetnsUnavailableError as e:
-        pytest.fail(f"the multi-host tests need Linux network namespaces: {e}", pytrace=False)
-    try:
+    with running_network(["h1", "h2"], tmp_path) as net:
         yield net
-    finally:
-        net.close()
 
 
 def reaches(a: Host, b: Host) -> bool:
