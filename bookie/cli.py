@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -150,6 +151,15 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="older connections take no new calls (their open streams go on), s "
         "(default %(default)s; 0: never)",
     )
+    tls = p.add_argument_group("TLS (PEM files, read at start)")
+    tls.add_argument("--tls-cert", type=Path, help="serve gRPC over TLS with this certificate")
+    tls.add_argument("--tls-key", type=Path, help="the private key of --tls-cert")
+    tls.add_argument("--tls-ca", type=Path, help="CA that signs client certificates")
+    tls.add_argument(
+        "--tls-client-auth",
+        action="store_true",
+        help="mutual TLS: refuse clients without a certificate signed by --tls-ca",
+    )
     p.add_argument("--log-level", default="WARNING")
     p.add_argument(
         "--autorecovery",
@@ -172,7 +182,17 @@ def _start_autorecovery(args: argparse.Namespace, bookie_id: str) -> subprocess.
     # The child's stdin is a pipe only we hold: if we die (even by SIGKILL) it sees EOF
     # and stops, so no node outlives its bookie.
     command += args.autorecovery_option
-    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if args.tls_ca:
+        # The node dials the bookies as a client (paths, never the keys, in its
+        # environment): it trusts our CA and shows our certificate for mutual TLS.
+        env["STREAMLIB_TLS_CA"] = str(args.tls_ca)
+        if args.tls_cert and args.tls_key:
+            env["STREAMLIB_TLS_CERT"], env["STREAMLIB_TLS_KEY"] = (
+                str(args.tls_cert),
+                str(args.tls_key),
+            )
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -213,6 +233,10 @@ async def _serve(args: argparse.Namespace) -> int:
         min_client_ping_interval_s=args.min_client_ping_interval,
         max_connection_idle_s=args.max_connection_idle,
         max_connection_age_s=args.max_connection_age,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        tls_client_auth=args.tls_client_auth,
     )
     server = BookieServer(config)
     stop = asyncio.Event()

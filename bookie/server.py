@@ -82,8 +82,23 @@ class BookieConfig:
     min_client_ping_interval_s: float = 10.0
     max_connection_idle_s: float = 600.0  # 0: never
     max_connection_age_s: float = 3600.0  # 0: never
+    # TLS on the gRPC port (PEM file paths, read at start): cert + key turn it on; with
+    # tls_client_auth, clients must present a certificate signed by tls_ca (mutual TLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    tls_client_auth: bool = False
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key (or neither)")
+        if self.tls_client_auth and (self.tls_ca is None or self.tls_cert is None):
+            raise ValueError(
+                "--tls-client-auth needs --tls-ca (the CA that signs client certificates) "
+                "and --tls-cert/--tls-key"
+            )
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-ca is only used with --tls-cert and --tls-key")
         if not 0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1:
             raise ValueError("need 0 < disk-usage-lwm <= disk-usage-threshold <= 1")
         if not 0 < self.gc_max_vanished_fraction <= 1 or self.gc_vanish_check_min_ledgers < 0:
@@ -113,6 +128,25 @@ class GcRound:
     trimmed: dict[int, int] = field(default_factory=dict)
     compacted: list[int] = field(default_factory=list)
     refused: str | None = None
+
+
+def server_credentials(cfg: BookieConfig) -> grpc.ServerCredentials | None:
+    """The TLS credentials of the gRPC port, read from cfg's files; None: plaintext."""
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        return None
+
+    def pem(path: Path, what: str) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as e:
+            raise ValueError(f"cannot read the TLS {what} {path}: {e.strerror}") from e
+
+    ca = pem(cfg.tls_ca, "CA certificate (--tls-ca)") if cfg.tls_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(pem(cfg.tls_key, "key (--tls-key)"), pem(cfg.tls_cert, "certificate (--tls-cert)"))],
+        root_certificates=ca,
+        require_client_auth=cfg.tls_client_auth,
+    )
 
 
 def grpc_server_options(cfg: BookieConfig) -> list[tuple[str, int]]:
@@ -216,7 +250,12 @@ class BookieServer:
         self._grpc = grpc.aio.server(
             options=grpc_server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs
         )
-        self.port = self._grpc.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        credentials = server_credentials(cfg)
+        bind = f"{cfg.host}:{cfg.port}"
+        if credentials is None:
+            self.port = self._grpc.add_insecure_port(bind)
+        else:
+            self.port = self._grpc.add_secure_port(bind, credentials)
         if not self.port:
             raise OSError(f"cannot bind {cfg.host}:{cfg.port}")
         self.address = advertised_address(

@@ -8,6 +8,8 @@ await writer.append(b"hello")
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from typing import Any
 
 import metadata
@@ -30,6 +32,27 @@ from streamlib.stream.reader import Reader, StreamScanner
 from streamlib.stream.writer import StreamWriter
 
 
+def _with_tls(
+    config: BookieClientConfig | None,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> BookieClientConfig:
+    """config with the TLS files: the arguments, else config's own, else the
+    STREAMLIB_TLS_* environment variables."""
+    config = config or BookieClientConfig()
+    files = (tls_ca, tls_cert, tls_key)
+    if files == (None, None, None):
+        if config.tls_ca is not None:
+            return config
+        env = {k: os.environ.get(f"STREAMLIB_TLS_{k}") or None for k in ("CA", "CERT", "KEY")}
+        files = (env["CA"], env["CERT"], env["KEY"])
+        if files == (None, None, None):
+            return config
+    ca, cert, key = files
+    return dataclasses.replace(config, tls_ca=ca, tls_cert=cert, tls_key=key)
+
+
 class Client:
     def __init__(
         self,
@@ -37,7 +60,12 @@ class Client:
         *,
         rack_aware: bool = False,
         bookie_config: BookieClientConfig | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
+        bookie_config = _with_tls(bookie_config, tls_ca, tls_cert, tls_key)
+        bookie_config.channel_credentials()  # an unreadable file fails here, not per bookie
         self.store = store
         self.registry = BookieRegistry(store)
         self.pool = BookiePool(self.registry, bookie_config)
@@ -54,10 +82,20 @@ class Client:
 
     @classmethod
     async def connect(cls, uri: str, **options: Any) -> Client:
-        """Connect to the metadata store at uri (zk://, sqlite://, memory://)."""
+        """Connect to the metadata store at uri (zk://, sqlite://, memory://).
+
+        Options: session_timeout_s, rack_aware, bookie_config (a BookieClientConfig), and
+        tls_ca / tls_cert / tls_key: PEM file paths to dial bookies over TLS (tls_ca) with
+        a client certificate (tls_cert + tls_key, for bookies requiring mutual TLS). Not
+        given, they default to $STREAMLIB_TLS_CA / $STREAMLIB_TLS_CERT / $STREAMLIB_TLS_KEY.
+        """
         store_options = {k: options.pop(k) for k in ("session_timeout_s",) if k in options}
         store = await metadata.connect(uri, **store_options)
-        return cls(store, **options)
+        try:
+            return cls(store, **options)
+        except BaseException:  # e.g. an unreadable TLS file: do not leave the session open
+            await store.close()
+            raise
 
     # -- pub/sub ------------------------------------------------------------------------
 

@@ -106,6 +106,39 @@ class BookieClientConfig:
     keepalive_timeout_s: float = 10.0
     max_batch_entries: int = 1024
     max_batch_bytes: int = 8 * 1024 * 1024
+    # TLS (PEM file paths): tls_ca set means dial bookies over TLS, trusting that CA;
+    # tls_cert + tls_key (only together) are the client certificate for mutual TLS.
+    # Bookies are dialled at their registered address, so their certificates must name
+    # it (an IP SAN for an IP address).
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("a TLS client certificate needs both tls_cert and tls_key")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError("tls_cert/tls_key need tls_ca (the CA that signs the bookies)")
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS credentials read from the configured files; None: plaintext."""
+        if self.tls_ca is None:
+            return None
+
+        def pem(path: str | None, what: str) -> bytes | None:
+            if path is None:
+                return None
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                raise ValueError(f"cannot read the TLS {what} {path}: {e.strerror}") from e
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=pem(self.tls_ca, "CA certificate (tls_ca)"),
+            private_key=pem(self.tls_key, "key (tls_key)"),
+            certificate_chain=pem(self.tls_cert, "certificate (tls_cert)"),
+        )
 
     def channel_options(self) -> list[tuple[str, int]]:
         keepalive = {
@@ -139,7 +172,13 @@ class BookieClient:
         # Told when the bookie could not be reached: it may have moved (a new address).
         self.on_unavailable = on_unavailable
         self.stats = _Stats()
-        self._channel = grpc.aio.insecure_channel(address, options=self.config.channel_options())
+        credentials = self.config.channel_credentials()
+        options = self.config.channel_options()
+        self._channel = (
+            grpc.aio.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.aio.secure_channel(address, credentials, options=options)
+        )
         self._stub = pb_grpc.BookieStub(self._channel)
         self._outbox: list[bytes] = []  # serialized AddEntry messages (see frame_add)
         self._outbox_bytes = 0

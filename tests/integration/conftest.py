@@ -29,13 +29,14 @@ class LedgerCluster:
         self.bookies: list[BookieProcess] = []
         self.clients: list[Client] = []
 
-    def start_bookies(self, count: int) -> list[BookieProcess]:
+    def start_bookies(self, count: int, extra: list[str] | None = None) -> list[BookieProcess]:
+        """Start count bookies; extra: more `bookie serve` flags (e.g. --tls-cert ...)."""
         started = []
         for _ in range(count):
             b = BookieProcess(
                 self.root / f"bookie{len(self.bookies)}",
                 metadata_uri=self.metadata_uri,
-                extra=BOOKIE_FLAGS,
+                extra=BOOKIE_FLAGS + list(extra or []),
             )
             self.bookies.append(b)
             started.append(b.start())

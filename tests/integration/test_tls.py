@@ -1,0 +1,125 @@
+"""TLS on the bookie's gRPC port, and mutual TLS (bookie serve --tls-*; the client's
+tls_ca / tls_cert / tls_key). Certificates come from tests/tls_certs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bookie.cli import main as bookie_main
+from bookie.server import BookieConfig
+from streamlib.client import Client
+from streamlib.errors import NotEnoughBookiesError
+from streamlib.ledger.bookie_client import BookieClientConfig
+from tests.integration.conftest import FAST_CLIENT, LedgerCluster
+from tests.tls_certs import CertFiles, make_certs
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> CertFiles:
+    return make_certs(tmp_path / "certs")
+
+
+def tls_flags(certs: CertFiles, *, client_auth: bool = False) -> list[str]:
+    flags = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
+    if client_auth:
+        flags += ["--tls-ca", str(certs.ca), "--tls-client-auth"]
+    return flags
+
+
+async def assert_refused(client: Client) -> int:
+    """A ledger on the one bookie: its first add fails with a typed error within the
+    client's timeouts (the tests' pytest timeout catches a hang). Returns the ledger id."""
+    writer = await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    # The add to the only bookie fails (BookieUnavailable after the handshake fails),
+    # and there is no other bookie to replace it with.
+    with pytest.raises(NotEnoughBookiesError):
+        await writer.append(b"must not be stored")
+    return writer.ledger_id
+
+
+async def test_client_trusting_the_ca_writes_and_reads_over_tls(cluster: LedgerCluster, certs):
+    cluster.start_bookies(1, extra=tls_flags(certs))
+    client = await cluster.client(tls_ca=str(certs.ca))
+    writer = await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    assert await writer.append_many([b"a", b"b", b"c"]) == [0, 1, 2]
+    await writer.close()
+    reader = await client.ledgers.open(writer.ledger_id)
+    assert await reader.read(0, 2) == [b"a", b"b", b"c"]
+
+
+@pytest.mark.timeout(60)
+async def test_plaintext_client_cannot_add_to_a_tls_bookie(cluster: LedgerCluster, certs):
+    cluster.start_bookies(1, extra=tls_flags(certs))
+    plaintext = await cluster.client()
+    ledger_id = await assert_refused(plaintext)
+    # Nothing reached the bookie: recovering the ledger over TLS finds it empty.
+    trusted = await cluster.client(tls_ca=str(certs.ca))
+    recovered = await trusted.ledgers.open(ledger_id)
+    assert recovered.is_closed and recovered.last_entry_id == -1
+
+
+@pytest.mark.timeout(60)
+async def test_client_trusting_another_ca_is_refused(cluster: LedgerCluster, certs, tmp_path):
+    cluster.start_bookies(1, extra=tls_flags(certs))
+    other = make_certs(tmp_path / "other", ca_name="another CA")
+    client = await cluster.client(tls_ca=str(other.ca))
+    await assert_refused(client)
+
+
+@pytest.mark.timeout(60)
+async def test_mutual_tls_needs_a_client_certificate(cluster: LedgerCluster, certs):
+    cluster.start_bookies(1, extra=tls_flags(certs, client_auth=True))
+    anonymous = await cluster.client(tls_ca=str(certs.ca))
+    await assert_refused(anonymous)
+    client = await cluster.client(
+        tls_ca=str(certs.ca), tls_cert=str(certs.client_cert), tls_key=str(certs.client_key)
+    )
+    writer = await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    assert await writer.append(b"x") == 0
+    await writer.close()
+    assert await (await client.ledgers.open(writer.ledger_id)).read(0, 0) == [b"x"]
+
+
+def test_tls_files_default_to_the_environment(monkeypatch, certs):
+    from streamlib.client import _with_tls
+
+    monkeypatch.setenv("STREAMLIB_TLS_CA", str(certs.ca))
+    monkeypatch.setenv("STREAMLIB_TLS_CERT", str(certs.client_cert))
+    monkeypatch.setenv("STREAMLIB_TLS_KEY", str(certs.client_key))
+    config = _with_tls(FAST_CLIENT, None, None, None)
+    assert (config.tls_ca, config.tls_cert, config.tls_key) == (
+        str(certs.ca),
+        str(certs.client_cert),
+        str(certs.client_key),
+    )
+    assert config.add_timeout_s == FAST_CLIENT.add_timeout_s
+    # An argument wins over the environment.
+    assert _with_tls(None, str(certs.server_cert), None, None).tls_ca == str(certs.server_cert)
+
+
+def test_client_tls_settings_are_all_or_nothing(tmp_path):
+    with pytest.raises(ValueError, match="tls_key"):
+        BookieClientConfig(tls_ca="ca.pem", tls_cert="client.pem")
+    with pytest.raises(ValueError, match="tls_ca"):
+        BookieClientConfig(tls_cert="client.pem", tls_key="client.key")
+    with pytest.raises(ValueError, match="cannot read"):
+        BookieClientConfig(tls_ca=str(tmp_path / "missing.pem")).channel_credentials()
+
+
+def test_bookie_tls_settings_are_all_or_nothing(tmp_path):
+    d = tmp_path / "data"
+    with pytest.raises(ValueError, match="--tls-key"):
+        BookieConfig(data_dir=d, tls_cert=tmp_path / "c.pem")
+    with pytest.raises(ValueError, match="--tls-ca"):
+        BookieConfig(
+            data_dir=d, tls_cert=tmp_path / "c", tls_key=tmp_path / "k", tls_client_auth=True
+        )
+
+
+def test_bookie_with_an_unreadable_key_exits_with_a_clear_error(tmp_path, certs, capsys):
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--port", "0"]
+    argv += ["--tls-cert", str(certs.server_cert), "--tls-key", str(tmp_path / "missing.key")]
+    assert bookie_main(argv) == 1
+    assert "cannot read the TLS key" in capsys.readouterr().err
