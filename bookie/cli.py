@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from bookie.errors import BookieError
+from metadata.uri import credentials_in_uri
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -158,7 +159,20 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     tls.add_argument(
         "--tls-client-auth",
         action="store_true",
-        help="mutual TLS: refuse clients without a certificate signed by --tls-ca",
+        help="mutual TLS: refuse clients without a certificate signed by --tls-ca; the "
+        "certificate's common name is the caller's principal (roles enforced)",
+    )
+    auth = p.add_argument_group(
+        "token authentication (JWT; with it or --tls-client-auth every request needs a "
+        "principal, whose roles come from the metadata store's principal map)"
+    )
+    auth.add_argument(
+        "--auth-token-secret-file", type=Path, help="the HS256 secret key tokens are signed with"
+    )
+    auth.add_argument(
+        "--auth-token-public-key-file",
+        type=Path,
+        help="the RS256 public key (PEM) that verifies tokens",
     )
     p.add_argument("--log-level", default="WARNING")
     p.add_argument(
@@ -178,6 +192,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 def _start_autorecovery(args: argparse.Namespace, bookie_id: str) -> subprocess.Popen[bytes]:
     # A child process: the bookie package must never import the client (streamlib).
     command = [sys.executable, "-m", "streamlib.autorecovery", "--metadata", args.metadata]
+    # (It inherits our environment: STREAMLIB_TOKEN / STREAMLIB_TOKEN_FILE give it a
+    # principal with the bookie role where tokens are the authentication.)
     command += ["--id", bookie_id, "--log-level", args.log_level, "--exit-with-stdin"]
     # The child's stdin is a pipe only we hold: if we die (even by SIGKILL) it sees EOF
     # and stops, so no node outlives its bookie.
@@ -200,6 +216,14 @@ async def _serve(args: argparse.Namespace) -> int:
 
     if args.autorecovery and not args.metadata:
         raise ValueError("--autorecovery needs --metadata")
+    if args.metadata and credentials_in_uri(args.metadata):
+        raise ValueError(
+            "the --metadata URI carries a password, which every local user sees in the "
+            "process list: put it in a file (zk://...?auth_file=PATH) or $STREAMLIB_ZK_AUTH"
+        )
+    # Everything the bookie writes (journal, entry logs, index, ledger keys, cookie) is
+    # for its own user only: directories 0700, files 0600.
+    os.umask(0o077)
     config = BookieConfig(
         data_dir=args.data_dir,
         journal_dir=args.journal_dir,
@@ -237,6 +261,8 @@ async def _serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         tls_ca=args.tls_ca,
         tls_client_auth=args.tls_client_auth,
+        auth_token_secret_file=args.auth_token_secret_file,
+        auth_token_public_key_file=args.auth_token_public_key_file,
     )
     server = BookieServer(config)
     stop = asyncio.Event()

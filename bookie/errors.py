@@ -37,6 +37,10 @@ class UnauthorizedError(RequestError):
     status = pb.UNAUTHORIZED
 
 
+class UnauthenticatedError(RequestError):
+    status = pb.UNAUTHENTICATED
+
+
 class LedgerFencedError(RequestError):
     status = pb.FENCED
 

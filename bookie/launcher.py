@@ -12,11 +12,13 @@ import os
 import re
 import selectors
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 _LISTENING = re.compile(r"^bookie (\S+) listening on (\S+):(\d+) \(metrics (\S+):(\d+)\)")
 
@@ -146,14 +148,25 @@ class BookieProcess:
             self.proc.stdout.close()
         self.proc = None
 
-    def admin(self, method: str, path: str) -> dict[str, object]:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.metrics_port}{path}", method=method)
-        with urllib.request.urlopen(req, timeout=30) as resp:
+    def admin(
+        self, method: str, path: str, *, token: str | None = None, ca: Path | None = None
+    ) -> dict[str, object]:
+        """Call the admin HTTP port (HTTPS trusting ca when given; the token as a bearer).
+        HTTP errors raise urllib.error.HTTPError (its .code is the status)."""
+        with self._http(method, path, token, ca) as resp:
             result: dict[str, object] = json.loads(resp.read())
             return result
 
-    def metrics_text(self) -> str:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30
-        ) as resp:
+    def metrics_text(self, *, token: str | None = None, ca: Path | None = None) -> str:
+        with self._http("GET", "/metrics", token, ca) as resp:
             return str(resp.read().decode())
+
+    def _http(self, method: str, path: str, token: str | None, ca: Path | None) -> Any:
+        scheme = "https" if ca is not None else "http"
+        req = urllib.request.Request(
+            f"{scheme}://127.0.0.1:{self.metrics_port}{path}", method=method
+        )
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+        return urllib.request.urlopen(req, timeout=30, context=context)

@@ -47,10 +47,29 @@ writer legitimately replaces a leftover of an earlier term (the TRUNCATE no-op a
 first unrecoverable entry, or a new entry on a bookie that kept a dead writer's dirty
 copy), so there the request's term must be higher than the stored copy's. A rewrite of
 the same entry is idempotent (recovery's write-back carries its own LAC and term).
+
+Who may ask at all comes first (:func:`check_access`, when the bookie authenticates):
+
+| access                | roles allowed                | requests                            |
+|-----------------------|------------------------------|-------------------------------------|
+| ADD                   | write, admin                 | normal adds (TRUNCATE no-ops too)   |
+| RECOVERY_ADD          | write, bookie, admin         | recovery / replication write-back   |
+| FENCE                 | write, bookie, admin         | fencing reads, term reads (recovery |
+|                       |                              | of a takeover or of auto-recovery)  |
+| WRITE_LAC, FORCE      | write, admin                 | a writer's explicit LAC, barrier    |
+| READ, READ_LAC        | read, write, bookie, admin   | plain reads, LAC reads, long polls  |
+| INFO                  | any authenticated principal  | GetBookieInfo                       |
+| ADMIN                 | admin                        | the admin HTTP port's calls         |
+
+``admin`` is the superuser (Pulsar's superUserRoles); ``bookie`` is what bookies and their
+auto-recovery nodes hold: copy and recover, never write new data; ``write`` implies
+reading, because a writer taking over reads what it recovers.
 """
 
 from __future__ import annotations
 
+import enum
+import hmac
 import struct
 from dataclasses import dataclass, field
 
@@ -126,8 +145,47 @@ class Copy:
 # -- the pieces every request shares ------------------------------------------------------
 
 
+class Access(enum.Enum):
+    ADD = "add"
+    RECOVERY_ADD = "recovery add"
+    FENCE = "fence or recover"
+    WRITE_LAC = "write the LAC"
+    FORCE = "force"
+    READ = "read"
+    READ_LAC = "read the LAC"
+    INFO = "ask for the bookie's info"
+    ADMIN = "call the admin API"
+
+
+_ANY = frozenset({"read", "write", "admin", "bookie"})
+ROLES_ALLOWED: dict[Access, frozenset[str]] = {
+    Access.ADD: frozenset({"write", "admin"}),
+    Access.RECOVERY_ADD: frozenset({"write", "bookie", "admin"}),
+    Access.FENCE: frozenset({"write", "bookie", "admin"}),
+    Access.WRITE_LAC: frozenset({"write", "admin"}),
+    Access.FORCE: frozenset({"write", "admin"}),
+    Access.READ: _ANY,
+    Access.READ_LAC: _ANY,
+    Access.INFO: _ANY,
+    Access.ADMIN: frozenset({"admin"}),
+}
+
+
+def check_access(principal: str, roles: frozenset[str], access: Access) -> None:
+    """UnauthorizedError unless one of principal's roles allows access."""
+    allowed = ROLES_ALLOWED[access]
+    if roles & allowed:
+        return
+    raise UnauthorizedError(
+        f"principal {principal!r} may not {access.value}: it needs one of the roles "
+        f"{sorted(allowed)}, and has "
+        f"{sorted(roles) or 'none (grant roles with `streamlib admin principals grant`)'}"
+    )
+
+
 def check_key(ledger_id: int, state: LedgerState, master_key: bytes) -> None:
-    if state.master_key != master_key:
+    # Constant time: the time of a refusal says nothing of how much of a key was right.
+    if not hmac.compare_digest(state.master_key, master_key):
         raise UnauthorizedError(f"ledger {ledger_id}: master key does not match the ledger's")
 
 

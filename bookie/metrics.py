@@ -34,6 +34,12 @@ class BookieMetrics:
             buckets=_LAT,
             registry=r,
         )
+        self.auth_refusals = Counter(
+            "bookie_auth_refusals",
+            "Requests refused by authentication (unauthenticated) or by the principal's roles",
+            ["reason"],
+            registry=r,
+        )
         self.reads = Counter("bookie_read_entries", "Entries read", registry=r)
         self.read_bytes = Counter("bookie_read_payload_bytes", "Payload bytes read", registry=r)
         self.read_latency = Histogram(

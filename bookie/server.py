@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from bookie.addresses import advertised_address
+from bookie.auth import AccessControl, TokenVerifier, follow_principals
 from bookie.cookie import BookieCookie, bookie_id_on_disk, check_cookie
 from bookie.errors import GcRefusedError
 from bookie.http import AdminHttpServer
@@ -29,6 +30,7 @@ from bookie.service import (
     BookieService,
 )
 from bookie.storage import LedgerStorage
+from bookie.tls import TlsFiles
 from bookie.wire import bookie_pb2 as pb
 
 if TYPE_CHECKING:
@@ -88,8 +90,32 @@ class BookieConfig:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     tls_client_auth: bool = False
+    # Token authentication (bookie/auth.py): the HS256 secret or the RS256 public key.
+    # With a token key or tls_client_auth the bookie authenticates every request and
+    # enforces the principal map's roles.
+    auth_token_secret_file: Path | None = None
+    auth_token_public_key_file: Path | None = None
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_ca, self.tls_client_auth)
+
+    def access_control(self, metrics: BookieMetrics) -> AccessControl:
+        tokens = None
+        if self.auth_token_secret_file or self.auth_token_public_key_file:
+            tokens = TokenVerifier.from_files(
+                self.auth_token_secret_file, self.auth_token_public_key_file
+            )
+        return AccessControl(metrics, tokens=tokens, certificates=self.tls_client_auth)
 
     def __post_init__(self) -> None:
+        if self.auth_token_secret_file and self.auth_token_public_key_file:
+            raise ValueError(
+                "give --auth-token-secret-file (HS256) or --auth-token-public-key-file "
+                "(RS256), not both"
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key (or neither)")
         if self.tls_client_auth and (self.tls_ca is None or self.tls_cert is None):
@@ -128,25 +154,6 @@ class GcRound:
     trimmed: dict[int, int] = field(default_factory=dict)
     compacted: list[int] = field(default_factory=list)
     refused: str | None = None
-
-
-def server_credentials(cfg: BookieConfig) -> grpc.ServerCredentials | None:
-    """The TLS credentials of the gRPC port, read from cfg's files; None: plaintext."""
-    if cfg.tls_cert is None or cfg.tls_key is None:
-        return None
-
-    def pem(path: Path, what: str) -> bytes:
-        try:
-            return path.read_bytes()
-        except OSError as e:
-            raise ValueError(f"cannot read the TLS {what} {path}: {e.strerror}") from e
-
-    ca = pem(cfg.tls_ca, "CA certificate (--tls-ca)") if cfg.tls_ca is not None else None
-    return grpc.ssl_server_credentials(
-        [(pem(cfg.tls_key, "key (--tls-key)"), pem(cfg.tls_cert, "certificate (--tls-cert)"))],
-        root_certificates=ca,
-        require_client_auth=cfg.tls_client_auth,
-    )
 
 
 def grpc_server_options(cfg: BookieConfig) -> list[tuple[str, int]]:
@@ -242,6 +249,7 @@ class BookieServer:
         self._grpc: grpc.aio.Server | None = None
         self._http: AdminHttpServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.access = config.access_control(self.metrics)
 
     async def start(self) -> None:
         cfg = self.config
@@ -250,12 +258,12 @@ class BookieServer:
         self._grpc = grpc.aio.server(
             options=grpc_server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs
         )
-        credentials = server_credentials(cfg)
+        tls = cfg.tls
         bind = f"{cfg.host}:{cfg.port}"
-        if credentials is None:
+        if tls is None:
             self.port = self._grpc.add_insecure_port(bind)
         else:
-            self.port = self._grpc.add_secure_port(bind, credentials)
+            self.port = self._grpc.add_secure_port(bind, tls.grpc_credentials())
         if not self.port:
             raise OSError(f"cannot bind {cfg.host}:{cfg.port}")
         self.address = advertised_address(
@@ -281,6 +289,8 @@ class BookieServer:
             self.meta,
             allow_new_cluster=cfg.allow_new_cluster,
         )
+        if self.access.enabled:
+            await self._follow_principals()
         replayed = await self.storage.start()
         self._storage_started = True
         if replayed:
@@ -294,6 +304,7 @@ class BookieServer:
             bookie_info=self._info,
             max_stream_answer_bytes=cfg.max_stream_answer_bytes,
             max_stream_inflight_bytes=cfg.max_stream_inflight_bytes,
+            access=self.access,
         )
         self._grpc.add_generic_rpc_handlers((service.handler(),))
         await self._grpc.start()
@@ -304,6 +315,8 @@ class BookieServer:
                 ("POST", "/admin/disk-thresholds"): self._admin_thresholds,
                 ("POST", "/admin/gc"): self._admin_gc,
             },
+            access=self.access,
+            ssl=tls.ssl_context() if tls is not None else None,
         )
         metrics_host = cfg.host if cfg.metrics_host is None else cfg.metrics_host
         self.metrics_port = await self._http.start(metrics_host, cfg.metrics_port)
@@ -322,6 +335,30 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._disk_loop(), name="disk-check"))
         self._tasks.append(loop.create_task(self._gc_loop(), name="gc"))
+
+    async def _follow_principals(self) -> None:
+        """Read the principal map before serving (an authenticating bookie without it
+        would refuse everyone), then follow it."""
+        if self.meta is None:
+            raise ValueError(
+                "authentication needs --metadata: the principal -> roles map lives there"
+            )
+        ready = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(
+            follow_principals(self.meta.store, self.access, ready), name="principals"
+        )
+        self._tasks.append(task)
+        waiting = asyncio.ensure_future(ready.wait())
+        await asyncio.wait(
+            [waiting, task],
+            timeout=self.config.session_timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        waiting.cancel()
+        if task.done():
+            task.result()  # it failed: say why
+        if not ready.is_set():
+            raise OSError("cannot read the principal map from the metadata store")
 
     async def stop(self) -> None:
         if self._publishing is not None:

@@ -25,6 +25,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from bookie import validation
+from bookie.auth import AccessControl
 from bookie.errors import (
     BadRequestError,
     NoSuchEntryError,
@@ -32,7 +33,7 @@ from bookie.errors import (
     RequestError,
 )
 from bookie.journal import JournalPosition
-from bookie.ledger_rules import Copy, LedgerState
+from bookie.ledger_rules import Access, Copy, LedgerState
 from bookie.metrics import BookieMetrics
 from bookie.records import FRAME_SIZE, EntryHeader, StoredEntry, frame_header
 from bookie.storage import Cached, LedgerStorage
@@ -76,8 +77,10 @@ class BookieService:
         bookie_info: Callable[[], pb.GetBookieInfoResponse],
         max_stream_answer_bytes: int = DEFAULT_MAX_STREAM_ANSWER_BYTES,
         max_stream_inflight_bytes: int = DEFAULT_MAX_STREAM_INFLIGHT_BYTES,
+        access: AccessControl | None = None,
     ) -> None:
         self.storage = storage
+        self.access = access or AccessControl(metrics)
         self.metrics = metrics
         self.max_entry_bytes = max_entry_bytes
         self.max_stream_answer_bytes = max_stream_answer_bytes
@@ -213,7 +216,13 @@ class BookieService:
                         [_bad_add(-1, -1, BadRequestError(f"malformed AddRequest: {req.error}"))]
                     )
                 else:
-                    accepted, chunks, nbytes, refused = self._check_adds(req)
+                    # Per batch, not once per stream: a token may expire and a role be
+                    # revoked while a stream lives on.
+                    try:
+                        caller: str | RequestError | None = self.access.principal(context)
+                    except RequestError as err:
+                        caller = err
+                    accepted, chunks, nbytes, refused = self._check_adds(req, caller)
                     if refused:
                         answer(refused)
                     if accepted:
@@ -239,8 +248,10 @@ class BookieService:
             write_task.cancel()
 
     def _check_adds(
-        self, req: pb.AddRequest
+        self, req: pb.AddRequest, caller: str | RequestError | None = None
     ) -> tuple[list[Cached], list[bytes], int, list[pb.AddResult]]:
+        """Check a batch of adds from caller (a principal, None when authentication is
+        off, or the error that refused its credentials)."""
         read_only = self.is_read_only()
         max_entry_bytes = self.max_entry_bytes
         check_add = self.storage.check_add
@@ -272,6 +283,10 @@ class BookieService:
                 # accepted is accepted for the same reasons (a batch is mostly one ledger).
                 signature = (h.ledger_id, h.master_key, h.flags, h.term)
                 if signature != accepted_like:
+                    if isinstance(caller, RequestError):
+                        raise caller
+                    recovery = h.flags & pb.RECOVERY_ADD
+                    self.access.check(caller, Access.RECOVERY_ADD if recovery else Access.ADD)
                     st = check_add(h, read_only=read_only)
                     accepted_like = signature
                 if h.entry_id > st.highest_entry:
@@ -301,10 +316,11 @@ class BookieService:
     # -- reads ----------------------------------------------------------------------------
 
     async def _state_for_read(
-        self, fence: bool, req: pb.ReadRequest | pb.ReadLacRequest
+        self, fence: bool, req: pb.ReadRequest | pb.ReadLacRequest, context: Any, plain: Access
     ) -> LedgerState:
         """A fencing read fences (durably, first); a term read adopts the term; a plain
-        read needs the ledger to be known here."""
+        read needs the ledger to be known here. Each only for a caller allowed to."""
+        self.access.authorize(context, Access.FENCE if fence or req.term else plain)
         if fence:
             return await self.storage.fence(req.ledger_id, req.master_key, req.term)
         if req.term:
@@ -318,7 +334,7 @@ class BookieService:
                 status=pb.BAD_REQUEST, message=f"malformed ReadRequest: {req.error}"
             )
         try:
-            st = await self._state_for_read(validation.check_read(req), req)
+            st = await self._state_for_read(validation.check_read(req), req, context, Access.READ)
         except RequestError as err:
             return pb.ReadResponse(status=err.status, message=str(err), term=err.term)
         max_bytes = min(req.max_bytes or DEFAULT_READ_MAX_BYTES, DEFAULT_READ_MAX_BYTES)
@@ -350,7 +366,8 @@ class BookieService:
                 status=pb.BAD_REQUEST, message=f"malformed ReadLacRequest: {req.error}"
             )
         try:
-            st = await self._state_for_read(validation.check_read_lac(req), req)
+            fence = validation.check_read_lac(req)
+            st = await self._state_for_read(fence, req, context, Access.READ_LAC)
             lac = st.lac
             if req.timeout_ms > 0 and lac <= req.previous_lac:
                 timeout_s = min(req.timeout_ms / 1000, validation.MAX_LONG_POLL_S)
@@ -379,6 +396,7 @@ class BookieService:
             )
         try:
             validation.check_write_lac(req)
+            self.access.authorize(context, Access.WRITE_LAC)
             await self.storage.write_lac(
                 req.ledger_id, req.master_key, req.last_add_confirmed, req.term
             )
@@ -395,6 +413,7 @@ class BookieService:
             )
         try:
             validation.check_ledger_id(req.ledger_id)
+            self.access.authorize(context, Access.FORCE)
             lac = self.storage.lac(req.ledger_id)
         except RequestError as err:
             return pb.ForceResponse(status=err.status, message=str(err))
@@ -405,7 +424,15 @@ class BookieService:
             return pb.GetBookieInfoResponse(
                 status=pb.BAD_REQUEST, message=f"malformed request: {req.error}"
             )
-        return self.bookie_info()
+        try:
+            principal = self.access.authorize(context, Access.INFO)
+        except RequestError as err:
+            return pb.GetBookieInfoResponse(status=err.status, message=str(err))
+        info = self.bookie_info()
+        if principal is not None:
+            info.authenticated, info.principal = True, principal
+            info.roles.extend(sorted(self.access.roles.get(principal, ())))
+        return info
 
     def _known(self, ledger_id: int) -> LedgerState:
         st = self.storage.state(ledger_id)

@@ -37,7 +37,8 @@ class InvalidPathError(MetadataError, ValueError):
 
 
 class InvalidValueError(MetadataError, TypeError):
-    """A node value that is not bytes, or a version that is not an int >= -1."""
+    """A node value that is not bytes, a version that is not an int >= -1, or a bad
+    connect() option or credential setting."""
 
 
 class ValueTooLargeError(MetadataError, ValueError):

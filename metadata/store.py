@@ -38,11 +38,17 @@ class CheckVersion:
 
 @dataclass(frozen=True)
 class Create:
+    """Create a node. ``private``: on a ZooKeeper store with credentials, only that
+    identity may read the node (every other node it creates stays world-readable); the
+    parents made by make_parents are not private. Other stores accept it and protect
+    every node alike (sqlite: the database file is the owner's alone)."""
+
     path: str
     data: bytes = b""
     ephemeral: bool = False
     sequential: bool = False
     make_parents: bool = False
+    private: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,9 +259,11 @@ class MetadataStore(abc.ABC):
         ephemeral: bool = False,
         sequential: bool = False,
         make_parents: bool = False,
+        private: bool = False,
     ) -> str:
-        """Create a node; returns its actual path (with the suffix when sequential)."""
-        op = Create(path, data, ephemeral, sequential, make_parents)
+        """Create a node; returns its actual path (with the suffix when sequential).
+        private: readable only by the store's own identity (see Create)."""
+        op = Create(path, data, ephemeral, sequential, make_parents, private)
         result = await self._single(op)
         assert isinstance(result, str)
         return result

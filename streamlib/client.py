@@ -8,8 +8,6 @@ await writer.append(b"hello")
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import os
 from typing import Any
 
 import metadata
@@ -23,6 +21,7 @@ from streamlib.ledger.manager import LedgerManager
 from streamlib.ledger.placement import PlacementPolicy
 from streamlib.ledger.pool import BookiePool
 from streamlib.protocol.errors import BadRequestError
+from streamlib.security import client_config
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.admin import StreamManager
 from streamlib.stream.consumer import Consumer, ranges_from_state, ranges_to_state
@@ -30,27 +29,6 @@ from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Reader, StreamScanner
 from streamlib.stream.writer import StreamWriter
-
-
-def _with_tls(
-    config: BookieClientConfig | None,
-    tls_ca: str | None,
-    tls_cert: str | None,
-    tls_key: str | None,
-) -> BookieClientConfig:
-    """config with the TLS files: the arguments, else config's own, else the
-    STREAMLIB_TLS_* environment variables."""
-    config = config or BookieClientConfig()
-    files = (tls_ca, tls_cert, tls_key)
-    if files == (None, None, None):
-        if config.tls_ca is not None:
-            return config
-        env = {k: os.environ.get(f"STREAMLIB_TLS_{k}") or None for k in ("CA", "CERT", "KEY")}
-        files = (env["CA"], env["CERT"], env["KEY"])
-        if files == (None, None, None):
-            return config
-    ca, cert, key = files
-    return dataclasses.replace(config, tls_ca=ca, tls_cert=cert, tls_key=key)
 
 
 class Client:
@@ -63,9 +41,11 @@ class Client:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        token: str | None = None,
     ) -> None:
-        bookie_config = _with_tls(bookie_config, tls_ca, tls_cert, tls_key)
-        bookie_config.channel_credentials()  # an unreadable file fails here, not per bookie
+        bookie_config = client_config(
+            bookie_config, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token
+        )
         self.store = store
         self.registry = BookieRegistry(store)
         self.pool = BookiePool(self.registry, bookie_config)
@@ -84,10 +64,13 @@ class Client:
     async def connect(cls, uri: str, **options: Any) -> Client:
         """Connect to the metadata store at uri (zk://, sqlite://, memory://).
 
-        Options: session_timeout_s, rack_aware, bookie_config (a BookieClientConfig), and
+        Options: session_timeout_s, rack_aware, bookie_config (a BookieClientConfig),
         tls_ca / tls_cert / tls_key: PEM file paths to dial bookies over TLS (tls_ca) with
-        a client certificate (tls_cert + tls_key, for bookies requiring mutual TLS). Not
-        given, they default to $STREAMLIB_TLS_CA / $STREAMLIB_TLS_CERT / $STREAMLIB_TLS_KEY.
+        a client certificate (tls_cert + tls_key, for bookies requiring mutual TLS), and
+        token: a JWT naming this client's principal to bookies that authenticate. Not
+        given, they default to $STREAMLIB_TLS_CA / $STREAMLIB_TLS_CERT / $STREAMLIB_TLS_KEY
+        and $STREAMLIB_TOKEN (or the file $STREAMLIB_TOKEN_FILE names); see
+        streamlib/security.py.
         """
         store_options = {k: options.pop(k) for k in ("session_timeout_s",) if k in options}
         store = await metadata.connect(uri, **store_options)

@@ -6,21 +6,31 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from streamlib.client import Client
-from streamlib.errors import StreamFencedError
+from streamlib.errors import StreamFencedError, UnauthorizedError
 from streamlib.stream.reader import Message
 
 STREAM = "demo-orders"
 
 
-async def _demo(uri: str, messages: int) -> None:
+async def _demo(
+    uri: str, messages: int, writer: dict[str, Any], reader: dict[str, Any] | None
+) -> None:
+    """writer / reader: Client.connect options of the producers and of the subscriber
+    (a secure sandbox's TLS CA and tokens; reader None: the same as writer)."""
     publisher, subscriber, successor = (
-        await Client.connect(uri),
-        await Client.connect(uri),
-        await Client.connect(uri),
+        await Client.connect(uri, **writer),
+        await Client.connect(uri, **(writer if reader is None else reader)),
+        await Client.connect(uri, **writer),
     )
     try:
+        if reader is not None:
+            print(
+                "secure sandbox: TLS to every bookie; producers hold a writer token, "
+                "the subscriber a reader token"
+            )
         await publisher.streams.create(STREAM, ensemble=3, write_quorum=3, ack_quorum=2)
         print(f"created stream {STREAM!r}: every entry on 3 bookies, acknowledged at 2 fsyncs")
         consumer = await subscriber.subscribe(STREAM, "billing", initial_position="earliest")
@@ -49,6 +59,12 @@ async def _demo(uri: str, messages: int) -> None:
             f"(last: {received[-1].data!r}, key {received[-1].key!r}) and acknowledged them"
         )
         await consumer.close()
+        if reader is not None:
+            try:
+                await subscriber.create_producer(STREAM)
+                raise SystemExit("a reader took the stream over: this must never happen")
+            except UnauthorizedError as e:
+                print(f"the reader token may not produce: UnauthorizedError ({e})")
 
         taker = await successor.create_producer(STREAM)
         print("a second producer took the stream over (it fenced the first one's ledger)")
@@ -79,7 +95,13 @@ async def _demo(uri: str, messages: int) -> None:
             await client.close()
 
 
-def run_demo(metadata_uri: str, messages: int = 1000) -> int:
-    asyncio.run(_demo(metadata_uri, messages))
+def run_demo(
+    metadata_uri: str,
+    messages: int = 1000,
+    *,
+    writer: dict[str, Any] | None = None,
+    reader: dict[str, Any] | None = None,
+) -> int:
+    asyncio.run(_demo(metadata_uri, messages, writer or {}, reader))
     print("demo finished: OK")
     return 0

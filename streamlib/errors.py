@@ -31,6 +31,7 @@ from streamlib.protocol.errors import (
     TooLargeError,
     TooManyEnsembleChangesError,
     TooManyRequestsError,
+    UnauthenticatedError,
     UnauthorizedError,
     error_for_status,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "TooLargeError",
     "TooManyEnsembleChangesError",
     "TooManyRequestsError",
+    "UnauthenticatedError",
     "UnauthorizedError",
     "error_for_status",
 ]

@@ -5,6 +5,12 @@ with stable bookie ids (sandbox-bookie-0, ...) and ports (--port-base + i), so a
 on the same data directory finds all its data again. It waits until every bookie is
 registered, prints where everything is, and runs until Ctrl-C / SIGTERM, then stops the
 bookies cleanly. `--demo` runs an end-to-end demo against the cluster and exits.
+
+`--secure` turns TLS and authentication on: a throwaway CA, a bookie certificate for
+127.0.0.1/localhost and an HS256 token key are made in DATA_DIR/security (kept across
+restarts, so tokens stay valid), tokens for the principals admin, writer and reader are
+granted the roles of the same names (and "bookie", the bookies' certificate, the bookie
+role), and every bookie serves TLS only and authenticates every request.
 """
 
 from __future__ import annotations
@@ -45,12 +51,16 @@ class Sandbox:
         metadata_uri: str | None = None,
         port_base: int = DEFAULT_PORT_BASE,
         extra_bookie_args: list[str] | None = None,
+        secure: bool = False,
     ) -> None:
         if bookies < 1:
             raise ValueError("a sandbox needs at least one bookie")
         self.data_dir = data_dir.resolve()
         self.metadata_uri = metadata_uri or default_metadata_uri(self.data_dir)
         self.port_base = port_base
+        self.security = SecureSetup(self.data_dir / "security") if secure else None
+        if self.security is not None:
+            extra_bookie_args = [*self.security.bookie_args(), *(extra_bookie_args or [])]
         self.processes = [
             BookieProcess(
                 self.data_dir / f"bookie-{i}",
@@ -61,7 +71,9 @@ class Sandbox:
         ]
 
     def start(self, timeout_s: float = 60.0) -> Sandbox:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.security is not None:
+            asyncio.run(self.security.grant_roles(self.metadata_uri))  # before bookies serve
         try:
             for i, process in enumerate(self.processes):
                 process.start(port=self.port_base + i if self.port_base else 0)
@@ -96,13 +108,23 @@ class Sandbox:
             await store.close()
 
     def describe(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "metadata": self.metadata_uri,
             "bookies": [
                 {"id": p.bookie_id, "address": p.address, "pid": p.proc.pid if p.proc else None}
                 for p in self.processes
             ],
         }
+        if self.security is not None:
+            info["tls_ca"] = str(self.security.certs.ca)
+            info["tokens"] = self.security.tokens
+        return info
+
+    def client_options(self, principal: str = "writer") -> dict[str, Any]:
+        """Client.connect options for principal ({} for a plaintext sandbox)."""
+        if self.security is None:
+            return {}
+        return {"tls_ca": str(self.security.certs.ca), "token": self.security.tokens[principal]}
 
     def stop(self) -> None:
         for process in self.processes:
@@ -113,6 +135,53 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SecureSetup:
+    """A secure sandbox's credentials, made once in directory (0700, files 0600)."""
+
+    ROLES = {"admin": ["admin"], "writer": ["write"], "reader": ["read"], "bookie": ["bookie"]}
+
+    def __init__(self, directory: Path) -> None:
+        from streamlib.security import (
+            CertFiles,
+            make_certs,
+            make_token,
+            new_secret_key,
+            write_private,
+        )
+
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.directory = directory
+        self.secret_file = directory / "token.key"
+        if not self.secret_file.exists():
+            write_private(self.secret_file, new_secret_key())
+        names = ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")
+        if all((directory / n).exists() for n in names):
+            self.certs = CertFiles(*(directory / n for n in names))
+        else:  # the bookies' certificate names 127.0.0.1: the sandbox binds only there
+            self.certs = make_certs(directory, ca_name="streamlib sandbox CA", valid_days=365)
+        secret = self.secret_file.read_bytes().strip()
+        self.tokens = {p: make_token(secret, p) for p in ("admin", "writer", "reader")}
+        for principal, token in self.tokens.items():
+            write_private(directory / f"{principal}.token", token.encode())
+
+    def bookie_args(self) -> list[str]:
+        return [
+            "--tls-cert", str(self.certs.server_cert),
+            "--tls-key", str(self.certs.server_key),
+            "--tls-ca", str(self.certs.ca),
+            "--auth-token-secret-file", str(self.secret_file),
+        ]  # fmt: skip
+
+    async def grant_roles(self, metadata_uri: str) -> None:
+        import metadata
+        from metadata.services.principals import PrincipalRoles
+
+        async with await metadata.connect(metadata_uri) as store:
+            principals = PrincipalRoles(store)
+            for principal, roles in self.ROLES.items():
+                await principals.grant(principal, roles)
 
 
 def _wait_for_signal() -> None:
@@ -139,7 +208,11 @@ def run(args: argparse.Namespace) -> int:
     if port_base is None:
         port_base = 0 if args.demo else DEFAULT_PORT_BASE
     sandbox = Sandbox(
-        Path(data_dir), bookies=args.bookies, metadata_uri=args.metadata, port_base=port_base
+        Path(data_dir),
+        bookies=args.bookies,
+        metadata_uri=args.metadata,
+        port_base=port_base,
+        secure=args.secure,
     )
     try:
         sandbox.start()
@@ -151,11 +224,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"  metadata  {info['metadata']}")
             for b in info["bookies"]:
                 print(f"  bookie    {b['id']:<18} {b['address']:<21} pid {b['pid']}")
+            if sandbox.security is not None:
+                where = sandbox.security.directory
+                print(f"  tls_ca    {info['tls_ca']}")
+                print(f"  tokens    {where}/{{admin,writer,reader}}.token (the roles' names)")
             print("  (Ctrl-C to stop)" if not args.demo else "", flush=True)
         if args.demo:
             from streamlib.demo import run_demo
 
-            return run_demo(sandbox.metadata_uri)
+            return run_demo(
+                sandbox.metadata_uri,
+                writer=sandbox.client_options("writer"),
+                reader=sandbox.client_options("reader") if args.secure else None,
+            )
         _wait_for_signal()
         return 0
     finally:
@@ -185,5 +266,11 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line once ready")
     parser.add_argument(
         "--demo", action="store_true", help="run an end-to-end demo against the cluster and exit"
+    )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS and token authentication with roles: a throwaway CA, certificates and "
+        "tokens in DATA_DIR/security; --json adds tls_ca and tokens",
     )
     parser.set_defaults(run=run)

@@ -21,6 +21,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BAD_REQUEST: _ClassVar[StatusCode]
     IO_ERROR: _ClassVar[StatusCode]
     TOO_MANY_REQUESTS: _ClassVar[StatusCode]
+    UNAUTHENTICATED: _ClassVar[StatusCode]
 
 class AddFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -45,6 +46,7 @@ TOO_LARGE: StatusCode
 BAD_REQUEST: StatusCode
 IO_ERROR: StatusCode
 TOO_MANY_REQUESTS: StatusCode
+UNAUTHENTICATED: StatusCode
 ADD_FLAG_NONE: AddFlag
 RECOVERY_ADD: AddFlag
 TRUNCATE: AddFlag
@@ -255,17 +257,23 @@ class GetBookieInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetBookieInfoResponse(_message.Message):
-    __slots__ = ("status", "bookie_id", "free_bytes", "total_bytes", "read_only", "message")
+    __slots__ = ("status", "bookie_id", "free_bytes", "total_bytes", "read_only", "message", "authenticated", "principal", "roles")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     status: StatusCode
     bookie_id: str
     free_bytes: int
     total_bytes: int
     read_only: bool
     message: str
-    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., bookie_id: _Optional[str] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    authenticated: bool
+    principal: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., bookie_id: _Optional[str] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ..., authenticated: _Optional[bool] = ..., principal: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -17,6 +17,10 @@ ZooKeeper gives them must come from the database file itself:
   reading the log only when it moved. Own writes read the log right after committing.
 - A busy database (another process holds the write lock) is retried with tenacity
   for busy_timeout_s, then StoreBusyError.
+- The file is the store's only protection, so it is its owner's alone: created 0600
+  (SQLite gives its -wal, -shm and -journal files the database file's mode), and an
+  older file we own found wider is narrowed to 0600, side files too. One OS user per
+  store, then; the directory is the caller's (0700 when it makes one).
 
 All database work runs on one thread per store (sqlite3 connections are not shared
 across threads), reached from asyncio through run_in_executor.
@@ -31,6 +35,7 @@ import logging
 import os
 import socket
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -94,6 +99,8 @@ CHANGE_LOG_KEEP_MS = 60_000
 REAP_EVERY_POLLS = 8
 # FULL (the default) syncs the WAL on every commit: a committed CAS survives power loss.
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+# The database and the files SQLite keeps beside it (same name plus these suffixes).
+SIDE_FILE_SUFFIXES = ("-wal", "-shm", "-journal")
 
 
 def _now_ms() -> int:
@@ -104,6 +111,27 @@ def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and (
         "locked" in str(exc) or "busy" in str(exc)
     )
+
+
+def _restrict_to_owner(db_path: str) -> None:
+    """Create the database file 0600 (whatever the umask), and take group and world
+    bits off the files of an existing store that we own (files of another user are
+    theirs to mode; we only read what they let us)."""
+    try:
+        os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StoreIOError(f"cannot create {db_path}: {exc.strerror}") from exc
+    for path in (db_path, *(db_path + suffix for suffix in SIDE_FILE_SUFFIXES)):
+        try:
+            st = os.stat(path)
+            if st.st_uid == os.geteuid() and stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+        except FileNotFoundError:
+            continue  # a side file SQLite has not made (or just removed)
+        except OSError as exc:
+            raise StoreIOError(f"cannot narrow the permissions of {path}: {exc.strerror}") from exc
 
 
 class _SqliteTable(_tree.NodeTable):
@@ -187,6 +215,7 @@ class SqliteStore(MetadataStore):
         return self
 
     def _open(self) -> None:
+        _restrict_to_owner(self.db_path)
         try:
             # timeout: sqlite's own short busy wait per attempt; tenacity does the rest.
             conn = sqlite3.connect(self.db_path, timeout=0.1, isolation_level=None)

@@ -10,11 +10,19 @@ Sessions: kazoo reconnects by itself while the session lives (SUSPENDED -> CONNE
 ephemerals kept). When the session expires (LOST) kazoo opens a new one; then every
 watch fires once (changes may have been missed) and the session listeners run so
 their owners re-create their ephemeral nodes.
+
+Security: with digest credentials (identity W) every node we create, the chroot and
+the parents kazoo makes included (kazoo's default_acl), gets [digest W: ALL, world:
+READ]: readers running as another identity or none follow the metadata, only W
+changes it. A private node gets [digest W: ALL] alone. Without credentials nodes are
+open to all, as ZooKeeper makes them. With tls=true kazoo speaks TLS, verifying the
+server's certificate and its host name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +35,7 @@ from kazoo.recipe.election import Election as KazooElection
 from kazoo.recipe.lock import Lock as KazooLock
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
-from kazoo.security import make_digest_acl
+from kazoo.security import ACL, make_acl, make_digest_acl
 
 from metadata import errors
 from metadata.store import (
@@ -63,6 +71,15 @@ _ERRORS: dict[type[Exception], type[errors.MetadataError]] = {
     kz.MarshallingError: errors.ValueTooLargeError,
 }
 
+# What to do about an error, where the error alone does not tell.
+_HINTS: dict[type[Exception], str] = {
+    kz.NoAuthError: (
+        "the node's ACL (for a create: its parent's) does not allow that to this store's "
+        "identity; connect with the credentials that created it (auth_file= in the URI, "
+        "or $STREAMLIB_ZK_AUTH)"
+    ),
+}
+
 _KINDS: dict[str, WatchKind] = {
     EventType.CREATED: "created",
     EventType.CHANGED: "changed",
@@ -76,6 +93,9 @@ def translate(exc: BaseException, context: str = "") -> BaseException:
     if isinstance(exc, errors.MetadataError):
         return exc
     message = f"{context}: ZooKeeper said {type(exc).__name__} {exc}".strip(": ")
+    for kazoo_type, hint in _HINTS.items():
+        if isinstance(exc, kazoo_type):
+            message = f"{message}: {hint}"
     for kazoo_type, ours in _ERRORS.items():
         if isinstance(exc, kazoo_type):
             return ours(message)
@@ -94,25 +114,42 @@ class ZooKeeperStore(MetadataStore):
         auth: tuple[str, str] | None = None,
         connect_timeout_s: float = 15.0,
         operation_timeout_s: float | None = None,
+        tls: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         super().__init__()
         self.uri = f"zk://{hosts}{chroot}"
+        self._hosts = hosts
         self._chroot = chroot
+        self._tls = tls
         self._connect_timeout_s = connect_timeout_s
         # By default an operation may wait out one session timeout for a reconnect.
         self._operation_timeout_s = operation_timeout_s or session_timeout_s
-        acl = None
+        acl: list[ACL] | None = None
+        self._private_acl: list[ACL] | None = None
         auth_data = None
         if auth is not None:
             user, password = auth
             auth_data = [("digest", f"{user}:{password}")]
-            # Nodes we create are readable and writable only with the same credentials.
-            acl = [make_digest_acl(user, password, all=True)]
+            owner = make_digest_acl(user, password, all=True)
+            acl = [owner, make_acl("world", "anyone", read=True)]
+            self._private_acl = [owner]
+        if tls:
+            _check_tls_files(tls_ca, tls_cert, tls_key)
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
             auth_data=auth_data,
             default_acl=acl,
+            use_ssl=tls,
+            ca=tls_ca,
+            certfile=tls_cert,
+            keyfile=tls_key,
+            verify_certs=True,
+            # The certificate must name the host we dialled, as in any TLS client.
+            check_hostname=tls,
             # Reconnect every second at most while ZooKeeper is unreachable: kazoo's
             # default backoff doubles up to an hour, so a bookie healed after a long
             # partition took tens of seconds to notice and register again.
@@ -132,6 +169,10 @@ class ZooKeeperStore(MetadataStore):
                     # What kazoo's own hosts parsing does; set after creating the chroot
                     # because kazoo will not create it.
                     self._client.chroot = self._chroot
+            except KazooTimeoutError:
+                self._client.stop()
+                self._client.close()
+                raise errors.ConnectionLossError(self._no_session_message()) from None
             except Exception as exc:
                 self._client.stop()
                 self._client.close()
@@ -141,6 +182,18 @@ class ZooKeeperStore(MetadataStore):
         self._refresh_session_id()
         self._client.add_listener(self._on_state)
         return self
+
+    def _no_session_message(self) -> str:
+        message = (
+            f"no ZooKeeper session at {self._hosts} within {self._connect_timeout_s}s: "
+            "is it running and reachable?"
+        )
+        if self._tls:
+            message += (
+                " With tls=true: is that its secureClientPort, did tls_ca's CA sign its "
+                "certificate for that host name, does it want a client certificate?"
+            )
+        return message
 
     def _refresh_session_id(self) -> None:
         client_id = self._client.client_id
@@ -213,15 +266,19 @@ class ZooKeeperStore(MetadataStore):
             # ZooKeeper's multi cannot create parents; they are plain persistent nodes,
             # so creating them ahead of the transaction is harmless if it then fails.
             if isinstance(op, Create) and op.make_parents:
-                parent = op.path.rsplit("/", 1)[0]
-                if parent:
-                    await self._call(self._client.ensure_path_async, parent)
+                await self._ensure_parent(op.path)
         txn = self._client.transaction()
         for op in ops:
             if isinstance(op, CheckVersion):
                 txn.check(op.path, op.version)
             elif isinstance(op, Create):
-                txn.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequential)
+                txn.create(
+                    op.path,
+                    op.data,
+                    acl=self._acl_for(op),
+                    ephemeral=op.ephemeral,
+                    sequence=op.sequential,
+                )
             elif isinstance(op, Set):
                 txn.set_data(op.path, op.data, op.version)
             else:
@@ -240,13 +297,27 @@ class ZooKeeperStore(MetadataStore):
             raise errors.TransactionError(index, cause)
         return [_txn_result(op, r, self._client) for op, r in zip(ops, raw, strict=True)]
 
+    async def _ensure_parent(self, path: str) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if parent:
+            await self._call(self._client.ensure_path_async, parent)
+
+    def _acl_for(self, op: Create) -> list[ACL] | None:
+        """None: kazoo's default_acl (see the module docstring)."""
+        return self._private_acl if op.private else None
+
     async def _one(self, op: Op) -> object:
         try:
             if isinstance(op, Create):
+                if op.make_parents and op.private:
+                    # kazoo's makepath gives the parents the node's own ACL: made here
+                    # with the default one, a private node's parents stay readable.
+                    await self._ensure_parent(op.path)
                 return await self._call(
                     self._client.create_async,
                     op.path,
                     op.data,
+                    acl=self._acl_for(op),
                     ephemeral=op.ephemeral,
                     sequence=op.sequential,
                     makepath=op.make_parents,
@@ -349,6 +420,29 @@ class ZooKeeperStore(MetadataStore):
             self._client.close()
 
         await asyncio.to_thread(stop)
+
+
+def _check_tls_files(ca: str | None, cert: str | None, key: str | None) -> None:
+    """Load the TLS files once here: kazoo would load them on every connection attempt
+    and retry failures until the connect timeout, hiding the cause."""
+    if bool(cert) != bool(key):
+        raise errors.InvalidValueError("tls_cert and tls_key go together: give both or neither")
+    context = ssl.create_default_context()
+    try:
+        if ca:
+            context.load_verify_locations(ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise errors.InvalidValueError(
+            f"tls_ca {ca}: cannot load PEM CA certificates from it ({exc})"
+        ) from None
+    try:
+        if cert and key:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise errors.InvalidValueError(
+            f"tls_cert {cert} / tls_key {key}: not a PEM certificate and its unencrypted "
+            f"private key ({exc})"
+        ) from None
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

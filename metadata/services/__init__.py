@@ -11,6 +11,7 @@ Layout under the root:
                                 child list grows past 10,000 names)
     bookies/available/ID        BookieInfo, ephemeral (the bookie's session)
     cookies/ID                  Cookie (records the cluster instance id it joined)
+    security/principals         JSON principal -> roles map every bookie enforces
     streams/NAME                StreamMetadata; streams/NAME/cursors/SUB: CursorState
     underreplication/ledgers/N  UnderReplicatedLedger; .../locks/N ephemeral;
                                 .../disabled present = auto-recovery disabled
@@ -26,6 +27,7 @@ from metadata.services.cluster import ClusterInstance
 from metadata.services.cookies import CookieStore
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
+from metadata.services.principals import PrincipalRoles
 from metadata.services.streams import StreamRegistry
 from metadata.services.underreplication import UnderReplicationManager
 
@@ -37,6 +39,7 @@ __all__ = [
     "CookieStore",
     "LedgerIdGenerator",
     "LedgerMetadataManager",
+    "PrincipalRoles",
     "StreamRegistry",
     "UnderReplicationManager",
 ]

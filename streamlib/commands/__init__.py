@@ -1,7 +1,8 @@
 """The everyday and admin commands of the `streamlib` command line.
 
 One module per command group: `pubsub` (produce / consume / read), and under `admin`:
-`bookies`, `ledgers`, `streams`, `cursors`, `underreplicated`, `simpletest`. Each
+`bookies`, `ledgers`, `streams`, `cursors`, `underreplicated`, `simpletest`, and
+`security` (`admin principals` and `token`). Each
 module's `add_parsers` adds its parsers; each parser sets `run(args) -> exit code`.
 `common` holds what they share: the --metadata default, the one-line error
 convention, tables / JSON output and progress bars.
@@ -23,11 +24,13 @@ def add_parsers(commands: Any, admin_commands: Any) -> None:
         cursors,
         ledgers,
         pubsub,
+        security,
         simpletest,
         streams,
         underreplicated,
     )
 
     pubsub.add_parsers(commands)
+    security.add_parsers(commands, admin_commands)
     for module in (bookies, ledgers, streams, cursors, underreplicated, simpletest):
         module.add_parsers(admin_commands)

@@ -50,10 +50,62 @@ def add_common(parser: argparse.ArgumentParser, *, json_help: str = "print JSON"
         f"default: ${ENV_METADATA}, else the sandbox's",
     )
     parser.add_argument("--json", action="store_true", help=json_help)
+    security = parser.add_argument_group(
+        "TLS and authentication (default: $STREAMLIB_TLS_CA / _CERT / _KEY, $STREAMLIB_TOKEN "
+        "or $STREAMLIB_TOKEN_FILE)"
+    )
+    security.add_argument("--tls-ca", metavar="PEM", help="dial bookies over TLS trusting this CA")
+    security.add_argument("--tls-cert", metavar="PEM", help="client certificate (mutual TLS)")
+    security.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
+    security.add_argument(
+        "--token",
+        metavar="file:PATH|env:NAME",
+        type=token_source,
+        help="the token naming this client's principal, read from a file or an environment "
+        "variable (never given on the command line, where every local user sees it)",
+    )
+
+
+def token_source(text: str) -> str:
+    """argparse type of --token: where the token is (Pulsar's file:// / env forms), read."""
+    kind, sep, where = text.partition(":")
+    if not sep or kind not in ("file", "env") or not where:
+        raise argparse.ArgumentTypeError(
+            "--token takes file:PATH or env:NAME, not the token itself (a command line is "
+            "visible to every local user)"
+        )
+    if kind == "env":
+        value = os.environ.get(where, "").strip()
+        if not value:
+            raise argparse.ArgumentTypeError(f"--token env:{where}: ${where} is not set")
+        return value
+    from streamlib.security import read_secret_file
+
+    try:
+        return read_secret_file(where.removeprefix("//"), "token file")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def client_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Client.connect's security options from add_common's flags (unset: the environment)."""
+    return {
+        key: getattr(args, key)
+        for key in ("tls_ca", "tls_cert", "tls_key", "token")
+        if getattr(args, key, None) is not None
+    }
 
 
 def metadata_uri(args: argparse.Namespace) -> str:
     if args.metadata:
+        from metadata.uri import credentials_in_uri
+
+        if credentials_in_uri(args.metadata):
+            raise CommandError(
+                "the --metadata URI carries a password, which every local user sees in the "
+                "process list: use zk://...?auth_file=PATH, $STREAMLIB_ZK_AUTH, or put the "
+                f"whole URI in ${ENV_METADATA}"
+            )
         return str(args.metadata)
     if os.environ.get(ENV_METADATA):
         return os.environ[ENV_METADATA]
@@ -91,7 +143,7 @@ def run_with_client(
         async def go() -> int:
             uri = metadata_uri(args)
             _check_store_exists(uri)
-            client = await Client.connect(uri)
+            client = await Client.connect(uri, **client_options(args))
             try:
                 return int(await body(client, args) or 0)
             finally:

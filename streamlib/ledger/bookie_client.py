@@ -113,6 +113,12 @@ class BookieClientConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    # A JWT naming this client's principal to bookies that authenticate (sent as
+    # "authorization: Bearer" on every call; never in a repr or a log).
+    token: str | None = field(default=None, repr=False)
+
+    def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return None if not self.token else (("authorization", f"Bearer {self.token}"),)
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -180,6 +186,7 @@ class BookieClient:
             else grpc.aio.secure_channel(address, credentials, options=options)
         )
         self._stub = pb_grpc.BookieStub(self._channel)
+        self._metadata = self.config.call_metadata()
         self._outbox: list[bytes] = []  # serialized AddEntry messages (see frame_add)
         self._outbox_bytes = 0
         # Who waits for each (ledger, entry). The same entry can be in flight twice (a
@@ -412,7 +419,7 @@ class BookieClient:
             request_serializer=None,
             response_deserializer=pb.AddResponse.FromString,
         )
-        return method()  # type: ignore[call-arg]  # requests are written, not iterated
+        return method(metadata=self._metadata)  # type: ignore[call-arg]  # requests are written
 
     # -- connection ---------------------------------------------------------------------
 
@@ -472,7 +479,7 @@ class BookieClient:
             timeout = max(0.001, timeout - (loop.time() - started))
         try:
             return await getattr(self._stub, method)(
-                request, timeout=timeout, wait_for_ready=wait_for_ready
+                request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as err:
             if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

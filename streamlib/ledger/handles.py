@@ -28,6 +28,7 @@ from streamlib.protocol.errors import (
     NoSuchEntryError,
     StreamlibError,
     TooLargeError,
+    error_for_status,
 )
 from streamlib.protocol.read_rules import (
     explicit_lac_bookies,
@@ -38,6 +39,15 @@ from streamlib.protocol.read_rules import (
 from streamlib.protocol.writer import LedgerWriter
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
+_REFUSALS = (pb.UNAUTHORIZED, pb.UNAUTHENTICATED)
+
+
+def refused(bookie: str, response: pb.ReadResponse | pb.ReadLacResponse) -> None:
+    """Raise a bookie's refusal of this client (its credentials or roles): no other
+    replica will think otherwise, and it is no evidence about the entries, so it is
+    neither retried nor counted as a missing copy."""
+    if response.status in _REFUSALS:
+        raise error_for_status(response.status, f"bookie {bookie}: {response.message}")
 
 
 class WriteHandle:
@@ -372,6 +382,7 @@ class ReadHandle:
             response = await self._context.pool.get(bookie).read(request)
         except BookieUnavailableError:
             return [], [(e, False) for e in entry_ids]
+        refused(bookie, response)
         good: list[EntryData] = []
         negative: set[int] = set()
         answered = max(wanted)
@@ -432,6 +443,7 @@ class ReadHandle:
                         response = call.result()
                     except BookieUnavailableError:
                         continue
+                    refused(ensemble[calls[call]] if calls[call] >= 0 else "?", response)
                     if response.status == pb.OK:
                         best = max(best, response.last_add_confirmed)
                         newest_term = max(newest_term, response.term)
@@ -520,6 +532,8 @@ class ReadHandle:
                 # A timer, not synchronisation: the next poll asks the next bookie, and
                 # while none answers (a cluster restart) tailing must not spin.
                 await asyncio.sleep(min(1.0, 0.02 * self._poll_failures))
+            if response is not None:
+                refused(bookie, response)
             if response is not None and response.status != pb.OK:
                 # The bookie does not hold the ledger (yet): ask the next one, not at once.
                 self._poll_failures += 1

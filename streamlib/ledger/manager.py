@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from tenacity import (
@@ -17,6 +17,7 @@ from tenacity import (
     wait_random,
 )
 
+from bookie.wire import bookie_pb2 as pb
 from metadata.errors import BadVersionError, NoNodeError, TransactionError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
 from metadata.schemas import encode
@@ -30,9 +31,11 @@ from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed
 from streamlib.protocol.digest import master_key, password_hash
 from streamlib.protocol.errors import (
     BadRequestError,
+    BookieUnavailableError,
     NoSuchLedgerError,
     RecoveryAbortedError,
     UnauthorizedError,
+    error_for_status,
 )
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
@@ -68,6 +71,10 @@ class _RecoverySink:
             self.future.set_exception(action.error)
 
 
+# Roles that may fence, recover and write (bookie/ledger_rules.py's ROLES_ALLOWED).
+_WRITE_ROLES = frozenset({"write", "bookie", "admin"})
+
+
 class LedgerManager:
     def __init__(self, context: Context, ids: LedgerIdGenerator) -> None:
         self._context = context
@@ -97,6 +104,7 @@ class LedgerManager:
             await pool.writable(), ensemble, write_quorum
         )
         await pool.prepare(bookies)
+        await self.check_may_write(bookies, "create a ledger")
         ledger_id = await self._ids.next_id()
         created = int(time.time() * 1000)
         metadata = LedgerMetadata(
@@ -114,6 +122,30 @@ class LedgerManager:
         )
         version = await self._context.ledgers.create(metadata_to_pb(metadata))
         return WriteHandle(metadata, version, self._context)
+
+    async def check_may_write(self, bookies: Sequence[str], what: str) -> None:
+        """UnauthorizedError when the bookies would refuse this client's writes or fences.
+
+        Asked BEFORE a recovery marks a ledger IN_RECOVERY or a ledger is created: the
+        bookies enforce roles, but a reader's refused recovery would otherwise leave the
+        ledger's metadata changed (its writer could no longer close it). One bookie's
+        answer is enough (they share the principal map); none answering proves nothing,
+        and the bookies still refuse."""
+        for bookie in bookies:
+            try:
+                info = await self._context.pool.get(bookie).info()
+            except BookieUnavailableError:
+                continue
+            if info.status in (pb.UNAUTHORIZED, pb.UNAUTHENTICATED):
+                raise error_for_status(info.status, f"bookie {bookie}: {info.message}")
+            if info.status != pb.OK:
+                continue
+            if info.authenticated and not _WRITE_ROLES & set(info.roles):
+                raise UnauthorizedError(
+                    f"principal {info.principal!r} may not {what}: that needs one of the "
+                    f"roles {sorted(_WRITE_ROLES)}, and it has {sorted(info.roles) or 'none'}"
+                )
+            return
 
     async def metadata(self, ledger_id: int) -> LedgerMetadata:
         return (await self._read(ledger_id))[0]
@@ -155,6 +187,7 @@ class LedgerManager:
             if not metadata.is_closed:
                 await handle.read_last_add_confirmed()
             return handle
+        await self.check_may_write(metadata.last_fragment.ensemble, f"recover ledger {ledger_id}")
         known: tuple[LedgerMetadata, int] | None = (metadata, version)
 
         async def recover_once() -> tuple[LedgerMetadata, int]:
@@ -243,6 +276,9 @@ class LedgerManager:
         if password_hash(password) != metadata.password_hash:
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         await self._context.pool.prepare(metadata.bookies())
+        await self.check_may_write(
+            metadata.last_fragment.ensemble, f"take unbounded ledger {ledger_id} over"
+        )
         recovery = TermRecovery(
             metadata,
             version,

@@ -27,6 +27,7 @@ class StatusCode(enum.IntEnum):
     BAD_REQUEST = 9
     IO_ERROR = 10
     TOO_MANY_REQUESTS = 11
+    UNAUTHENTICATED = 12
 
 
 class StreamlibError(Exception):
@@ -66,9 +67,18 @@ class InvalidTermError(StreamlibError):
 
 
 class UnauthorizedError(StreamlibError):
-    """Wrong ledger password (master key mismatch)."""
+    """Not allowed: a wrong ledger password (master key mismatch), or a principal whose
+    roles do not allow the request (a reader adding or fencing, a revoked principal)."""
 
     code = StatusCode.UNAUTHORIZED
+
+
+class UnauthenticatedError(UnauthorizedError):
+    """The bookie requires a principal and got none it accepts: no credentials, or a
+    token that is expired, forged or malformed (the message says which). A subclass of
+    UnauthorizedError, so code that stops on a refusal stops on this one too."""
+
+    code = StatusCode.UNAUTHENTICATED
 
 
 class ReadOnlyError(StreamlibError):
@@ -166,6 +176,7 @@ _BY_CODE: dict[StatusCode, type[StreamlibError]] = {
         LedgerFencedError,
         InvalidTermError,
         UnauthorizedError,
+        UnauthenticatedError,
         ReadOnlyError,
         TooLargeError,
         BadRequestError,
@@ -187,3 +198,19 @@ def error_for_status(code: int, message: str = "") -> StreamlibError:
     if cls is None:
         return BadRequestError(f"bookie answered {status.name}: {message}")
     return cls(message or status.name)
+
+
+REFUSALS = (StatusCode.UNAUTHORIZED, StatusCode.UNAUTHENTICATED)
+
+
+def refusal(bookie: str, status: int) -> StreamlibError:
+    """The error for a bookie refusing a recovery or write (REFUSALS): this client may
+    not go on with the ledger there."""
+    if status == StatusCode.UNAUTHENTICATED:
+        return UnauthenticatedError(
+            f"bookie {bookie} requires authentication and refused this client's "
+            f"credentials (none, expired or not signed with the cluster's key)"
+        )
+    return UnauthorizedError(
+        f"bookie {bookie} refused: a wrong ledger password, or this principal lacks the write role"
+    )

@@ -53,12 +53,13 @@ from streamlib.protocol.actions import (
 )
 from streamlib.protocol.digest import DigestManager
 from streamlib.protocol.errors import (
+    REFUSALS,
     IllegalTransitionError,
     InvalidTermError,
     RecoveryAbortedError,
     StatusCode,
     StreamlibError,
-    UnauthorizedError,
+    refusal,
 )
 from streamlib.protocol.ledger_metadata import Fragment, LedgerMetadata
 from streamlib.protocol.quorum import EnsembleCoverage
@@ -205,8 +206,8 @@ class LedgerRecovery:
             return []
         assert self._coverage is not None
         self._lac_answers.add(bookie)
-        if status == StatusCode.UNAUTHORIZED:
-            return self._fail(UnauthorizedError(f"bookie {bookie}: wrong ledger password"))
+        if status in REFUSALS:
+            return self._fail(refusal(bookie, status))
         if status == StatusCode.INVALID_TERM:
             return self._fail(InvalidTermError(f"bookie {bookie}: a newer term exists"))
         if status == StatusCode.OK:
@@ -421,8 +422,8 @@ class LedgerRecovery:
                 self._wb_pending.discard(entry_id)
                 return self._maybe_close()
             return []
-        if status == StatusCode.UNAUTHORIZED:
-            return self._fail(UnauthorizedError(f"bookie {bookie}: wrong ledger password"))
+        if status in REFUSALS:
+            return self._fail(refusal(bookie, status))
         if status == StatusCode.INVALID_TERM:
             return self._fail(InvalidTermError(f"bookie {bookie}: a newer term exists"))
         if status is None and self._retry(entry_id, bookie):

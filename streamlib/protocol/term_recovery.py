@@ -36,7 +36,7 @@ from streamlib.protocol.actions import (
     WriteMetadata,
 )
 from streamlib.protocol.digest import DigestManager
-from streamlib.protocol.errors import InvalidTermError, StatusCode, UnauthorizedError
+from streamlib.protocol.errors import REFUSALS, InvalidTermError, StatusCode, refusal
 from streamlib.protocol.ledger_metadata import LedgerMetadata
 from streamlib.protocol.recovery import LedgerRecovery, Phase, RecoveryOptions, _merge
 from streamlib.protocol.states import LedgerState
@@ -121,8 +121,8 @@ class TermRecovery(LedgerRecovery):
             return []
         if status == StatusCode.INVALID_TERM:
             return self._fail(InvalidTermError(f"bookie {bookie}: a newer term exists"))
-        if status == StatusCode.UNAUTHORIZED:
-            return self._fail(UnauthorizedError(f"bookie {bookie}: wrong ledger password"))
+        if status in REFUSALS:
+            return self._fail(refusal(bookie, status))
         if status is None and self._retry(noop.entry_id, bookie):
             return [self._send_noop(bookie)]
         return self._bookie_failed(bookie)  # replaced locally; the replacement gets it

@@ -45,6 +45,7 @@ from streamlib.protocol.actions import (
 )
 from streamlib.protocol.digest import DigestManager
 from streamlib.protocol.errors import (
+    REFUSALS,
     BadRequestError,
     ClientClosedError,
     InvalidTermError,
@@ -56,6 +57,7 @@ from streamlib.protocol.errors import (
     TooLargeError,
     TooManyEnsembleChangesError,
     UnauthorizedError,
+    refusal,
 )
 from streamlib.protocol.ledger_metadata import LedgerMetadata
 from streamlib.protocol.quorum import ensemble_write_sets
@@ -70,7 +72,6 @@ from streamlib.protocol.states import (
 # Answers after which this writer may not go on: the ledger belongs to someone else now.
 _FATAL: dict[int, type[StreamlibError]] = {
     StatusCode.FENCED: LedgerFencedError,
-    StatusCode.UNAUTHORIZED: UnauthorizedError,
     StatusCode.INVALID_TERM: InvalidTermError,
     StatusCode.TOO_LARGE: TooLargeError,
     StatusCode.BAD_REQUEST: BadRequestError,
@@ -227,6 +228,8 @@ class LedgerWriter:
             if index is None:
                 return []  # a replaced bookie's late ack
             return self._completed(self.tracker.on_ack(entry_id, index))
+        if status in REFUSALS:
+            return self._fail(refusal(bookie, status))
         fatal = _FATAL.get(status)
         if fatal is not None:
             return self._fail(

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
+import metadata
 from bookie.cli import main as bookie_main
 from bookie.server import BookieConfig
+from metadata.services.principals import PrincipalRoles
 from streamlib.client import Client
 from streamlib.errors import NotEnoughBookiesError
 from streamlib.ledger.bookie_client import BookieClientConfig
+from streamlib.security import CertFiles, make_certs
 from tests.integration.conftest import FAST_CLIENT, LedgerCluster
-from tests.tls_certs import CertFiles, make_certs
 
 
 @pytest.fixture
@@ -70,6 +72,9 @@ async def test_client_trusting_another_ca_is_refused(cluster: LedgerCluster, cer
 
 @pytest.mark.timeout(60)
 async def test_mutual_tls_needs_a_client_certificate(cluster: LedgerCluster, certs):
+    # Under mutual TLS the certificate's common name is the principal (test_auth.py).
+    async with await metadata.connect(cluster.metadata_uri) as store:
+        await PrincipalRoles(store).grant("streamlib client", ["write"])
     cluster.start_bookies(1, extra=tls_flags(certs, client_auth=True))
     anonymous = await cluster.client(tls_ca=str(certs.ca))
     await assert_refused(anonymous)
@@ -83,12 +88,12 @@ async def test_mutual_tls_needs_a_client_certificate(cluster: LedgerCluster, cer
 
 
 def test_tls_files_default_to_the_environment(monkeypatch, certs):
-    from streamlib.client import _with_tls
+    from streamlib.security import client_config
 
     monkeypatch.setenv("STREAMLIB_TLS_CA", str(certs.ca))
     monkeypatch.setenv("STREAMLIB_TLS_CERT", str(certs.client_cert))
     monkeypatch.setenv("STREAMLIB_TLS_KEY", str(certs.client_key))
-    config = _with_tls(FAST_CLIENT, None, None, None)
+    config = client_config(FAST_CLIENT)
     assert (config.tls_ca, config.tls_cert, config.tls_key) == (
         str(certs.ca),
         str(certs.client_cert),
@@ -96,7 +101,7 @@ def test_tls_files_default_to_the_environment(monkeypatch, certs):
     )
     assert config.add_timeout_s == FAST_CLIENT.add_timeout_s
     # An argument wins over the environment.
-    assert _with_tls(None, str(certs.server_cert), None, None).tls_ca == str(certs.server_cert)
+    assert client_config(None, tls_ca=str(certs.server_cert)).tls_ca == str(certs.server_cert)
 
 
 def test_client_tls_settings_are_all_or_nothing(tmp_path):

@@ -1,5 +1,6 @@
 """What only one backend has to get right: sqlite's busy handling, watch latency and
-session reaping; ZooKeeper's session expiry and digest auth."""
+session reaping; ZooKeeper's session expiry and restarts (its ACLs and TLS: see
+test_security.py)."""
 
 from __future__ import annotations
 
@@ -99,18 +100,6 @@ async def test_zookeeper_session_expiry_renews_the_session_and_bookie_reregister
         async with asyncio.timeout(WAIT_S):
             while [b.bookie_id for b in await view.list()] != ["b1"]:
                 await asyncio.sleep(0.02)  # polling a condition, bounded by the timeout
-
-
-async def test_zookeeper_digest_auth_protects_nodes(zookeeper):
-    base = f"zk://{zookeeper.hosts}/secured"
-    async with await metadata.connect(f"{base}?auth=digest:alice:secret") as alice:
-        await alice.create("/private", b"data")
-        async with await metadata.connect(base) as anonymous:
-            with pytest.raises(metadata.AuthFailedError):
-                await anonymous.get("/private")
-            with pytest.raises(metadata.AuthFailedError):
-                await anonymous.set("/private", b"overwrite")
-        assert await alice.get("/private") == metadata.Versioned(b"data", 0)
 
 
 async def test_zookeeper_store_rides_out_a_server_restart(tmp_path):

@@ -1,0 +1,92 @@
+"""TLS for the bookie's two ports, from PEM files: gRPC credentials and the HTTP port's
+SSLContext.
+
+The gRPC port re-reads its certificates without a restart: gRPC asks for its certificate
+configuration at every new handshake (``dynamic_ssl_server_credentials``) and gets a
+fresh one when a file's modification time changed (connections already open keep theirs).
+The HTTP port loads its context at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+
+def read_pem(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the TLS {what} {path}: {e.strerror}") from e
+
+
+@dataclass
+class TlsFiles:
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    client_auth: bool = False
+
+    def _stamp(self) -> tuple[float, ...]:
+        paths = [self.cert, self.key] + ([self.ca] if self.ca is not None else [])
+        try:
+            return tuple(p.stat().st_mtime for p in paths)
+        except OSError:
+            return ()  # a file is being replaced: keep what we have
+
+    def _grpc_config(self) -> grpc.ServerCertificateConfiguration:
+        ca = read_pem(self.ca, "CA certificate (--tls-ca)") if self.ca is not None else None
+        return grpc.ssl_server_certificate_configuration(
+            [
+                (
+                    read_pem(self.key, "key (--tls-key)"),
+                    read_pem(self.cert, "certificate (--tls-cert)"),
+                )
+            ],
+            root_certificates=ca,
+        )
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        """Credentials that pick up new certificate files at the next handshake."""
+        stamp = [self._stamp()]
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
+            now = self._stamp()
+            if not now or now == stamp[0]:
+                return None  # unchanged: gRPC keeps the current configuration
+            try:
+                config = self._grpc_config()
+            except ValueError as e:  # half-written files: try again at the next handshake
+                log.warning("TLS files changed but cannot be read yet: %s", e)
+                return None
+            stamp[0] = now
+            log.info("TLS certificate files changed: new handshakes use them")
+            return config
+
+        return grpc.dynamic_ssl_server_credentials(
+            self._grpc_config(),
+            fetch,  # type: ignore[arg-type]  # None means "unchanged" (grpc's docs); the stubs lack it
+            require_client_authentication=self.client_auth,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The HTTP port's server context (client certificates verified against ca and,
+        with client_auth, required)."""
+        read_pem(self.cert, "certificate (--tls-cert)")  # a clear error for a missing file
+        read_pem(self.key, "key (--tls-key)")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+            if self.ca is not None:
+                ctx.load_verify_locations(cafile=self.ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED if self.client_auth else ssl.CERT_OPTIONAL
+        except ssl.SSLError as e:
+            raise ValueError(f"the TLS files {self.cert}, {self.key} do not load: {e}") from e
+        return ctx
