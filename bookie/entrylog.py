@@ -61,6 +61,16 @@ class EntryLogger:
                 raise DataDirectoryError(f"unexpected file among the entry logs: {p}") from None
         return sorted(ids)
 
+    def file_sizes(self) -> dict[int, int]:
+        """The bytes in each entry log file (a log deleted meanwhile is left out)."""
+        out: dict[int, int] = {}
+        for log_id in self.log_ids():
+            try:
+                out[log_id] = self._path(log_id).stat().st_size
+            except FileNotFoundError:
+                continue
+        return out
+
     def append(self, parts: list[bytes], sizes: list[int]) -> tuple[int, list[int]]:
         """Write records to the current log and fsync; (log id, offset of each record).
 

@@ -781,20 +781,20 @@ class LedgerStorage:
         are rewritten (nothing is appended to them any more). A log is deleted once all
         its entries moved; a log with a record that cannot be read is kept, so that
         entry keeps answering IO_ERROR (its readable entries move)."""
-        sizes, live = await asyncio.to_thread(self.index.live_bytes)
+        current, sizes, live = await asyncio.to_thread(self._log_usage)
 
         def sparse(log_id: int) -> bool:
             total = sizes.get(log_id, 0)
             return total > 0 and live.get(log_id, 0) / total < min_live_fraction
 
-        current = self.entrylog.current_id
         if sparse(current):
             # The log being written holds dead data (its ledgers were deleted): start the
             # next one, so this one can be compacted now rather than after 512 MiB more.
             async with self._flush_lock:
                 if self.entrylog.current_id == current:
                     self.entrylog.roll()
-        current = self.entrylog.current_id
+            # Counted again: flushes may have put live entries in it since the count.
+            current, sizes, live = await asyncio.to_thread(self._log_usage)
         targets = {log_id for log_id in sizes if log_id < current and sparse(log_id)}
         damaged: set[int] = set()
         after: Key | None = None
@@ -807,6 +807,25 @@ class LedgerStorage:
         if removed:
             await self._locked(self._drop_logs, removed)
         return removed
+
+    def _log_usage(self) -> tuple[int, dict[int, int], dict[int, int]]:
+        """(current entry log id, bytes in each log, bytes of each still indexed).
+
+        The current id is read before the index: every log below it takes no more
+        writes and its last flush is committed, so what is counted of those logs is
+        final (a deletion can only lower it). Counted earlier, a log that flushes fill
+        and roll meanwhile would look as dead as it was, and be deleted unscanned.
+
+        A log's size is the larger of the index's count and its file's: a flush that
+        failed after its write (ENOSPC, EIO, a refused index transaction) leaves bytes
+        nothing counts, on a log the index may not know at all, and on a full disk
+        those are the bytes GC must give back. (Bytes of a flush running now count as
+        dead at most until it commits: at worst the current log is rolled early.)"""
+        current = self.entrylog.current_id
+        sizes, live = self.index.live_bytes()
+        for log_id, nbytes in self.entrylog.file_sizes().items():
+            sizes[log_id] = max(sizes.get(log_id, 0), nbytes)
+        return current, sizes, live
 
     def _compact_batch(
         self,
