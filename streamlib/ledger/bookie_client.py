@@ -481,6 +481,16 @@ class BookieClient:
             return await getattr(self._stub, method)(
                 request, timeout=timeout, wait_for_ready=wait_for_ready, metadata=self._metadata
             )
+        except asyncio.CancelledError:
+            # Closing the channel (the pool replaced this client: the bookie moved) ends
+            # the calls on it as "locally cancelled"; for the caller that is an
+            # unreachable bookie, not a cancellation of its own task.
+            task = asyncio.current_task()
+            if self._closed and task is not None and not task.cancelling():
+                raise BookieUnavailableError(
+                    f"bookie {self.bookie_id} at {self.address}: its client was closed"
+                ) from None
+            raise
         except grpc.aio.AioRpcError as err:
             if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._unavailable()
