@@ -253,8 +253,11 @@ class BookieServer:
 
     async def start(self) -> None:
         cfg = self.config
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        # Ledger keys and payloads are for the bookie's own user only (bookie serve also
+        # sets umask 077 for what it creates inside).
+        for directory in (self.data_dir, self.journal_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            directory.chmod(0o700)
         self._grpc = grpc.aio.server(
             options=grpc_server_options(cfg), maximum_concurrent_rpcs=cfg.max_concurrent_rpcs
         )

@@ -51,7 +51,7 @@ class Fragment(_message.Message):
     def __init__(self, first_entry_id: _Optional[int] = ..., bookies: _Optional[_Iterable[str]] = ..., created_time_ms: _Optional[int] = ..., start_length: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class LedgerMetadata(_message.Message):
-    __slots__ = ("format_version", "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "fragments", "digest_type", "password_hash", "term", "unbounded", "first_entry_id", "custom_metadata", "creation_time_ms")
+    __slots__ = ("format_version", "ledger_id", "ensemble_size", "write_quorum", "ack_quorum", "state", "last_entry_id", "length", "fragments", "digest_type", "password_hash", "term", "unbounded", "first_entry_id", "custom_metadata", "creation_time_ms", "key_version")
     class CustomMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class LedgerMetadata(_message.Message):
     FIRST_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_METADATA_FIELD_NUMBER: _ClassVar[int]
     CREATION_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_VERSION_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     ledger_id: int
     ensemble_size: int
@@ -91,7 +92,8 @@ class LedgerMetadata(_message.Message):
     first_entry_id: int
     custom_metadata: _containers.ScalarMap[str, bytes]
     creation_time_ms: int
-    def __init__(self, format_version: _Optional[int] = ..., ledger_id: _Optional[int] = ..., ensemble_size: _Optional[int] = ..., write_quorum: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., state: _Optional[_Union[LedgerState, str]] = ..., last_entry_id: _Optional[int] = ..., length: _Optional[int] = ..., fragments: _Optional[_Iterable[_Union[Fragment, _Mapping]]] = ..., digest_type: _Optional[_Union[DigestType, str]] = ..., password_hash: _Optional[bytes] = ..., term: _Optional[int] = ..., unbounded: _Optional[bool] = ..., first_entry_id: _Optional[int] = ..., custom_metadata: _Optional[_Mapping[str, bytes]] = ..., creation_time_ms: _Optional[int] = ...) -> None: ...
+    key_version: int
+    def __init__(self, format_version: _Optional[int] = ..., ledger_id: _Optional[int] = ..., ensemble_size: _Optional[int] = ..., write_quorum: _Optional[int] = ..., ack_quorum: _Optional[int] = ..., state: _Optional[_Union[LedgerState, str]] = ..., last_entry_id: _Optional[int] = ..., length: _Optional[int] = ..., fragments: _Optional[_Iterable[_Union[Fragment, _Mapping]]] = ..., digest_type: _Optional[_Union[DigestType, str]] = ..., password_hash: _Optional[bytes] = ..., term: _Optional[int] = ..., unbounded: _Optional[bool] = ..., first_entry_id: _Optional[int] = ..., custom_metadata: _Optional[_Mapping[str, bytes]] = ..., creation_time_ms: _Optional[int] = ..., key_version: _Optional[int] = ...) -> None: ...
 
 class LedgerInfo(_message.Message):
     __slots__ = ("ledger_id", "entries", "size_bytes", "created_time_ms")

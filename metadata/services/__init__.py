@@ -9,6 +9,8 @@ Layout under the root:
     idgen                       the next free ledger id (8 bytes, big-endian), CAS'd
     ledgers/BBBBBBBBBBBBBBBB/NNNN   LedgerMetadata of ledger BBBB..NNNN (2 levels so no
                                 child list grows past 10,000 names)
+    ledger-secrets/BBBB../NNNN  the ledger's password, a PRIVATE node (only the writers'
+                                identity reads it on ZooKeeper)
     bookies/available/ID        BookieInfo, ephemeral (the bookie's session)
     cookies/ID                  Cookie (records the cluster instance id it joined)
     security/principals         JSON principal -> roles map every bookie enforces

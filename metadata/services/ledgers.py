@@ -12,11 +12,12 @@ from metadata.errors import (
     NodeExistsError,
     NoNodeError,
     NoSuchLedgerError,
+    TransactionError,
 )
 from metadata.schemas import LedgerMetadata, decode, encode
 from metadata.services._base import Service, validate_ledger_id
 from metadata.services.ledger_ids import LedgerIdGenerator
-from metadata.store import Watch
+from metadata.store import Create, Delete, Watch
 
 BUCKET = 10_000
 
@@ -29,15 +30,35 @@ class LedgerMetadataManager(Service):
     def ledger_path(self, ledger_id: int) -> str:
         return self.path("ledgers", *_parts(validate_ledger_id(ledger_id)))
 
-    async def create(self, md: LedgerMetadata) -> int:
-        """Store new metadata under md.ledger_id; returns its version (0)."""
+    def secret_path(self, ledger_id: int) -> str:
+        return self.path("ledger-secrets", *_parts(validate_ledger_id(ledger_id)))
+
+    async def create(self, md: LedgerMetadata, secret: bytes | None = None) -> int:
+        """Store new metadata under md.ledger_id, and with it (one transaction) the
+        ledger's secret in a private node; returns the metadata's version (0)."""
         path = self.ledger_path(md.ledger_id)
         await self.ensure(path.rsplit("/", 1)[0])
+        ops = [Create(path, encode(md))]
+        if secret is not None:
+            secret_path = self.secret_path(md.ledger_id)
+            await self.ensure(secret_path.rsplit("/", 1)[0])
+            ops.append(Create(secret_path, secret, private=True))
         try:
-            await self.store.create(path, encode(md))
-        except NodeExistsError:
-            raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from None
+            await self.store.transaction(ops)
+        except TransactionError as exc:
+            if isinstance(exc.cause, NodeExistsError):
+                raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from None
+            raise exc.cause from None
         return 0
+
+    async def read_secret(self, ledger_id: int) -> bytes | None:
+        """The ledger's secret (its password); None when none was stored (ledgers made
+        before key version 1). Another identity than the writers' gets AuthFailedError
+        on ZooKeeper (the node is private)."""
+        try:
+            return (await self.store.get(self.secret_path(ledger_id))).data
+        except NoNodeError:
+            return None
 
     async def create_with_new_id(self, md: LedgerMetadata, ids: LedgerIdGenerator) -> int:
         """Assign md.ledger_id from the generator, store it; returns the id."""
@@ -62,10 +83,16 @@ class LedgerMetadataManager(Service):
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
 
     async def delete(self, ledger_id: int, version: int = -1) -> None:
+        """Delete the metadata and, in the same transaction, the secret if there is one."""
+        ops: list[Delete] = [Delete(self.ledger_path(ledger_id), version)]
+        if await self.store.exists(self.secret_path(ledger_id)) is not None:
+            ops.append(Delete(self.secret_path(ledger_id)))
         try:
-            await self.store.delete(self.ledger_path(ledger_id), version=version)
-        except NoNodeError:
-            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+            await self.store.transaction(ops)
+        except TransactionError as exc:
+            if isinstance(exc.cause, NoNodeError):
+                raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+            raise exc.cause from None
 
     async def exists(self, ledger_id: int) -> bool:
         return await self.store.exists(self.ledger_path(ledger_id)) is not None

@@ -188,7 +188,10 @@ class ReplicationWorker:
         writable = [c.bookie_id for c in await self.client.pool.writable()]
         replacement = choose_replacement(writable, fragment.ensemble, md.ledger_id)
         await self.client.pool.prepare([*md.bookies(), replacement])
-        reader = ReadHandle(md, version, self.client.context, lac=-1)
+        # The ledger's key (from its stored secret: the replicator runs with the writers'
+        # metadata identity): recovery adds must carry the master key the bookies hold.
+        material = await self.client.ledgers.material(md, None)
+        reader = ReadHandle(md, version, self.client.context, lac=-1, material=material)
         entries = list(copy.entries)
         # Reading the next batch overlaps writing the previous ones (a few in flight).
         writes: list[asyncio.Task[None]] = []
@@ -198,7 +201,7 @@ class ReplicationWorker:
                 wanted = set(chunk)
                 read = await reader.read_entries(chunk[0], chunk[-1])
                 batch = [e for e in read if e.entry_id in wanted]
-                writes.append(asyncio.create_task(self._write(md, replacement, batch)))
+                writes.append(asyncio.create_task(self._write(md, material, replacement, batch)))
                 if len(writes) >= COPY_WRITES_IN_FLIGHT:
                     await writes.pop(0)
             for write in writes:
@@ -220,12 +223,14 @@ class ReplicationWorker:
         )
         return len(entries)
 
-    async def _write(self, md: LedgerMetadata, bookie: str, entries: list[EntryData]) -> None:
+    async def _write(
+        self, md: LedgerMetadata, material: bytes, bookie: str, entries: list[EntryData]
+    ) -> None:
         """Recovery-add entries byte for byte (same LAC, length, digest) and wait for
         every answer."""
         if not entries:
             return
-        key = master_key(md.password_hash)
+        key = master_key(material)
         adds = [
             pb.AddEntry(
                 ledger_id=md.ledger_id,

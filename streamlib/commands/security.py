@@ -42,7 +42,7 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     grant.set_defaults(run=run_with_client(_grant))
     revoke = actions.add_parser("revoke", help="take roles (default: all) from a principal")
     revoke.add_argument("principal")
-    revoke.add_argument("roles", nargs="*", choices=ROLES, metavar="ROLE")
+    revoke.add_argument("roles", nargs="*", metavar="ROLE", help="/".join(ROLES))
     add_common(revoke)
     revoke.set_defaults(run=run_with_client(_revoke))
     listing = actions.add_parser("list", help="every principal and its roles")

@@ -52,6 +52,7 @@ def metadata_to_pb(md: LedgerMetadata) -> schemas.LedgerMetadata:
         first_entry_id=md.first_entry_id,
         custom_metadata=dict(md.custom_metadata),
         creation_time_ms=md.creation_time_ms,
+        key_version=md.key_version,
     )
 
 
@@ -88,6 +89,7 @@ def metadata_from_pb(stored: schemas.LedgerMetadata) -> LedgerMetadata:
         first_entry_id=stored.first_entry_id,
         custom_metadata=dict(stored.custom_metadata),
         creation_time_ms=stored.creation_time_ms,
+        key_version=stored.key_version,
     )
 
 

@@ -10,7 +10,7 @@ from bookie.wire import bookie_pb2 as pb
 from metadata.store import Watch
 from streamlib.ledger.codec import entry_from_pb, metadata_from_pb
 from streamlib.ledger.driver import Context, Driver
-from streamlib.protocol import DigestManager, EnsembleCoverage, LedgerMetadata
+from streamlib.protocol import DigestManager, DigestType, EnsembleCoverage, LedgerMetadata
 from streamlib.protocol.actions import (
     Action,
     Closed,
@@ -64,14 +64,19 @@ class WriteHandle:
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         last_add_confirmed: int = -1,
         length: int = 0,
+        material: bytes | None = None,
     ) -> None:
-        self._digest = DigestManager(
-            metadata.ledger_id, metadata.digest_type, metadata.password_hash
-        )
+        """material: the ledger's key material (metadata.key_material(password)); only a
+        key version 0 ledger may leave it out (its material is in the metadata)."""
+        if material is None:
+            if metadata.key_version != 0:
+                raise BadRequestError(f"writing ledger {metadata.ledger_id} needs its password")
+            material = metadata.password_hash
+        self._digest = DigestManager(metadata.ledger_id, metadata.digest_type, material)
         self._writer = LedgerWriter(
             metadata,
             version,
-            master_key=master_key(metadata.password_hash),
+            master_key=master_key(material),
             digest=self._digest,
             term=metadata.term,
             last_add_confirmed=last_add_confirmed,
@@ -265,14 +270,27 @@ class ReadHandle:
     ledger opened without recovery reads up to the LAC it has learned."""
 
     def __init__(
-        self, metadata: LedgerMetadata, version: int, context: Context, *, lac: int
+        self,
+        metadata: LedgerMetadata,
+        version: int,
+        context: Context,
+        *,
+        lac: int,
+        material: bytes | None = None,
     ) -> None:
+        """material: as WriteHandle's; without it (a reader that has no password) only a
+        crc32c ledger or a key version 0 one can be verified."""
         self.metadata = metadata
         self.version = version
         self._context = context
-        self._digest = DigestManager(
-            metadata.ledger_id, metadata.digest_type, metadata.password_hash
-        )
+        if material is None:
+            material = metadata.key_material(None)
+            if not material and metadata.digest_type is not DigestType.CRC32C:
+                raise BadRequestError(
+                    f"ledger {metadata.ledger_id} has {metadata.digest_type.value} digests: "
+                    f"reading it needs its password"
+                )
+        self._digest = DigestManager(metadata.ledger_id, metadata.digest_type, material)
         self._lac = metadata.last_entry_id if metadata.is_closed else lac
         self._cache: dict[int, EntryData] = {}
         self._watch: Watch | None = None  # of the ledger's metadata, while tailing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
@@ -18,7 +19,7 @@ from tenacity import (
 )
 
 from bookie.wire import bookie_pb2 as pb
-from metadata.errors import BadVersionError, NoNodeError, TransactionError
+from metadata.errors import AuthFailedError, BadVersionError, NoNodeError, TransactionError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
 from metadata.schemas import encode
 from metadata.services.ledger_ids import LedgerIdGenerator
@@ -28,7 +29,7 @@ from streamlib.ledger.driver import Context, Driver
 from streamlib.ledger.handles import ReadHandle, WriteHandle
 from streamlib.protocol import DigestManager, DigestType, Fragment, LedgerMetadata, LedgerState
 from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed
-from streamlib.protocol.digest import master_key, password_hash
+from streamlib.protocol.digest import KEY_VERSION, master_key, password_hash
 from streamlib.protocol.errors import (
     BadRequestError,
     BookieUnavailableError,
@@ -119,9 +120,37 @@ class LedgerManager:
             unbounded=unbounded,
             custom_metadata=custom,
             creation_time_ms=created,
+            key_version=KEY_VERSION,
         )
-        version = await self._context.ledgers.create(metadata_to_pb(metadata))
-        return WriteHandle(metadata, version, self._context)
+        # The password goes to the ledger's private secret node (auto-recovery and a
+        # stream's next writer recover with it); the public metadata holds only its hash.
+        version = await self._context.ledgers.create(metadata_to_pb(metadata), secret=password)
+        return WriteHandle(
+            metadata, version, self._context, material=metadata.key_material(password)
+        )
+
+    async def material(self, metadata: LedgerMetadata, password: bytes | None) -> bytes:
+        """The ledger's key material: from password (checked against the metadata's
+        hash, in constant time), else from the ledger's stored secret -- which only the
+        writers' metadata identity may read -- or, for a key version 0 ledger, from its
+        metadata."""
+        ledger_id = metadata.ledger_id
+        if password is not None:
+            if not hmac.compare_digest(password_hash(password), metadata.password_hash):
+                raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+            return metadata.key_material(password)
+        if metadata.key_version == 0:
+            return metadata.password_hash
+        try:
+            secret = await self._context.ledgers.read_secret(ledger_id)
+        except AuthFailedError as e:
+            raise UnauthorizedError(
+                f"this client's metadata identity may not read ledger {ledger_id}'s secret: "
+                f"pass the ledger's password, or connect with the writers' identity"
+            ) from e
+        if secret is None:
+            raise UnauthorizedError(f"ledger {ledger_id} has no stored secret: pass its password")
+        return metadata.key_material(secret)
 
     async def check_may_write(self, bookies: Sequence[str], what: str) -> None:
         """UnauthorizedError when the bookies would refuse this client's writes or fences.
@@ -162,7 +191,7 @@ class LedgerManager:
     async def open(
         self,
         ledger_id: int,
-        password: bytes = b"",
+        password: bytes | None = b"",
         recover: bool = True,
         *,
         attempts: int | None = None,
@@ -172,10 +201,15 @@ class LedgerManager:
         recovered and closed first, so the handle sees its final content; with
         recover=False the writer is left alone and reads stop at the LAC. A recovery
         that aborts (RecoveryAbortedError: bookies did not answer) is tried again for up
-        to retry_for_s seconds, and at most `attempts` times if given."""
+        to retry_for_s seconds, and at most `attempts` times if given.
+
+        password None: no password. A reader needs none for a crc32c ledger; a recovery
+        then uses the ledger's stored secret (see material())."""
         metadata, version = await self._read(ledger_id)
-        if password_hash(password) != metadata.password_hash:
-            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        if password is not None or recover:
+            material: bytes | None = await self.material(metadata, password)
+        else:
+            material = None
         await self._context.pool.prepare(metadata.bookies())
         if recover and metadata.unbounded and not metadata.is_closed:
             raise BadRequestError(
@@ -183,7 +217,7 @@ class LedgerManager:
                 "take_over() to become its writer"
             )
         if not recover or metadata.is_closed:
-            handle = ReadHandle(metadata, version, self._context, lac=-1)
+            handle = ReadHandle(metadata, version, self._context, lac=-1, material=material)
             if not metadata.is_closed:
                 await handle.read_last_add_confirmed()
             return handle
@@ -195,12 +229,14 @@ class LedgerManager:
             # Each retry re-reads: another recovery may have moved the ledger on meanwhile.
             current = known if known is not None else await self._read(ledger_id)
             known = None
-            return await self.recover(*current)
+            return await self.recover(*current, password=password)
 
         metadata, version = await self._retry_aborted(
             ledger_id, "recovery", recover_once, attempts, retry_for_s
         )
-        return ReadHandle(metadata, version, self._context, lac=metadata.last_entry_id)
+        return ReadHandle(
+            metadata, version, self._context, lac=metadata.last_entry_id, material=material
+        )
 
     async def _retry_aborted(
         self,
@@ -232,13 +268,17 @@ class LedgerManager:
                 f"Last abort: {last.exception()}"
             ) from last.exception()
 
-    async def recover(self, metadata: LedgerMetadata, version: int) -> tuple[LedgerMetadata, int]:
-        """Run one recovery of an OPEN or IN_RECOVERY ledger to its CLOSE."""
+    async def recover(
+        self, metadata: LedgerMetadata, version: int, *, password: bytes | None = None
+    ) -> tuple[LedgerMetadata, int]:
+        """Run one recovery of an OPEN or IN_RECOVERY ledger to its CLOSE (password None:
+        with the ledger's stored secret, as auto-recovery does)."""
+        material = await self.material(metadata, password)
         recovery = LedgerRecovery(
             metadata,
             version,
-            master_key=master_key(metadata.password_hash),
-            digest=DigestManager(metadata.ledger_id, metadata.digest_type, metadata.password_hash),
+            master_key=master_key(material),
+            digest=DigestManager(metadata.ledger_id, metadata.digest_type, material),
             options=self.recovery_options,
         )
         sink = _RecoverySink()
@@ -252,7 +292,7 @@ class LedgerManager:
     async def take_over(
         self,
         ledger_id: int,
-        password: bytes = b"",
+        password: bytes | None = b"",
         *,
         attempts: int | None = None,
         retry_for_s: float = RECOVERY_RETRY_FOR_S,
@@ -269,12 +309,11 @@ class LedgerManager:
             ledger_id, "takeover", take_over_once, attempts, retry_for_s
         )
 
-    async def _take_over_once(self, ledger_id: int, password: bytes) -> WriteHandle:
+    async def _take_over_once(self, ledger_id: int, password: bytes | None) -> WriteHandle:
         metadata, version = await self._read(ledger_id)
         if not metadata.unbounded:
             raise BadRequestError(f"ledger {ledger_id} is bounded: open() recovers it")
-        if password_hash(password) != metadata.password_hash:
-            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        material = await self.material(metadata, password)
         await self._context.pool.prepare(metadata.bookies())
         await self.check_may_write(
             metadata.last_fragment.ensemble, f"take unbounded ledger {ledger_id} over"
@@ -282,8 +321,8 @@ class LedgerManager:
         recovery = TermRecovery(
             metadata,
             version,
-            master_key=master_key(metadata.password_hash),
-            digest=DigestManager(ledger_id, metadata.digest_type, metadata.password_hash),
+            master_key=master_key(material),
+            digest=DigestManager(ledger_id, metadata.digest_type, material),
         )
         sink = _RecoverySink()
         driver = Driver(recovery, ledger_id, self._context, sink)
@@ -299,6 +338,7 @@ class LedgerManager:
             self._context,
             last_add_confirmed=recovery.last_add_confirmed,
             length=recovery.length,
+            material=material,
         )
 
     async def drop_fragments(

@@ -10,11 +10,17 @@ tells its total length (recovery uses this to close a ledger with the right leng
 - ``hmac``: HMAC-SHA256 keyed by a MAC key derived from the password, 32 bytes.
 
 Keys. The ledger metadata stores ``password_hash = sha256("streamlib-password:" +
-password)``; the master key the bookies check on adds and fencing, and the MAC key, are
-derived from that hash. So a client opening with a wrong password is refused before it
-talks to a bookie, and auto-recovery (which reads the metadata) can re-replicate with
-recovery adds, as BookKeeper does when it stores ledger passwords in metadata. The
-password itself is never stored or sent.
+password)``, so a client opening with a wrong password is refused before it talks to a
+bookie. The master key the bookies check on adds and fencing, and the MAC key, derive
+from the ledger's *key material* (:func:`key_material`), by key version:
+
+- 0 (ledgers made before key version 1): the material is password_hash itself, so
+  anyone who reads the ledger's metadata could derive the master key.
+- 1 (every new ledger): the material is ``sha256("streamlib-key-v1:" + password)``; the
+  metadata's hash no longer leads to it. The password is kept in a private metadata node
+  (LedgerMetadataManager.read_secret: only the writers' metadata identity reads it), as
+  BookKeeper keeps ledger passwords in ZooKeeper, so auto-recovery can re-replicate and a
+  stream's next writer can recover its ledgers. Readers of a crc32c ledger need no key.
 """
 
 from __future__ import annotations
@@ -51,22 +57,39 @@ def password_hash(password: bytes) -> bytes:
     return hashlib.sha256(b"streamlib-password:" + bytes(password)).digest()
 
 
-def master_key(pw_hash: bytes) -> bytes:
-    """The key bookies remember from a ledger's first writer and check on adds / fencing."""
-    return hashlib.sha256(b"streamlib-master-key:" + pw_hash).digest()
+KEY_VERSION = 1  # what new ledgers use
 
 
-def mac_key(pw_hash: bytes) -> bytes:
-    return hashlib.sha256(b"streamlib-mac-key:" + pw_hash).digest()
+def key_material(key_version: int, password: bytes | None, pw_hash: bytes) -> bytes:
+    """The secret master_key and mac_key derive from (see the module's "Keys"). With
+    key version 1 and no password there is none (b""): enough to read a crc32c ledger,
+    never to write, fence or verify an hmac digest."""
+    if key_version == 0:
+        return pw_hash
+    if key_version == 1:
+        if password is None:
+            return b""
+        return hashlib.sha256(b"streamlib-key-v1:" + bytes(password)).digest()
+    raise BadRequestError(f"unknown ledger key version {key_version}: upgrade this client")
+
+
+def master_key(material: bytes) -> bytes:
+    """The key bookies remember from a ledger's first writer and check on adds / fencing
+    (material: key_material's; for key version 0 the password hash)."""
+    return hashlib.sha256(b"streamlib-master-key:" + material).digest()
+
+
+def mac_key(material: bytes) -> bytes:
+    return hashlib.sha256(b"streamlib-mac-key:" + material).digest()
 
 
 class DigestManager:
     """Computes and verifies the digests of one ledger's entries."""
 
-    def __init__(self, ledger_id: int, digest_type: DigestType | str, pw_hash: bytes) -> None:
+    def __init__(self, ledger_id: int, digest_type: DigestType | str, material: bytes) -> None:
         self.ledger_id = ledger_id
         self.digest_type = DigestType.parse(digest_type)
-        self._mac_key = mac_key(pw_hash)
+        self._mac_key = mac_key(material)
 
     def compute(self, entry_id: int, last_add_confirmed: int, length: int, payload: bytes) -> bytes:
         header = _HEADER.pack(self.ledger_id, entry_id, last_add_confirmed, length)

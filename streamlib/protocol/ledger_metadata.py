@@ -11,7 +11,7 @@ import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from streamlib.protocol.digest import DigestType
+from streamlib.protocol.digest import DigestType, key_material
 from streamlib.protocol.errors import BadRequestError, InvalidLedgerConfigError
 from streamlib.protocol.quorum import validate_quorums, write_set
 from streamlib.protocol.states import LedgerEvent, LedgerState, next_state
@@ -56,6 +56,10 @@ class LedgerMetadata:
     first_entry_id: int = 0  # entries below were dropped by fragment retention
     custom_metadata: Mapping[str, bytes] = field(default_factory=dict)
     creation_time_ms: int = 0
+    key_version: int = 0  # see protocol/digest.py "Keys"
+
+    def key_material(self, password: bytes | None) -> bytes:
+        return key_material(self.key_version, password, self.password_hash)
 
     def __post_init__(self) -> None:
         if self.ledger_id < 0:

@@ -18,6 +18,7 @@ import collections
 import functools
 import logging
 import random
+import secrets
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -68,7 +69,11 @@ from streamlib.retry import retry_cas
 
 log = logging.getLogger(__name__)
 
-STREAM_PASSWORD = b""  # ledgers of a stream are opened by any reader of the stream
+# A stream's ledgers each get a random password (their secret, kept in the ledger's
+# private metadata node); readers open them with none (crc32c digests need no key) and a
+# taking-over writer recovers them with the stored secret (LedgerManager.material).
+# Ledgers made before key version 1 had the empty password; the same calls open them.
+STREAM_PASSWORD = None
 REPLACE_S = 30.0  # how long the append that finds the writer broken retries a new ledger
 CLOSE_S = 10.0  # how long closing a ledger rolled away from is retried (readers wait)
 _FENCING = (LedgerFencedError, InvalidTermError, StreamFencedError)
@@ -258,7 +263,7 @@ class StreamWriter:
                 e,
                 qw,
                 qa,
-                password=STREAM_PASSWORD,
+                password=secrets.token_bytes(32),
                 custom_metadata={"stream": self.name.encode()},
                 unbounded=unbounded,
             )

@@ -46,8 +46,13 @@ class LedgerCluster:
         return next(b for b in self.bookies if b.bookie_id == bookie_id)
 
     async def client(self, **options: object) -> Client:
+        return await self.client_at(self.metadata_uri, **options)
+
+    async def client_at(self, uri: str, **options: object) -> Client:
+        """A client of this cluster's bookies through another URI of its store (another
+        identity, say)."""
         options.setdefault("bookie_config", FAST_CLIENT)
-        client = await Client.connect(self.metadata_uri, **options)
+        client = await Client.connect(uri, **options)
         self.clients.append(client)
         return client
 

@@ -20,7 +20,7 @@ from metadata.services.principals import PrincipalRoles
 from streamlib.client import Client
 from streamlib.errors import UnauthenticatedError, UnauthorizedError
 from streamlib.ledger.bookie_client import BookieClient, BookieClientConfig
-from streamlib.protocol.digest import master_key, password_hash
+from streamlib.protocol.digest import master_key
 from streamlib.security import CertFiles, make_certs, make_token, new_secret_key, write_private
 from tests.integration.conftest import FAST_CLIENT, LedgerCluster
 
@@ -87,7 +87,7 @@ async def test_a_reader_reads_but_can_neither_add_nor_fence(secure: Secure):
         await reader_client.ledgers.create(3, 3, 2, password=b"x")
     assert (await writer_client.ledgers.metadata(writer.ledger_id)).state.name == "OPEN"
     # Past the client's own check, every bookie refuses a reader's fence, holding the key.
-    key = master_key(password_hash(b"pw"))
+    key = master_key(writer.metadata.key_material(b"pw"))
     fence = pb.ReadLacRequest(ledger_id=writer.ledger_id, flags=pb.FENCE, master_key=key)
     for bookie in secure.cluster.bookies:
         config = BookieClientConfig(tls_ca=str(secure.certs.ca), token=secure.token("reader"))

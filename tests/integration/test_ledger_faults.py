@@ -22,7 +22,7 @@ def raw_stub(bookie):
 
 def add_directly(bookie, ledger, entry_id, lac, length, payload, key):
     """Write one entry to ONE bookie, as a writer that crashed mid-add would have."""
-    digest = DigestManager(ledger.ledger_id, ledger.digest_type, ledger.password_hash)
+    digest = DigestManager(ledger.ledger_id, ledger.digest_type, ledger.key_material(b"pw"))
     entry = pb.AddEntry(
         ledger_id=ledger.ledger_id,
         entry_id=entry_id,
@@ -60,7 +60,7 @@ async def test_fencing_txt_seed_scenario(any_cluster):
         await writer.append(data)
     assert writer.last_add_confirmed == 11
     md = writer.metadata
-    key = master_key(md.password_hash)
+    key = master_key(md.key_material(b"pw"))
     holder = cluster.by_id(md.write_set_bookies(12)[0])
     length = sum(map(len, datas)) + len(b"entry-12")
     add_directly(holder, md, 12, 11, length, b"entry-12", key)
@@ -83,7 +83,7 @@ async def test_ten_concurrent_recoveries_agree_on_the_last_entry(cluster):
     for i in range(20):
         await writer.append(b"%d" % i)
     md = writer.metadata
-    key = master_key(md.password_hash)
+    key = master_key(md.key_material(b"pw"))
     length = sum(len(b"%d" % i) for i in range(21))
     add_directly(cluster.by_id(md.last_fragment.ensemble[0]), md, 20, 19, length, b"20", key)
     clients = [await cluster.client() for _ in range(10)]
