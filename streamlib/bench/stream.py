@@ -102,8 +102,10 @@ async def _consumer_catch_up(client: Client, args: argparse.Namespace) -> float:
     return args.messages / elapsed
 
 
-async def _run(uri: str, args: argparse.Namespace) -> dict[str, Any]:
-    client = await Client.connect(uri)
+async def _run(
+    uri: str, args: argparse.Namespace, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    client = await Client.connect(uri, **(options or {}))
     try:
         published = await _publish_throughput(client, args)
         publish, end_to_end = await _fixed_rate(client, args)
@@ -124,6 +126,33 @@ async def _run(uri: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _secure_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The same phases on a secure sandbox: TLS on every bookie, token authentication and
+    roles (the writer's token), as `streamlib sandbox --secure` runs them."""
+    import tempfile
+    from pathlib import Path
+
+    from streamlib.sandbox import Sandbox
+
+    with tempfile.TemporaryDirectory(prefix="streamlib-bench-secure-") as tmp:
+        sandbox = Sandbox(Path(tmp), bookies=3, port_base=0, secure=True).start()
+        try:
+            return asyncio.run(_run(sandbox.metadata_uri, args, sandbox.client_options("writer")))
+        finally:
+            sandbox.stop()
+
+
+_ROWS = (
+    ("publish throughput", "publish_msgs_per_s", "msgs/s"),
+    ("publish latency p50", "publish_p50_ms", "ms"),
+    ("publish latency p99", "publish_p99_ms", "ms"),
+    ("end-to-end p50", "e2e_p50_ms", "ms"),
+    ("end-to-end p99", "e2e_p99_ms", "ms"),
+    ("catch-up reads", "catch_up_msgs_per_s", "msgs/s"),
+    ("consumer catch-up", "consumer_catch_up_msgs_per_s", "msgs/s"),
+)
+
+
 def run(args: argparse.Namespace) -> int:
     with local_cluster(3) as cluster:
         r = asyncio.run(_run(cluster.metadata_uri, args))
@@ -135,8 +164,22 @@ def run(args: argparse.Namespace) -> int:
         f"  end-to-end latency   p50 {r['e2e_p50_ms']:.1f} ms  p99 {r['e2e_p99_ms']:.1f} ms\n"
         f"  catch-up reads       {r['catch_up_msgs_per_s']:,.0f} msgs/s (Reader)\n"
         f"  consumer catch-up    {r['consumer_catch_up_msgs_per_s']:,.0f} msgs/s"
-        " (receive + acknowledge each)"
+        " (receive + acknowledge each)",
+        flush=True,
     )
+    if args.secure:
+        s = _secure_run(args)
+        print("\nthe same with TLS + token authentication + roles (sandbox --secure):")
+        print(f"  {'':22}{'plaintext':>17}{'secure':>17}{'cost':>8}")
+        for label, key, unit in _ROWS:
+            plain, secure = r[key], s[key]
+            # Throughput lost, or latency added, as a share of the plaintext figure.
+            cost = (plain - secure) / plain if unit == "msgs/s" else (secure - plain) / plain
+            digits = 1 if unit == "ms" else 0
+            print(
+                f"  {label:22}{plain:>10,.{digits}f} {unit:<6}{secure:>10,.{digits}f} {unit:<6}"
+                f"{cost:>+8.0%}"
+            )
     return 0
 
 
@@ -146,4 +189,9 @@ def add_parser(which: Any) -> None:
     parser.add_argument("--message-bytes", type=int, default=1024)
     parser.add_argument("--rate", type=int, default=2000, help="msgs/s for the latency phase")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of the latency phase")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="then run it again on a secure sandbox (TLS, tokens, roles) and print the cost",
+    )
     parser.set_defaults(run=run)
