@@ -159,11 +159,22 @@ class LedgerManager:
         bookies enforce roles, but a reader's refused recovery would otherwise leave the
         ledger's metadata changed (its writer could no longer close it). One bookie's
         answer is enough (they share the principal map); none answering proves nothing,
-        and the bookies still refuse."""
+        and the bookies still refuse -- unless every one failed its TLS handshake: a
+        misconfiguration (another CA, an expired certificate, plaintext against TLS)
+        that no retry mends, so it is said at once, with the TLS library's reason."""
+        handshakes: list[BookieUnavailableError] = []
         for bookie in bookies:
             try:
                 info = await self._context.pool.get(bookie).info()
-            except BookieUnavailableError:
+            except BookieUnavailableError as e:
+                if "handshake" in str(e).lower():
+                    handshakes.append(e)
+                if len(handshakes) == len(bookies):
+                    raise BookieUnavailableError(
+                        f"the TLS handshake with every bookie of {list(bookies)} failed "
+                        f"(check tls_ca / tls_cert / tls_key against the bookies' "
+                        f"certificates): {e}"
+                    ) from e
                 continue
             if info.status in (pb.UNAUTHORIZED, pb.UNAUTHENTICATED):
                 raise error_for_status(info.status, f"bookie {bookie}: {info.message}")

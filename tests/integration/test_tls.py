@@ -3,6 +3,7 @@ tls_ca / tls_cert / tls_key). Certificates come from tests/tls_certs.py."""
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from bookie.cli import main as bookie_main
 from bookie.server import BookieConfig
 from metadata.services.principals import PrincipalRoles
 from streamlib.client import Client
-from streamlib.errors import NotEnoughBookiesError
+from streamlib.errors import BookieUnavailableError, NotEnoughBookiesError
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.security import CertFiles, make_certs
 from tests.integration.conftest import FAST_CLIENT, LedgerCluster
@@ -30,12 +31,17 @@ def tls_flags(certs: CertFiles, *, client_auth: bool = False) -> list[str]:
     return flags
 
 
-async def assert_refused(client: Client) -> int:
-    """A ledger on the one bookie: its first add fails with a typed error within the
-    client's timeouts (the tests' pytest timeout catches a hang). Returns the ledger id."""
-    writer = await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
-    # The add to the only bookie fails (BookieUnavailable after the handshake fails),
-    # and there is no other bookie to replace it with.
+async def assert_refused(client: Client) -> int | None:
+    """A ledger on the one bookie cannot be written, with a typed error, within the
+    client's timeouts (the tests' pytest timeout catches a hang): a failed TLS handshake
+    is said when the ledger is created; a connection the bookie drops otherwise (a
+    plaintext client) fails the first add, with no other bookie to replace it with.
+    Returns the ledger id if one was created."""
+    try:
+        writer = await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    except BookieUnavailableError as e:
+        assert "TLS handshake" in str(e)
+        return None
     with pytest.raises(NotEnoughBookiesError):
         await writer.append(b"must not be stored")
     return writer.ledger_id
@@ -56,6 +62,7 @@ async def test_plaintext_client_cannot_add_to_a_tls_bookie(cluster: LedgerCluste
     cluster.start_bookies(1, extra=tls_flags(certs))
     plaintext = await cluster.client()
     ledger_id = await assert_refused(plaintext)
+    assert ledger_id is not None
     # Nothing reached the bookie: recovering the ledger over TLS finds it empty.
     trusted = await cluster.client(tls_ca=str(certs.ca))
     recovered = await trusted.ledgers.open(ledger_id)
@@ -128,3 +135,14 @@ def test_bookie_with_an_unreadable_key_exits_with_a_clear_error(tmp_path, certs,
     argv += ["--tls-cert", str(certs.server_cert), "--tls-key", str(tmp_path / "missing.key")]
     assert bookie_main(argv) == 1
     assert "cannot read the TLS key" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+async def test_expired_certificates_are_refused_and_say_so(cluster: LedgerCluster, tmp_path):
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=30)
+    expired = make_certs(tmp_path / "expired", not_before=long_ago, valid_days=1)
+    cluster.start_bookies(1, extra=tls_flags(expired))
+    client = await cluster.client(tls_ca=str(expired.ca))
+    with pytest.raises(BookieUnavailableError, match="(?i)handshake|certificate"):
+        await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    assert cluster.bookies[0].proc is not None and cluster.bookies[0].proc.poll() is None
