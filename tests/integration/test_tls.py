@@ -143,6 +143,6 @@ async def test_expired_certificates_are_refused_and_say_so(cluster: LedgerCluste
     expired = make_certs(tmp_path / "expired", not_before=long_ago, valid_days=1)
     cluster.start_bookies(1, extra=tls_flags(expired))
     client = await cluster.client(tls_ca=str(expired.ca))
-    with pytest.raises(BookieUnavailableError, match="TLS handshake.*certificate has expired"):
+    with pytest.raises(BookieUnavailableError, match=r"TLS handshake.*certificate has expired"):
         await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
     assert cluster.bookies[0].proc is not None and cluster.bookies[0].proc.poll() is None
