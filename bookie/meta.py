@@ -112,6 +112,9 @@ class MetadataLink:
 
     async def close(self) -> None:
         try:
-            await self.registry.unregister(self.bookie_id)
+            # Only a registration this link made: a bookie refused at start (its id is
+            # in use) must not delete the live bookie's registration on its way out.
+            if self.registry.registered(self.bookie_id):
+                await self.registry.unregister(self.bookie_id)
         finally:
             await self.store.close()

@@ -178,6 +178,8 @@ def grpc_server_options(cfg: BookieConfig) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_time_ms", ms(cfg.keepalive_time_s)),
         ("grpc.keepalive_timeout_ms", ms(cfg.keepalive_timeout_s)),
+        # gRPC waits 60 s for a ping's answer unless told: make it the keepalive timeout.
+        ("grpc.http2.ping_timeout_ms", ms(cfg.keepalive_timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),
         (
             "grpc.http2.min_ping_interval_without_data_ms",

@@ -51,6 +51,10 @@ class BookieRegistry(Service):
         info.read_only = read_only
         await self.store.set(self._bookie_path(bookie_id), encode(info))
 
+    def registered(self, bookie_id: str) -> bool:
+        """Whether THIS registry (its session) registered bookie_id."""
+        return bookie_id in self._ours
+
     async def unregister(self, bookie_id: str) -> None:
         self._ours.pop(bookie_id, None)
         try:

@@ -150,8 +150,14 @@ class BookieClientConfig:
         keepalive = {
             "grpc.keepalive_time_ms": int(self.keepalive_time_s * 1000),
             "grpc.keepalive_timeout_ms": int(self.keepalive_timeout_s * 1000),
+            # The wait for a ping's answer: without it gRPC waits 60 s whatever the
+            # keepalive timeout says, and a frozen peer went unnoticed that long.
+            "grpc.http2.ping_timeout_ms": int(self.keepalive_timeout_s * 1000),
         }
-        return [(k, keepalive.get(k, v)) for k, v in CHANNEL_OPTIONS]
+        known = {k for k, _ in CHANNEL_OPTIONS}
+        return [(k, keepalive.get(k, v)) for k, v in CHANNEL_OPTIONS] + [
+            (k, v) for k, v in keepalive.items() if k not in known
+        ]
 
 
 @dataclass
