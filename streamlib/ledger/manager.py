@@ -152,21 +152,28 @@ class LedgerManager:
             raise UnauthorizedError(f"ledger {ledger_id} has no stored secret: pass its password")
         return metadata.key_material(secret)
 
-    async def check_may_write(self, bookies: Sequence[str], what: str) -> None:
+    async def check_may_write(
+        self, bookies: Sequence[str], what: str, *, need_answer: bool = False
+    ) -> None:
         """UnauthorizedError when the bookies would refuse this client's writes or fences.
 
         Asked BEFORE a recovery marks a ledger IN_RECOVERY or a ledger is created: the
-        bookies enforce roles, but a reader's refused recovery would otherwise leave the
-        ledger's metadata changed (its writer could no longer close it). One bookie's
-        answer is enough (they share the principal map); none answering proves nothing,
-        and the bookies still refuse -- unless every one failed its TLS handshake: a
-        misconfiguration (another CA, an expired certificate, plaintext against TLS)
-        that no retry mends, so it is said at once, with the TLS library's reason."""
+        bookies enforce roles, but a refused recovery would otherwise leave the ledger's
+        metadata changed (its writer could no longer close it). One bookie's answer is
+        enough (they share the principal map). If none answers: every failed TLS
+        handshake is a misconfiguration no retry mends (another CA, an expired
+        certificate), said at once with the TLS library's reason; otherwise, with
+        need_answer (a recovery, which could fence nothing anyway), RecoveryAbortedError
+        -- retried like an aborted recovery, and nothing changed meanwhile (a client
+        that cannot reach the bookies at all, e.g. plaintext against TLS, used to mark
+        a live writer's ledger IN_RECOVERY and then give up)."""
         handshakes: list[BookieUnavailableError] = []
+        unreachable: BookieUnavailableError | None = None
         for bookie in bookies:
             try:
                 info = await self._context.pool.get(bookie).info()
             except BookieUnavailableError as e:
+                unreachable = e
                 if "handshake" in str(e).lower():
                     handshakes.append(e)
                 if len(handshakes) == len(bookies):
@@ -186,6 +193,12 @@ class LedgerManager:
                     f"roles {sorted(_WRITE_ROLES)}, and it has {sorted(info.roles) or 'none'}"
                 )
             return
+        if need_answer and unreachable is not None:
+            raise RecoveryAbortedError(
+                f"no bookie of {list(bookies)} answered, so nothing was changed to {what} "
+                f"(check that they are up, and that this client speaks TLS if they do): "
+                f"{unreachable}"
+            )
 
     async def metadata(self, ledger_id: int) -> LedgerMetadata:
         return (await self._read(ledger_id))[0]
@@ -232,7 +245,6 @@ class LedgerManager:
             if not metadata.is_closed:
                 await handle.read_last_add_confirmed()
             return handle
-        await self.check_may_write(metadata.last_fragment.ensemble, f"recover ledger {ledger_id}")
         known: tuple[LedgerMetadata, int] | None = (metadata, version)
 
         async def recover_once() -> tuple[LedgerMetadata, int]:
@@ -240,6 +252,9 @@ class LedgerManager:
             # Each retry re-reads: another recovery may have moved the ledger on meanwhile.
             current = known if known is not None else await self._read(ledger_id)
             known = None
+            await self.check_may_write(
+                current[0].last_fragment.ensemble, f"recover ledger {ledger_id}", need_answer=True
+            )
             return await self.recover(*current, password=password)
 
         metadata, version = await self._retry_aborted(
@@ -327,7 +342,9 @@ class LedgerManager:
         material = await self.material(metadata, password)
         await self._context.pool.prepare(metadata.bookies())
         await self.check_may_write(
-            metadata.last_fragment.ensemble, f"take unbounded ledger {ledger_id} over"
+            metadata.last_fragment.ensemble,
+            f"take unbounded ledger {ledger_id} over",
+            need_answer=True,
         )
         recovery = TermRecovery(
             metadata,

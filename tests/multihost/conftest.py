@@ -48,11 +48,18 @@ class Cluster:
         self.bookies: dict[str, Bookie] = {}
         self._observer: Worker | None = None
 
-    def start_bookies(self, names: Iterable[str] = BOOKIE_HOSTS, extra: Iterable[str] = ()) -> None:
+    def start_bookies(
+        self,
+        names: Iterable[str] = BOOKIE_HOSTS,
+        extra: Iterable[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         """Start bookies on these hosts together (they start in parallel) and wait
-        until each serves."""
+        until each serves (env: added to their environment)."""
         started = [
-            Bookie(self.net[name], self.uri, self.workdir / f"bookie-{name}", list(extra)).launch()
+            Bookie(
+                self.net[name], self.uri, self.workdir / f"bookie-{name}", list(extra), env
+            ).launch()
             for name in names
         ]
         for bookie in started:
@@ -99,24 +106,50 @@ class Cluster:
         ledgers: list[dict[str, Any]] = self.observer.request("stream", name=stream)["ledgers"]
         return ledgers
 
-    def producer(self, host: str, stream: str, label: str, timeout_s: float = 60) -> Worker:
-        """A producer worker on host, once it has taken the stream over."""
-        worker = self.net[host].worker(
-            "producer", "--metadata", self.uri, "--stream", stream, label=label
+    def start_producer(
+        self, host: str, stream: str, label: str, env: dict[str, str] | None = None
+    ) -> Worker:
+        """A producer worker on host, not waited for (it reports "ready" once it has
+        taken the stream over, "takeover_failed" if it could not)."""
+        return self.net[host].worker(
+            "producer", "--metadata", self.uri, "--stream", stream, label=label, env=env
         )
+
+    def producer(
+        self,
+        host: str,
+        stream: str,
+        label: str,
+        timeout_s: float = 60,
+        env: dict[str, str] | None = None,
+    ) -> Worker:
+        """A producer worker on host, once it has taken the stream over."""
+        worker = self.start_producer(host, stream, label, env)
         worker.wait_event("ready", timeout_s)
         return worker
 
-    def consume(self, host: str, stream: str, subscription: str, n: int) -> list[dict[str, Any]]:
+    def consume(
+        self,
+        host: str,
+        stream: str,
+        subscription: str,
+        n: int,
+        env: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
         args = f"--stream {stream} --subscription {subscription} -n {n} --timeout 20".split()
         worker = self.net[host].worker(
-            "consume", "--metadata", self.uri, *args, label=f"consume-{subscription}"
+            "consume", "--metadata", self.uri, *args, label=f"consume-{subscription}", env=env
         )
         return self._messages(worker)
 
-    def read(self, host: str, stream: str, label: str = "reader") -> list[dict[str, Any]]:
+    def read(
+        self, host: str, stream: str, label: str = "reader", env: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         worker = self.net[host].worker(
-            "read", "--metadata", self.uri, "--stream", stream, "--timeout", "20", label=label
+            "read",
+            *("--metadata", self.uri, "--stream", stream, "--timeout", "20"),
+            label=label,
+            env=env,
         )
         return self._messages(worker)
 

@@ -490,9 +490,10 @@ class Host:
             check=False,
         )
 
-    def worker(self, *args: str, label: str = "") -> Worker:
-        """Start `python -m tests.multihost.workers ARGS` here."""
-        proc = self.popen([*WORKERS, *args], label=label, worker=True)
+    def worker(self, *args: str, label: str = "", env: dict[str, str] | None = None) -> Worker:
+        """Start `python -m tests.multihost.workers ARGS` here (env: variables added to
+        the harness environment, e.g. STREAMLIB_TLS_CA and STREAMLIB_TOKEN)."""
+        proc = self.popen([*WORKERS, *args], label=label, worker=True, env=env)
         assert isinstance(proc, Worker)
         return proc
 

@@ -105,18 +105,28 @@ _LISTENING = re.compile(r"^bookie (\S+) listening on (\S+):(\d+)")
 class Bookie:
     """`bookie serve` in a host; started when its "listening" line is printed."""
 
-    def __init__(self, host: Host, metadata_uri: str, data_dir: Path, extra: Sequence[str] = ()):
+    def __init__(
+        self,
+        host: Host,
+        metadata_uri: str,
+        data_dir: Path,
+        extra: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.host = host
         self.metadata_uri = metadata_uri
         self.data_dir = data_dir
         self.extra = list(extra)
+        # Added to its environment; its --autorecovery node inherits it (STREAMLIB_TOKEN
+        # gives that node a principal where bookies authenticate tokens).
+        self.env = env
         self.bookie_id = f"{host.name}:{BOOKIE_PORT}"
         self.proc: Proc | None = None
 
     def launch(self) -> Bookie:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = bookie_serve_argv(self.host, self.metadata_uri, self.data_dir, self.extra)
-        self.proc = self.host.popen(argv, label=f"bookie-{self.host.name}")
+        self.proc = self.host.popen(argv, label=f"bookie-{self.host.name}", env=self.env)
         return self
 
     def wait_listening(self, timeout_s: float = 30.0) -> Bookie:
