@@ -339,8 +339,11 @@ class LedgerStorage:
             ledger_id, self.state(ledger_id), master_key, term, lac
         )
         if changed:
-            await self._persist_state(ledger_id)
+            # Long polls first: an explicit LAC is advisory (readers stop at it; losing it
+            # in a crash only makes them wait for the next entry), so its durability
+            # need not delay them.
             self._wake(ledger_id)
+            await self._persist_state(ledger_id)
 
     def lac(self, ledger_id: int) -> int:
         st = self.state(ledger_id)

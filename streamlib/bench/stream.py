@@ -1,6 +1,7 @@
-"""`streamlib bench stream`: publish throughput (batching on), publish latency at a fixed
-rate, end-to-end publish -> consume latency, and catch-up read throughput, on three
-local bookies with E3/Qw3/Qa2."""
+"""`streamlib bench stream`: the latency of a blocking send (one in flight, the blocking
+API), publish throughput (batching on), publish and end-to-end publish -> consume latency
+at a low and at a higher fixed rate, and catch-up read throughput, on three local bookies
+with E3/Qw3/Qa2 (every entry fsync'd by the bookies' journals)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,35 @@ async def _publish_throughput(client: Client, args: argparse.Namespace) -> float
     return args.messages / elapsed
 
 
-async def _fixed_rate(client: Client, args: argparse.Namespace) -> tuple[list[float], list[float]]:
-    """Publish at args.rate msgs/s while a consumer tails; (publish, end-to-end) latencies."""
-    await client.streams.create("bench-latency", 3, 3, 2)
-    producer = await client.create_producer("bench-latency", batching_max_publish_delay_ms=1)
-    consumer = await client.subscribe("bench-latency", "bench", initial_position="latest")
+def blocking_sends(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> list[float]:
+    """Latencies of producer.send() through the blocking API, one message in flight."""
+    import streamlib
+
+    with streamlib.connect(uri, **options) as client:
+        client.streams.create("bench-blocking", 3, 3, 2)
+        producer = client.create_producer("bench-blocking")
+        payload = b"x" * args.message_bytes
+        for _ in range(50):  # warm up: connections, the first ledger's bookies
+            producer.send(payload)
+        latencies = []
+        for _ in range(args.blocking_sends):
+            t0 = time.perf_counter()
+            producer.send(payload)
+            latencies.append(time.perf_counter() - t0)
+        producer.close()
+    return sorted(latencies)
+
+
+async def _fixed_rate(
+    client: Client, args: argparse.Namespace, rate: int
+) -> tuple[list[float], list[float]]:
+    """Publish at rate msgs/s while a consumer tails; (publish, end-to-end) latencies."""
+    stream = f"bench-latency-{rate}"
+    await client.streams.create(stream, 3, 3, 2)
+    producer = await client.create_producer(stream)
+    consumer = await client.subscribe(stream, "bench", initial_position="latest")
     payload = b"x" * args.message_bytes
-    total = int(args.rate * args.seconds)
+    total = int(rate * args.seconds)
     publish: list[float] = []
     end_to_end: list[float] = []
     sent_at: dict[int, float] = {}
@@ -51,7 +74,7 @@ async def _fixed_rate(client: Client, args: argparse.Namespace) -> tuple[list[fl
     start = time.perf_counter()
     pending = []
     for n in range(total):
-        due = start + n / args.rate
+        due = start + n / rate
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)  # pacing the load, not synchronisation
@@ -106,24 +129,30 @@ async def _run(
     uri: str, args: argparse.Namespace, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     client = await Client.connect(uri, **(options or {}))
+    figures: dict[str, Any] = {}
     try:
-        published = await _publish_throughput(client, args)
-        publish, end_to_end = await _fixed_rate(client, args)
-        catch_up = await _catch_up(client, args)
-        consumer_catch_up = await _consumer_catch_up(client, args)
+        figures["publish_msgs_per_s"] = await _publish_throughput(client, args)
+        for name, rate in (("low", args.low_rate), ("high", args.rate)):
+            publish, end_to_end = await _fixed_rate(client, args, rate)
+            publish.sort()
+            end_to_end.sort()
+            figures[f"{name}_publish_p50_ms"] = 1000 * percentile(publish, 0.5)
+            figures[f"{name}_publish_p99_ms"] = 1000 * percentile(publish, 0.99)
+            figures[f"{name}_e2e_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
+            figures[f"{name}_e2e_p99_ms"] = 1000 * percentile(end_to_end, 0.99)
+        figures["catch_up_msgs_per_s"] = await _catch_up(client, args)
+        figures["consumer_catch_up_msgs_per_s"] = await _consumer_catch_up(client, args)
     finally:
         await client.close()
-    publish.sort()
-    end_to_end.sort()
-    return {
-        "publish_msgs_per_s": published,
-        "publish_p50_ms": 1000 * percentile(publish, 0.5),
-        "publish_p99_ms": 1000 * percentile(publish, 0.99),
-        "e2e_p50_ms": 1000 * percentile(end_to_end, 0.5),
-        "e2e_p99_ms": 1000 * percentile(end_to_end, 0.99),
-        "catch_up_msgs_per_s": catch_up,
-        "consumer_catch_up_msgs_per_s": consumer_catch_up,
-    }
+    return figures
+
+
+def _measure(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    blocking = blocking_sends(uri, args, options)
+    figures = asyncio.run(_run(uri, args, options))
+    figures["blocking_p50_ms"] = 1000 * percentile(blocking, 0.5)
+    figures["blocking_p99_ms"] = 1000 * percentile(blocking, 0.99)
+    return figures
 
 
 def _secure_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -137,17 +166,19 @@ def _secure_run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="streamlib-bench-secure-") as tmp:
         sandbox = Sandbox(Path(tmp), bookies=3, port_base=0, secure=True).start()
         try:
-            return asyncio.run(_run(sandbox.metadata_uri, args, sandbox.client_options("writer")))
+            return _measure(sandbox.metadata_uri, args, sandbox.client_options("writer"))
         finally:
             sandbox.stop()
 
 
 _ROWS = (
+    ("blocking send p50", "blocking_p50_ms", "ms"),
+    ("blocking send p99", "blocking_p99_ms", "ms"),
     ("publish throughput", "publish_msgs_per_s", "msgs/s"),
-    ("publish latency p50", "publish_p50_ms", "ms"),
-    ("publish latency p99", "publish_p99_ms", "ms"),
-    ("end-to-end p50", "e2e_p50_ms", "ms"),
-    ("end-to-end p99", "e2e_p99_ms", "ms"),
+    ("end-to-end p50, low", "low_e2e_p50_ms", "ms"),
+    ("end-to-end p99, low", "low_e2e_p99_ms", "ms"),
+    ("end-to-end p50, high", "high_e2e_p50_ms", "ms"),
+    ("end-to-end p99, high", "high_e2e_p99_ms", "ms"),
     ("catch-up reads", "catch_up_msgs_per_s", "msgs/s"),
     ("consumer catch-up", "consumer_catch_up_msgs_per_s", "msgs/s"),
 )
@@ -155,13 +186,22 @@ _ROWS = (
 
 def run(args: argparse.Namespace) -> int:
     with local_cluster(3) as cluster:
-        r = asyncio.run(_run(cluster.metadata_uri, args))
+        r = _measure(cluster.metadata_uri, args, {})
     print(
-        f"stream: {args.message_bytes} B messages, batching on, E3/Qw3/Qa2, 3 local bookies\n"
-        f"  publish throughput   {r['publish_msgs_per_s']:,.0f} msgs/s ({args.messages} messages)\n"
-        f"  publish latency      p50 {r['publish_p50_ms']:.1f} ms  p99 {r['publish_p99_ms']:.1f} ms"
-        f"  at {args.rate:,} msgs/s\n"
-        f"  end-to-end latency   p50 {r['e2e_p50_ms']:.1f} ms  p99 {r['e2e_p99_ms']:.1f} ms\n"
+        f"stream: {args.message_bytes} B messages, E3/Qw3/Qa2 (fsync), 3 local bookies\n"
+        f"  blocking send        p50 {r['blocking_p50_ms']:.2f} ms  p99 {r['blocking_p99_ms']:.2f} ms"
+        f"  (producer.send(), one in flight, {args.blocking_sends} sends)\n"
+        f"  publish throughput   {r['publish_msgs_per_s']:,.0f} msgs/s ({args.messages} messages,"
+        " send_async)\n",
+        end="",
+    )
+    for name, rate in (("low", args.low_rate), ("high", args.rate)):
+        print(
+            f"  at {rate:>5,} msgs/s       publish p50 {r[name + '_publish_p50_ms']:.2f} ms"
+            f"  p99 {r[name + '_publish_p99_ms']:.2f} ms;  end-to-end (a consumer tailing)"
+            f" p50 {r[name + '_e2e_p50_ms']:.2f} ms  p99 {r[name + '_e2e_p99_ms']:.2f} ms"
+        )
+    print(
         f"  catch-up reads       {r['catch_up_msgs_per_s']:,.0f} msgs/s (Reader)\n"
         f"  consumer catch-up    {r['consumer_catch_up_msgs_per_s']:,.0f} msgs/s"
         " (receive + acknowledge each)",
@@ -187,8 +227,12 @@ def add_parser(which: Any) -> None:
     parser = which.add_parser("stream", help="publish / consume throughput and latency")
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--message-bytes", type=int, default=1024)
-    parser.add_argument("--rate", type=int, default=2000, help="msgs/s for the latency phase")
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of the latency phase")
+    parser.add_argument("--rate", type=int, default=2000, help="msgs/s of the higher-rate phase")
+    parser.add_argument("--low-rate", type=int, default=100, help="msgs/s of the low-rate phase")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each rate phase")
+    parser.add_argument(
+        "--blocking-sends", type=int, default=1000, help="sends of the blocking-send phase"
+    )
     parser.add_argument(
         "--secure",
         action="store_true",

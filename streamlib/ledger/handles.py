@@ -208,7 +208,15 @@ class WriteHandle:
                 future = self._futures.pop(entry_id, None)
                 if future is not None and not future.done():
                     future.set_result(entry_id)
-            self._schedule_explicit_lac()
+            if self._futures:
+                # Adds still in flight: those sent from now on carry the new LAC; the
+                # timer covers a writer whose remaining adds take long.
+                self._schedule_explicit_lac()
+            else:
+                # Nothing more is coming for now: tell the bookies at once, so a tailing
+                # reader sees this entry within a round trip, not a timer later.
+                self._cancel_lac_timer()
+                self._send_explicit_lac()
         elif isinstance(action, FailAdds):
             for entry_id in action.entry_ids:
                 future = self._futures.pop(entry_id, None)

@@ -89,6 +89,7 @@ class Producer:
         self._block = block_if_queue_full
         self._batch = _Batch(BatchBuilder(), [])
         self._timer: asyncio.TimerHandle | None = None
+        self._in_flight = 0  # entries appended and not yet settled
         self._pending = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -137,7 +138,15 @@ class Producer:
         messages.add(data, now_ms(), event_ms, metadata)
         self._batch.futures.append(future)
         self._pending += 1
-        if len(messages) >= self._max_messages or messages.size >= self._max_bytes:
+        # Adaptive batching (Nagle / Kafka's linger, as the journal's group commit): with
+        # nothing in flight a message goes at once -- waiting would only add latency;
+        # while entries are in flight, messages gather until the batch is full, the
+        # delay passes, or the entries in flight are all acknowledged (_settle).
+        if (
+            len(messages) >= self._max_messages
+            or messages.size >= self._max_bytes
+            or self._in_flight == 0
+        ):
             self._seal()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._seal)
@@ -188,6 +197,7 @@ class Producer:
         batch, self._batch = self._batch, _Batch(BatchBuilder(), [])
         if not batch.messages:
             return
+        self._in_flight += 1
         try:
             entry = self._writer.append_nowait(batch.messages.encode(self._format))
         except Exception as error:  # every send of the batch gets this outcome
@@ -218,6 +228,9 @@ class Producer:
                 future.set_result(MessageId(ledger_id, entry_id, index))
         self._pending -= len(batch.futures)
         self._room.set()
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._batch.messages and not self._closed:
+            self._seal()  # what gathered while the others were in flight goes now
 
     async def flush(self) -> None:
         """Send the open batch now and wait until everything sent is durable."""
