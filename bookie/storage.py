@@ -741,8 +741,9 @@ class LedgerStorage:
                     await asyncio.to_thread(self.index.delete_ledger, lid)
                 for lid, first in firsts.items():
                     if first:
-                        self._drop_cached_below(lid, first)
-                        n = await asyncio.to_thread(self.index.delete_entries_below, lid, first)
+                        # Entries not flushed yet count too: they are deleted as surely.
+                        n = self._drop_cached_below(lid, first)
+                        n += await asyncio.to_thread(self.index.delete_entries_below, lid, first)
                         if n:
                             trimmed[lid] = n
 
@@ -760,12 +761,17 @@ class LedgerStorage:
 
         return await asyncio.shield(run())
 
-    def _drop_cached_below(self, ledger_id: int, first: int) -> None:
+    def _drop_cached_below(self, ledger_id: int, first: int) -> int:
+        """Drop cached entries below first; how many were waiting for a flush (those
+        are nowhere else: the index never had them)."""
+        unflushed = 0
         for cache in (self._cache, self._flushing):
             for key in [k for k in cache if k[0] == ledger_id and k[1] < first]:
                 item = cache.pop(key)
                 if cache is self._cache:
                     self._cache_bytes -= FRAME_SIZE + len(item[2])
+                    unflushed += 1
+        return unflushed
 
     async def compact(
         self,

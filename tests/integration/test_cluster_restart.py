@@ -119,8 +119,9 @@ async def test_the_same_client_recovers_its_ledger_after_a_full_cluster_restart(
         with pytest.raises(RecoveryAbortedError) as during_outage:
             await client.ledgers.open(writer.ledger_id, PASSWORD, attempts=2)
         await outage.each_attempted(ATTEMPTS_DURING_OUTAGE)
-    # Aborted on Unknowns, never closed on them (that could truncate the ledger).
-    assert (await client.ledgers.metadata(writer.ledger_id)).state is LedgerState.IN_RECOVERY
+    # Aborted, never closed on Unknowns (that could truncate the ledger); with no bookie
+    # answering at all, not even marked IN_RECOVERY (manager.check_may_write).
+    assert (await client.ledgers.metadata(writer.ledger_id)).state is LedgerState.OPEN
     await start_every_bookie_again(cluster, client, killed_ms)
 
     reader = await client.ledgers.open(writer.ledger_id, PASSWORD, recover=True)

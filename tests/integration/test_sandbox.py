@@ -98,9 +98,11 @@ def test_restart_on_the_same_data_dir_keeps_the_data(sandboxes, tmp_path):
         assert reader.read(0, ids[-1]) == [b"kept-%d" % i for i in range(50)]
 
 
-def test_demo_runs_end_to_end_and_exits_zero(tmp_path):
+@pytest.mark.parametrize("secure", [False, True], ids=["plaintext", "secure"])
+def test_demo_runs_end_to_end_and_exits_zero(tmp_path, secure):
     result = subprocess.run(
-        [*STREAMLIB, "sandbox", "--demo", "--data-dir", str(tmp_path / "demo")],
+        [*STREAMLIB, "sandbox", "--demo", "--data-dir", str(tmp_path / "demo")]
+        + (["--secure"] if secure else []),
         capture_output=True,
         text=True,
         timeout=240,
@@ -108,6 +110,9 @@ def test_demo_runs_end_to_end_and_exits_zero(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "sandbox ready: 3 bookies" in out
+    if secure:
+        assert "TLS to every bookie" in out
+        assert "the reader token may not produce: UnauthorizedError" in out
     assert "received all 1000 in order" in out
     assert "StreamFencedError" in out
     assert "resumed from its durable cursor" in out
