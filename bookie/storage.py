@@ -335,15 +335,20 @@ class LedgerStorage:
             del self._persisting[ledger_id]
 
     async def write_lac(self, ledger_id: int, master_key: bytes, lac: int, term: int) -> None:
-        _st, changed = rules.check_write_lac(
-            ledger_id, self.state(ledger_id), master_key, term, lac
-        )
-        if changed:
-            # Long polls first: an explicit LAC is advisory (readers stop at it; losing it
-            # in a crash only makes them wait for the next entry), so its durability
-            # need not delay them.
-            self._wake(ledger_id)
-            await self._persist_state(ledger_id)
+        known = self.state(ledger_id)
+        term_before = known.term if known is not None else 0
+        st, changed = rules.check_write_lac(ledger_id, known, master_key, term, lac)
+        if not changed:
+            return
+        self._wake(ledger_id)  # long polls first
+        if st.term != term_before:
+            await self._persist_state(ledger_id)  # an adopted term fences: durable now
+        else:
+            # An explicit LAC alone is advisory (readers stop at it; losing it in a crash
+            # only makes them wait for the next entry): it goes to disk with the next
+            # flush, not in a synced write per call -- a writer sends one whenever it
+            # goes quiet, which at one add in flight is once per add.
+            self._dirty.add(ledger_id)
 
     def lac(self, ledger_id: int) -> int:
         st = self.state(ledger_id)

@@ -39,6 +39,9 @@ from streamlib.protocol.read_rules import (
 from streamlib.protocol.writer import LedgerWriter
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
+# How long a writer with nothing in flight waits for another add (which would carry its
+# LAC) before it sends the LAC to the bookies on its own.
+QUIET_LAC_DELAY_S = 0.0005
 _REFUSALS = (pb.UNAUTHORIZED, pb.UNAUTHENTICATED)
 
 
@@ -61,6 +64,7 @@ class WriteHandle:
         context: Context,
         *,
         explicit_lac_interval_s: float = 0.1,
+        quiet_lac_delay_s: float = QUIET_LAC_DELAY_S,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         last_add_confirmed: int = -1,
         length: int = 0,
@@ -88,6 +92,7 @@ class WriteHandle:
         self._close_future: asyncio.Future[LedgerMetadata] | None = None
         self._max_entry_bytes = max_entry_bytes
         self._explicit_lac_interval_s = explicit_lac_interval_s
+        self._quiet_lac_delay_s = quiet_lac_delay_s
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_sent = -1
 
@@ -128,6 +133,7 @@ class WriteHandle:
             self._check(data)
         loop = asyncio.get_running_loop()
         first, actions = self._writer.append(datas)
+        self._cancel_lac_timer()  # these entries carry the LAC; their acks re-arm it
         futures = []
         for entry_id in range(first, first + len(datas)):
             future: asyncio.Future[int] = loop.create_future()
@@ -148,6 +154,7 @@ class WriteHandle:
         for data in datas:
             self._check(data)
         first, actions = self._writer.append(datas)
+        self._cancel_lac_timer()
         last = first + len(datas) - 1
         # Completion is in order and a failure fails every pending add, so the last
         # entry's outcome is the outcome of all of them: one future, not one per entry.
@@ -211,12 +218,14 @@ class WriteHandle:
             if self._futures:
                 # Adds still in flight: those sent from now on carry the new LAC; the
                 # timer covers a writer whose remaining adds take long.
-                self._schedule_explicit_lac()
+                self._schedule_explicit_lac(self._explicit_lac_interval_s)
             else:
-                # Nothing more is coming for now: tell the bookies at once, so a tailing
-                # reader sees this entry within a round trip, not a timer later.
+                # Nothing in flight: unless another add follows within the quiet delay
+                # (then it carries the LAC, and the writer sends nothing extra -- a
+                # blocking send loop), tell the bookies, so a tailing reader sees this
+                # entry about one round trip after its acknowledgement, not a timer later.
                 self._cancel_lac_timer()
-                self._send_explicit_lac()
+                self._schedule_explicit_lac(self._quiet_lac_delay_s)
         elif isinstance(action, FailAdds):
             for entry_id in action.entry_ids:
                 future = self._futures.pop(entry_id, None)
@@ -233,11 +242,11 @@ class WriteHandle:
 
     # -- explicit LAC: lets tailing readers see the last entry of a quiet writer ----------
 
-    def _schedule_explicit_lac(self) -> None:
+    def _schedule_explicit_lac(self, delay_s: float) -> None:
         if self._explicit_lac_interval_s <= 0 or self._lac_timer is not None:
             return
         loop = asyncio.get_running_loop()
-        self._lac_timer = loop.call_later(self._explicit_lac_interval_s, self._send_explicit_lac)
+        self._lac_timer = loop.call_later(delay_s, self._send_explicit_lac)
 
     def _cancel_lac_timer(self) -> None:
         if self._lac_timer is not None:
