@@ -1,14 +1,26 @@
 """`streamlib bench spark`: rows/s of micro-batch reads of a stream into Spark's noop
-sink, in a local[N] session, on three local bookies (E3/Qw2/Qa2)."""
+sink, in a local[N] session, on three local bookies (E3/Qw2/Qa2).
+
+Each run is one Trigger.AvailableNow query over the whole stream, after a warm-up query
+that pays for starting Spark's Python workers. Two rates per run:
+
+- with the query start: rows / wall time from `start()` to the end of the query;
+- without it: rows / the time Spark reports for executing the micro-batches
+  (`durationMs.addBatch` of the query's progress: planning the partitions, the tasks
+  reading and decoding, the sink). What it leaves out is starting the query, asking the
+  source for offsets (`latestOffset`) and writing the offset and commit logs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from streamlib.bench.cluster import local_cluster
@@ -31,17 +43,25 @@ async def _fill(uri: str, stream: str, messages: int, message_bytes: int) -> Non
         await client.close()
 
 
-def _measure(spark: Any, uri: str, stream: str, args: argparse.Namespace) -> tuple[float, int]:
+@dataclass
+class Run:
+    rows: int
+    batches: int
+    total_s: float  # start() to the end of the query
+    batch_s: float  # the micro-batches' addBatch durations
+    other_ms: dict[str, int]  # the rest of the progress' durations, summed
+
+
+def _measure(spark: Any, uri: str, stream: str, args: argparse.Namespace) -> Run:
     with tempfile.TemporaryDirectory(prefix="streamlib-bench-spark-") as checkpoint:
-        reader = (
-            spark.readStream.format("streamlib")
-            .option("metadata", uri)
-            .option("stream", stream)
-            .option("entriesPerPartition", str(args.entries_per_partition))
-        )
+        reader = spark.readStream.format("streamlib").option("metadata", uri)
+        reader = reader.option("stream", stream)
+        if args.entries_per_partition:
+            reader = reader.option("entriesPerPartition", str(args.entries_per_partition))
         if args.max_per_trigger:
             reader = reader.option("maxMessagesPerTrigger", str(args.max_per_trigger))
         start = time.perf_counter()
+        print(f"DBG {time.time():.3f} query start", file=sys.stderr, flush=True)
         query = (
             reader.load()
             .writeStream.format("noop")
@@ -51,11 +71,18 @@ def _measure(spark: Any, uri: str, stream: str, args: argparse.Namespace) -> tup
         )
         query.awaitTermination()
         elapsed = time.perf_counter() - start
+        print(f"DBG {time.time():.3f} query end", file=sys.stderr, flush=True)
         batches = [p for p in query.recentProgress if p["numInputRows"]]
-        rows = sum(p["numInputRows"] for p in batches)
+    rows = sum(p["numInputRows"] for p in batches)
     if rows != args.messages:
         raise RuntimeError(f"read {rows} rows, published {args.messages}")
-    return elapsed, len(batches)
+    other: dict[str, int] = {}
+    for progress in batches:
+        for name, ms in progress["durationMs"].items():
+            if name not in ("addBatch", "triggerExecution"):
+                other[name] = other.get(name, 0) + ms
+    batch_ms = sum(p["durationMs"].get("addBatch", 0) for p in batches)
+    return Run(rows, len(batches), elapsed, batch_ms / 1000, other)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     import streamlib.spark
 
+    runs = []
     with local_cluster(args.bookies) as cluster:
         asyncio.run(_fill(cluster.metadata_uri, "bench-spark", args.messages, args.message_bytes))
         spark = (
@@ -75,17 +103,29 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             streamlib.spark.register(spark)
-            # The first query also pays for starting Python workers; report the second.
-            _measure(spark, cluster.metadata_uri, "bench-spark", args)
-            elapsed, batches = _measure(spark, cluster.metadata_uri, "bench-spark", args)
+            _measure(spark, cluster.metadata_uri, "bench-spark", args)  # warm-up
+            for _ in range(args.runs):
+                runs.append(_measure(spark, cluster.metadata_uri, "bench-spark", args))
         finally:
             spark.stop()
+    per_partition = args.entries_per_partition or "default"
     print(
         f"spark micro-batch read: {args.messages} x {args.message_bytes} B messages, "
-        f"local[{args.cores}], {batches} micro-batch(es), "
-        f"{args.entries_per_partition} entries per partition, noop sink\n"
-        f"  {args.messages / elapsed:,.0f} rows/s ({elapsed:.2f} s, query start included)"
+        f"local[{args.cores}], entriesPerPartition {per_partition}, noop sink, "
+        f"{args.runs} run(s) after a warm-up query\n"
+        "  with query start: rows / wall time of the query; without: rows / the "
+        "micro-batches' execution (Spark's durationMs.addBatch)"
     )
+    for i, r in enumerate(runs, 1):
+        rest = ", ".join(f"{name} {ms}" for name, ms in sorted(r.other_ms.items()))
+        print(
+            f"  run {i}: {r.rows / r.total_s:9,.0f} rows/s with query start ({r.total_s:.2f} s), "
+            f"{r.rows / r.batch_s:9,.0f} rows/s without ({r.batch_s:.2f} s), "
+            f"{r.batches} micro-batch(es); other ms: {rest}"
+        )
+    with_start = statistics.median(r.rows / r.total_s for r in runs)
+    without = statistics.median(r.rows / r.batch_s for r in runs)
+    print(f"  median: {with_start:,.0f} rows/s with query start, {without:,.0f} rows/s without")
     return 0
 
 
@@ -94,9 +134,15 @@ def add_parser(which: Any) -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--message-bytes", type=int, default=100)
     parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
-    parser.add_argument("--entries-per-partition", type=int, default=16)
+    parser.add_argument(
+        "--entries-per-partition",
+        type=int,
+        default=0,
+        help="the source's entriesPerPartition (0: not set, partitions sized to the cores)",
+    )
     parser.add_argument(
         "--max-per-trigger", type=int, default=0, help="maxMessagesPerTrigger (0: no limit)"
     )
+    parser.add_argument("--runs", type=int, default=3, help="measured queries, after a warm-up")
     parser.add_argument("--bookies", type=int, default=3)
     parser.set_defaults(run=run)

@@ -1,5 +1,6 @@
-"""Planning reads of streams for Spark, without Spark: offsets, partitions (segments of
-one ledger's entries), admission control by message count, and reading one segment.
+"""Planning reads of streams for Spark, without Spark: offsets, partitions (segments: a
+contiguous run of a stream's entries, across ledgers), admission control by message
+count, and reading one segment.
 
 Offsets are positions: for every stream, the MessageId of the last message already
 read (EARLIEST when none). A micro-batch or batch read covers the messages strictly
@@ -10,6 +11,8 @@ never disturbs the writer: ledgers are opened with recover=False).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -20,14 +23,21 @@ from streamlib.protocol.actions import EntryData, is_noop
 from streamlib.protocol.errors import BadRequestError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.reader import (
+    READ_AHEAD,
+    READ_BYTES,
     Message,
     confirmed_stream_end,
     decode_entry,
     open_for_reading,
 )
 
-# Entries fetched per read call when an executor reads a segment or the driver counts.
+# Entries fetched per read call when the driver counts messages (admission control).
 READ_ENTRIES = 256
+# An executor reads a segment in ranges that start at FIRST_READ_ENTRIES entries and
+# double up to about READ_BYTES (at most MAX_READ_ENTRIES entries), READ_AHEAD of them in
+# flight while one is decoded, as a catch-up Reader does.
+FIRST_READ_ENTRIES = 16
+MAX_READ_ENTRIES = 4096
 
 
 class InvalidOffsetsError(BadRequestError):
@@ -36,14 +46,25 @@ class InvalidOffsetsError(BadRequestError):
 
 
 @dataclass(frozen=True)
-class Segment:
-    """The part of one ledger a Spark task reads: entries first..last, keeping only the
-    messages in (after, until]. Plain data: it is pickled to executors."""
+class LedgerRange:
+    """Entries first..last of one ledger."""
 
-    stream: str
     ledger_id: int
     first_entry: int
     last_entry: int
+
+    def __len__(self) -> int:
+        return self.last_entry - self.first_entry + 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The part of one stream a Spark task reads: contiguous entry ranges of its ledgers
+    (in stream order), keeping only the messages in (after, until]. Plain data: it is
+    pickled to executors."""
+
+    stream: str
+    ranges: tuple[LedgerRange, ...]
     after: MessageId
     until: MessageId
 
@@ -155,17 +176,95 @@ async def _ranges(
             await handle.close()
 
 
-async def segments(
-    client: Client, stream: str, after: MessageId, until: MessageId, entries_per_partition: int
+async def ledger_ranges(
+    client: Client, stream: str, after: MessageId, until: MessageId
+) -> list[LedgerRange]:
+    """The entry ranges holding the stream's messages in (after, until], in order."""
+    return [
+        LedgerRange(handle.ledger_id, first, last)
+        async for handle, first, last in _ranges(client, stream, after, until)
+    ]
+
+
+def split(
+    stream: str,
+    ranges: list[LedgerRange],
+    after: MessageId,
+    until: MessageId,
+    pieces: int,
+    max_entries: int | None = None,
 ) -> list[Segment]:
-    """Input partitions of (after, until]: each ledger's entry range cut into pieces of at
-    most entries_per_partition entries, so tasks read in parallel."""
-    found = []
-    async for handle, first, last in _ranges(client, stream, after, until):
-        for start in range(first, last + 1, entries_per_partition):
-            end = min(last, start + entries_per_partition - 1)
-            found.append(Segment(stream, handle.ledger_id, start, end, after, until))
+    """The ranges cut into `pieces` segments of (nearly) as many entries each, or more
+    when a segment would hold more than max_entries; each segment is contiguous in the
+    stream and may span ledgers (a task then reads few, large ranges)."""
+    total = sum(len(r) for r in ranges)
+    if not total:
+        return []
+    if max_entries is not None:
+        pieces = max(pieces, -(-total // max_entries))
+    pieces = max(1, min(pieces, total))
+    ends = [total * (i + 1) // pieces for i in range(pieces)]  # counted from the start
+    found: list[Segment] = []
+    taken: list[LedgerRange] = []
+    position = 0
+    for r in ranges:
+        first = r.first_entry
+        while first <= r.last_entry:
+            take = min(r.last_entry - first + 1, ends[len(found)] - position)
+            taken.append(LedgerRange(r.ledger_id, first, first + take - 1))
+            first += take
+            position += take
+            if position == ends[len(found)]:
+                found.append(Segment(stream, tuple(taken), after, until))
+                taken = []
     return found
+
+
+async def segments(
+    client: Client,
+    stream: str,
+    after: MessageId,
+    until: MessageId,
+    entries_per_partition: int | None = None,
+    pieces: int = 1,
+) -> list[Segment]:
+    """Input partitions of (after, until]: `pieces` segments, more if one would hold
+    more than entries_per_partition entries, so tasks read in parallel."""
+    ranges = await ledger_ranges(client, stream, after, until)
+    return split(stream, ranges, after, until, pieces, entries_per_partition)
+
+
+def share_partitions(entries: dict[str, int], wanted: int) -> dict[str, int]:
+    """How many segments each stream's entries are cut into: `wanted` in all, shared by
+    entries, at least one for every stream with something to read."""
+    total = sum(entries.values())
+    return {name: max(1, round(wanted * count / total)) for name, count in entries.items() if count}
+
+
+async def plan_segments(
+    client: Client,
+    streams: list[str],
+    start: dict[str, MessageId],
+    end: dict[str, MessageId],
+    wanted: int,
+    entries_per_partition: int | None,
+) -> list[Segment]:
+    """The input partitions of a read of `streams` from start to end: about `wanted`
+    of them (a task per core reads few, large ranges: every task costs Spark far more
+    than a range read), more if a segment would pass entries_per_partition entries."""
+    ranges = {
+        name: await ledger_ranges(client, name, start[name], end[name])
+        for name in streams
+        if start[name] < end[name]
+    }
+    pieces = share_partitions({n: sum(len(r) for r in rs) for n, rs in ranges.items()}, wanted)
+    return [
+        segment
+        for name, count in pieces.items()
+        for segment in split(
+            name, ranges[name], start[name], end[name], count, entries_per_partition
+        )
+    ]
 
 
 def _messages(stream: str, ledger_id: int, entries: Iterable[EntryData]) -> Iterable[Message]:
@@ -192,30 +291,61 @@ async def _scan(
                 yield batch
 
 
-async def read_segment_entries(client: Client, segment: Segment) -> list[EntryData]:
-    """The segment's entries, no-op entries left out (filter messages by after/until)."""
-    handle = await open_for_reading(client.ledgers, segment.ledger_id)
-    if handle is None:
-        return []  # trimmed by retention after planning: nothing left to read
+async def segment_entries(
+    client: Client, segment: Segment
+) -> AsyncIterator[tuple[int, list[EntryData]]]:
+    """(ledger id, entries) for the whole segment, in order, no-op entries left out
+    (filter messages by after/until): each ledger range read in growing ranges with
+    read-ahead."""
+    for part in segment.ranges:
+        handle = await open_for_reading(client.ledgers, part.ledger_id)
+        if handle is None:
+            continue  # trimmed by retention after planning: nothing left to read
+        try:
+            if handle.last_entry_id < part.last_entry:
+                raise BadRequestError(
+                    f"stream {segment.stream!r} ledger {part.ledger_id}: planned entry "
+                    f"{part.last_entry} is past the confirmed end {handle.last_entry_id}"
+                )
+            async for entries in _read_ahead(handle, part.first_entry, part.last_entry):
+                yield part.ledger_id, [e for e in entries if not is_noop(e.flags)]
+        finally:
+            await handle.close()
+
+
+async def _read_ahead(handle: ReadHandle, first: int, last: int) -> AsyncIterator[list[EntryData]]:
+    inflight: collections.deque[asyncio.Task[list[EntryData]]] = collections.deque()
+    size, largest = FIRST_READ_ENTRIES, MAX_READ_ENTRIES
+    fetch = first
     try:
-        if handle.last_entry_id < segment.last_entry:
-            raise BadRequestError(
-                f"stream {segment.stream!r} ledger {segment.ledger_id}: planned entry "
-                f"{segment.last_entry} is past the confirmed end {handle.last_entry_id}"
-            )
-        entries = await handle.read_entries(segment.first_entry, segment.last_entry)
+        while fetch <= last or inflight:
+            while len(inflight) < READ_AHEAD and fetch <= last:
+                end = min(last, fetch + size - 1)
+                inflight.append(asyncio.ensure_future(handle.read_entries(fetch, end)))
+                fetch = end + 1
+                size = min(2 * size, largest)
+            entries = await inflight.popleft()
+            if entries:  # size the next ranges by the bytes per entry seen
+                got = max(1, sum(len(e.payload) for e in entries))
+                largest = max(1, min(MAX_READ_ENTRIES, READ_BYTES * len(entries) // got))
+            yield entries
     finally:
-        await handle.close()
-    return [e for e in entries if not is_noop(e.flags)]
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
 
 
 async def read_segment(client: Client, segment: Segment) -> list[Message]:
-    entries = await read_segment_entries(client, segment)
-    return [
-        m
-        for m in _messages(segment.stream, segment.ledger_id, entries)
-        if segment.after < m.message_id <= segment.until
-    ]
+    """The segment's messages as Message objects (for tests and tools; Spark tasks build
+    Arrow columns instead: streamlib.spark.rows)."""
+    found: list[Message] = []
+    async for ledger_id, entries in segment_entries(client, segment):
+        found.extend(
+            m
+            for m in _messages(segment.stream, ledger_id, entries)
+            if segment.after < m.message_id <= segment.until
+        )
+    return found
 
 
 async def advance(

@@ -8,6 +8,7 @@ only options and plain data; every call that needs the cluster opens its own cli
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -35,8 +36,6 @@ from streamlib.spark.rows import SCHEMA, segment_batches
 from streamlib.stream.positions import MessageId
 
 T = TypeVar("T")
-
-DEFAULT_ENTRIES_PER_PARTITION = 64
 
 
 def _run(uri: str, work: Callable[[Client], Awaitable[T]]) -> T:
@@ -67,9 +66,20 @@ class Options:
             options.get("endingOffsets") or "latest", self.streams, "endingOffsets"
         )
         self.max_messages = _positive(options, "maxMessagesPerTrigger", None)
-        self.entries_per_partition = _positive(
-            options, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION
-        )
+        # Input partitions of a read (default: the cores of the machine planning it, which
+        # in local mode are Spark's; on a cluster give the executors' total cores). A
+        # Spark task costs far more than a range read: one per core, each reading a
+        # contiguous run of entries, is the fastest.
+        self.num_partitions: int = _positive(options, "numPartitions", None) or _cores()
+        # ... more partitions if one would hold more entries than this.
+        self.entries_per_partition: int | None = _positive(options, "entriesPerPartition", None)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _positive(options: Mapping[str, str], name: str, default: int | None) -> Any:
@@ -97,22 +107,35 @@ async def _partitions(
     start: dict[str, MessageId],
     end: dict[str, MessageId],
 ) -> list[SegmentPartition]:
-    found = []
-    for name in options.streams:
-        after, until = start[name], end[name]
-        if after < until:
-            for segment in await plan.segments(
-                client, name, after, until, options.entries_per_partition
-            ):
-                found.append(SegmentPartition(segment))
-    return found
+    segments = await plan.plan_segments(
+        client, options.streams, start, end, options.num_partitions, options.entries_per_partition
+    )
+    return [SegmentPartition(segment) for segment in segments]
 
 
 def _read(uri: str, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The partition's record batches, read with one client on one event loop: the ranges
+    read ahead stay in flight while Spark takes a batch."""
     assert isinstance(partition, SegmentPartition)
     segment = partition.segment
-    entries = _run(uri, lambda client: plan.read_segment_entries(client, segment))
-    return segment_batches(segment, entries)
+    with asyncio.Runner() as runner:
+        client = runner.run(Client.connect(uri))
+        batches = segment_batches(segment, plan.segment_entries(client, segment))
+
+        async def next_batch() -> pa.RecordBatch | None:
+            return await anext(batches, None)
+
+        async def close() -> None:
+            try:
+                await batches.aclose()
+            finally:
+                await client.close()
+
+        try:
+            while (batch := runner.run(next_batch())) is not None:
+                yield batch
+        finally:
+            runner.run(close())
 
 
 class StreamlibBatchReader(DataSourceReader):
@@ -203,7 +226,14 @@ class StreamlibStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 
 class StreamlibDataSource(DataSource):
-    """spark.read / readStream / write / writeStream .format("streamlib")."""
+    """spark.read / readStream / write / writeStream .format("streamlib").
+
+    Read options: metadata (the store's URI), stream (a name or a comma list),
+    startingOffsets / endingOffsets (earliest | latest | JSON {stream: "ledger:entry:index"}),
+    maxMessagesPerTrigger, numPartitions (input partitions of a read; default the cores of
+    the planning machine: set it to the executors' cores on a cluster) and
+    entriesPerPartition (more partitions if one would hold more entries than this).
+    """
 
     @classmethod
     def name(cls) -> str:

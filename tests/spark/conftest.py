@@ -80,10 +80,17 @@ def run(uri: str, work: Callable[[Client], Any]) -> Any:
 def publish(uri: str, stream: str, values: list[bytes], **fields: Any) -> list[MessageId]:
     """Publish values (with the same key/properties for all, if given); their ids, once
     every one of them is visible to readers (the LAC has passed the last)."""
+    return publish_each(uri, stream, [(v, fields) for v in values], batching_max_messages=7)
+
+
+def publish_each(
+    uri: str, stream: str, messages: list[tuple[bytes, dict[str, Any]]], **producer_options: Any
+) -> list[MessageId]:
+    """Publish (value, send_async's other arguments) pairs; their ids, once visible."""
 
     async def work(client: Client) -> list[MessageId]:
-        producer = await client.create_producer(stream, batching_max_messages=7)
-        futures = [await producer.send_async(v, **fields) for v in values]
+        producer = await client.create_producer(stream, **producer_options)
+        futures = [await producer.send_async(v, **fields) for v, fields in messages]
         ids = list(await asyncio.gather(*futures))
         await producer.close()
         return ids
