@@ -118,6 +118,14 @@ class TokenVerifier:
         return sub, None if exp is None else float(exp)
 
 
+def _kind(message: str) -> str:
+    """The kind of an authentication refusal, for logging it once."""
+    for kind in ("no credentials", "expired", "signature", "algorithm", "malformed", "claim"):
+        if kind in message:
+            return kind
+    return "other"
+
+
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
@@ -136,7 +144,7 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
 def certificate_principal(auth_context: Mapping[str, Sequence[bytes]]) -> str | None:
     """The common name of a client certificate gRPC verified (mutual TLS), if any."""
     names = auth_context.get("x509_common_name") or ()
-    return names[0].decode() if names else None
+    return names[0].decode(errors="replace") if names else None
 
 
 class AccessControl:
@@ -169,12 +177,9 @@ class AccessControl:
             return None
         try:
             token = bearer_token(context.invocation_metadata())
-            if token is not None:
-                if self.tokens is None:
-                    raise UnauthenticatedError(
-                        "this bookie accepts no tokens: present a client certificate"
-                    )
+            if token is not None and self.tokens is not None:
                 return self.tokens.principal(token)
+            # (A token to a bookie that takes none: the certificate may still name one.)
             if self.certificates:
                 name = certificate_principal(context.auth_context())
                 if name:
@@ -186,7 +191,7 @@ class AccessControl:
                 + ("a client certificate" if self.certificates else "")
             )
         except UnauthenticatedError as e:
-            self._refused("unauthenticated", "?", str(e))
+            self._refused("unauthenticated", "?", str(e), kind=_kind(str(e)))
             raise
 
     def check(self, principal: str | None, access: Access) -> None:
@@ -204,9 +209,11 @@ class AccessControl:
         self.check(principal, access)
         return principal
 
-    def _refused(self, reason: str, principal: str, message: str) -> None:
+    def _refused(self, reason: str, principal: str, message: str, kind: str = "") -> None:
         self.metrics.auth_refusals.labels(reason).inc()
-        key = (principal, message if reason == "unauthenticated" else reason + message)
+        # Logged once per principal and kind of refusal: never keyed on text a caller
+        # controls (a malformed token's parser error varies with every byte).
+        key = (principal, kind or message)
         if key in self._logged:
             return
         if len(self._logged) >= _LOGGED_MAX:

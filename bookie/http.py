@@ -108,17 +108,16 @@ class AdminHttpServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 10)
             headers: list[tuple[str, str]] = []
-            while (raw := await asyncio.wait_for(reader.readline(), 10)) not in (
-                b"\r\n",
-                b"\n",
-                b"",
-            ):
-                if len(headers) >= _MAX_HEADERS:
-                    raise ValueError("too many headers")
-                name, _, value = raw.decode("latin-1").partition(":")
-                headers.append((name.strip().lower(), value.strip()))
+            # One deadline for the whole request head: a client trickling header lines
+            # cannot hold a connection for longer.
+            async with asyncio.timeout(10):
+                line = await reader.readline()
+                while (raw := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    if len(headers) >= _MAX_HEADERS:
+                        raise ValueError("too many headers")
+                    name, _, value = raw.decode("latin-1").partition(":")
+                    headers.append((name.strip().lower(), value.strip()))
             caller = _Caller(
                 headers, writer.get_extra_info("peercert"), writer.get_extra_info("peername")
             )

@@ -52,18 +52,19 @@ Who may ask at all comes first (:func:`check_access`, when the bookie authentica
 
 | access                | roles allowed                | requests                            |
 |-----------------------|------------------------------|-------------------------------------|
-| ADD                   | write, admin                 | normal adds (TRUNCATE no-ops too)   |
-| RECOVERY_ADD          | write, bookie, admin         | recovery / replication write-back   |
+| ADD                   | write, admin                 | normal adds                         |
+| RECOVERY_ADD          | write, bookie, admin         | recovery / replication write-back,  |
+|                       |                              | a takeover's TRUNCATE no-op         |
 | FENCE                 | write, bookie, admin         | fencing reads, term reads (recovery |
 |                       |                              | of a takeover or of auto-recovery)  |
 | WRITE_LAC, FORCE      | write, admin                 | a writer's explicit LAC, barrier    |
 | READ, READ_LAC        | read, write, bookie, admin   | plain reads, LAC reads, long polls  |
-| INFO                  | any authenticated principal  | GetBookieInfo                       |
+| INFO                  | any principal with a role    | GetBookieInfo, /metrics             |
 | ADMIN                 | admin                        | the admin HTTP port's calls         |
 
 ``admin`` is the superuser (Pulsar's superUserRoles); ``bookie`` is what bookies and their
-auto-recovery nodes hold: copy and recover, never write new data; ``write`` implies
-reading, because a writer taking over reads what it recovers.
+auto-recovery nodes hold: read, fence, recover and copy with recovery adds, never a normal
+add; ``write`` implies reading, because a writer taking over reads what it recovers.
 """
 
 from __future__ import annotations

@@ -252,6 +252,9 @@ class BookieService:
     ) -> tuple[list[Cached], list[bytes], int, list[pb.AddResult]]:
         """Check a batch of adds from caller (a principal, None when authentication is
         off, or the error that refused its credentials)."""
+        if isinstance(caller, RequestError):  # refused whole, before any work per entry
+            self.metrics.add_errors.labels(pb.StatusCode.Name(caller.status)).inc(len(req.entries))
+            return [], [], 0, [_bad_add(e.ledger_id, e.entry_id, caller) for e in req.entries]
         read_only = self.is_read_only()
         max_entry_bytes = self.max_entry_bytes
         check_add = self.storage.check_add
@@ -283,8 +286,6 @@ class BookieService:
                 # accepted is accepted for the same reasons (a batch is mostly one ledger).
                 signature = (h.ledger_id, h.master_key, h.flags, h.term)
                 if signature != accepted_like:
-                    if isinstance(caller, RequestError):
-                        raise caller
                     recovery = h.flags & pb.RECOVERY_ADD
                     self.access.check(caller, Access.RECOVERY_ADD if recovery else Access.ADD)
                     st = check_add(h, read_only=read_only)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
+import logging
 import os
 import secrets
 import time
@@ -26,6 +27,8 @@ import jwt
 
 from streamlib.errors import BadRequestError, UnauthenticatedError
 from streamlib.ledger.bookie_client import BookieClientConfig
+
+log = logging.getLogger(__name__)
 
 
 def read_secret_file(path: str | Path, what: str) -> str:
@@ -82,6 +85,11 @@ def client_config(
     token = token or config.token or token_from_environment()
     if token is not None:
         check_token(token)
+        if config.tls_ca is None:
+            log.warning(
+                "a token is sent to bookies without TLS: anyone on the network path can "
+                "read and replay it (pass tls_ca)"
+            )
         config = dataclasses.replace(config, token=token)
     config.channel_credentials()
     return config

@@ -35,9 +35,12 @@ Subparsers = Any
 
 
 def _metadata_arg(p: argparse.ArgumentParser) -> None:
+    from streamlib.commands.common import metadata_uri_arg
+
     p.add_argument(
         "--metadata",
         required=True,
+        type=metadata_uri_arg,
         help="metadata store URI (sqlite:///path, zk://host:port/chroot)",
     )
     p.add_argument("--session-timeout", type=float, default=10.0, help="metadata session, s")

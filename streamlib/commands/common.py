@@ -66,25 +66,46 @@ def add_common(parser: argparse.ArgumentParser, *, json_help: str = "print JSON"
     )
 
 
-def token_source(text: str) -> str:
-    """argparse type of --token: where the token is (Pulsar's file:// / env forms), read."""
-    kind, sep, where = text.partition(":")
-    if not sep or kind not in ("file", "env") or not where:
-        raise argparse.ArgumentTypeError(
-            "--token takes file:PATH or env:NAME, not the token itself (a command line is "
-            "visible to every local user)"
-        )
-    if kind == "env":
-        value = os.environ.get(where, "").strip()
-        if not value:
-            raise argparse.ArgumentTypeError(f"--token env:{where}: ${where} is not set")
-        return value
-    from streamlib.security import read_secret_file
+def secret_source(what: str) -> Callable[[str], str]:
+    """argparse type of a secret option (--token, --password): where it is, Pulsar's
+    file:PATH / env:NAME forms, read -- never the secret itself, which every local user
+    would see in the process list."""
 
-    try:
-        return read_secret_file(where.removeprefix("//"), "token file")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    def read(text: str) -> str:
+        kind, sep, where = text.partition(":")
+        if not sep or kind not in ("file", "env") or not where:
+            raise argparse.ArgumentTypeError(
+                f"{what} takes file:PATH or env:NAME, not the token itself (a command line "
+                "is visible to every local user)"
+            )
+        if kind == "env":
+            value = os.environ.get(where, "").strip()
+            if not value:
+                raise argparse.ArgumentTypeError(f"{what} env:{where}: ${where} is not set")
+            return value
+        from streamlib.security import read_secret_file
+
+        try:
+            return read_secret_file(where.removeprefix("//"), f"{what} file")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return read
+
+
+token_source = secret_source("--token")
+
+
+def metadata_uri_arg(text: str) -> str:
+    """argparse type of --metadata: a URI without an inline password."""
+    from metadata.uri import credentials_in_uri
+
+    if credentials_in_uri(text):
+        raise argparse.ArgumentTypeError(
+            "the URI carries a password, which every local user sees in the process list: "
+            f"use zk://...?auth_file=PATH, $STREAMLIB_ZK_AUTH, or put the URI in ${ENV_METADATA}"
+        )
+    return text
 
 
 def client_options(args: argparse.Namespace) -> dict[str, Any]:

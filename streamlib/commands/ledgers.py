@@ -15,6 +15,7 @@ from streamlib.commands.common import (
     print_table,
     progress,
     run_with_client,
+    secret_source,
 )
 from streamlib.protocol.errors import NoSuchLedgerError, NoSuchStreamError
 
@@ -41,7 +42,13 @@ def add_parsers(admin_commands: Subparsers) -> None:
         p = actions.add_parser(name, help=text)
         p.add_argument("ledger_id", type=int, metavar="ID")
         if name == "recover":
-            p.add_argument("--password", default="", help="the ledger's password (default empty)")
+            p.add_argument(
+                "--password",
+                type=secret_source("--password"),
+                metavar="file:PATH|env:NAME",
+                help="the ledger's password (default: its stored secret, which needs the "
+                "writers' metadata identity; ledgers made before key version 1: empty)",
+            )
         if name == "delete":
             p.add_argument(
                 "--force", action="store_true", help="delete even if a stream lists the ledger"
@@ -161,7 +168,8 @@ async def _delete(client: Client, args: argparse.Namespace) -> int:
 async def _recover(client: Client, args: argparse.Namespace) -> int:
     before = await client.ledgers.metadata(args.ledger_id)
     with progress(f"recovering ledger {args.ledger_id}", None, enabled=not args.json):
-        handle = await client.ledgers.open(args.ledger_id, args.password.encode("utf-8"))
+        password = None if args.password is None else args.password.encode("utf-8")
+        handle = await client.ledgers.open(args.ledger_id, password)
         await handle.close()
     record = ledger_record(await client.ledgers.metadata(args.ledger_id))
     record["was"] = before.state.name

@@ -96,14 +96,18 @@ async def _list(client: Client, args: argparse.Namespace) -> int:
 
 
 def _create_secret(args: argparse.Namespace) -> int:
-    from streamlib.security import new_secret_key, write_private
+    import os
 
-    if args.output.exists():
+    from streamlib.security import new_secret_key
+
+    try:  # O_EXCL: never replaces a key (that would invalidate every token it signed)
+        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
         return fail(f"{args.output} exists: a new key would invalidate every token it signed")
-    try:
-        write_private(args.output, new_secret_key())
     except OSError as e:
         return fail(f"cannot write {args.output}: {e.strerror}")
+    with os.fdopen(fd, "wb") as f:
+        f.write(new_secret_key())
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 

@@ -72,8 +72,10 @@ class _RecoverySink:
             self.future.set_exception(action.error)
 
 
-# Roles that may fence, recover and write (bookie/ledger_rules.py's ROLES_ALLOWED).
-_WRITE_ROLES = frozenset({"write", "bookie", "admin"})
+# Roles that may add new entries, and that may fence and recover (bookie/ledger_rules.py's
+# ROLES_ALLOWED: ADD, and FENCE / RECOVERY_ADD).
+ADD_ROLES = frozenset({"write", "admin"})
+FENCE_ROLES = frozenset({"write", "bookie", "admin"})
 
 
 class LedgerManager:
@@ -153,7 +155,12 @@ class LedgerManager:
         return metadata.key_material(secret)
 
     async def check_may_write(
-        self, bookies: Sequence[str], what: str, *, need_answer: bool = False
+        self,
+        bookies: Sequence[str],
+        what: str,
+        *,
+        need_answer: bool = False,
+        roles: frozenset[str] = ADD_ROLES,
     ) -> None:
         """UnauthorizedError when the bookies would refuse this client's writes or fences.
 
@@ -187,10 +194,10 @@ class LedgerManager:
                 raise error_for_status(info.status, f"bookie {bookie}: {info.message}")
             if info.status != pb.OK:
                 continue
-            if info.authenticated and not _WRITE_ROLES & set(info.roles):
+            if info.authenticated and not roles & set(info.roles):
                 raise UnauthorizedError(
                     f"principal {info.principal!r} may not {what}: that needs one of the "
-                    f"roles {sorted(_WRITE_ROLES)}, and it has {sorted(info.roles) or 'none'}"
+                    f"roles {sorted(roles)}, and it has {sorted(info.roles) or 'none'}"
                 )
             return
         if need_answer and unreachable is not None:
@@ -199,6 +206,13 @@ class LedgerManager:
                 f"(check that they are up, and that this client speaks TLS if they do): "
                 f"{unreachable}"
             )
+
+    async def check_may_add(self, what: str) -> None:
+        """UnauthorizedError unless the bookies take new entries from this client: asked
+        before a stream's takeover fences anything (a principal that may recover but not
+        add -- a bookie's -- would otherwise fence the live writer, then fail)."""
+        writable = [b.bookie_id for b in await self._context.pool.writable()]
+        await self.check_may_write(writable[:3], what)
 
     async def metadata(self, ledger_id: int) -> LedgerMetadata:
         return (await self._read(ledger_id))[0]
@@ -253,7 +267,10 @@ class LedgerManager:
             current = known if known is not None else await self._read(ledger_id)
             known = None
             await self.check_may_write(
-                current[0].last_fragment.ensemble, f"recover ledger {ledger_id}", need_answer=True
+                current[0].last_fragment.ensemble,
+                f"recover ledger {ledger_id}",
+                need_answer=True,
+                roles=FENCE_ROLES,
             )
             return await self.recover(*current, password=password)
 

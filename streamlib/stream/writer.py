@@ -360,6 +360,9 @@ class StreamWriter:
     async def start(self) -> None:
         """Take over the stream: recover the last two ledgers, add a new one by CAS. An
         unbounded stream lives in ONE unbounded ledger, taken over by term instead."""
+        # Before anything is fenced: a principal that may not add would otherwise fence
+        # the live writer's ledgers and only then fail.
+        await self._ledgers.check_may_add(f"produce to stream {self.name!r}")
         await self._run(self._machine.start())
 
     # -- appends --------------------------------------------------------------------------

@@ -121,3 +121,24 @@ def test_refusals_are_counted_and_logged_once_per_principal_and_reason(caplog):
 def test_without_token_or_certificate_authentication_the_bookie_allows_everyone():
     control = AccessControl(BookieMetrics())
     assert not control.enabled and control.authorize(Call(None), Access.ADMIN) is None
+
+
+def test_malformed_tokens_are_logged_once_however_they_vary(caplog):
+    control = AccessControl(BookieMetrics(), tokens=TokenVerifier(secret=SECRET))
+    caplog.set_level(logging.WARNING, logger="bookie.auth")
+    for padding in range(20):  # each parser error names another column
+        with pytest.raises(UnauthenticatedError, match="malformed"):
+            control.authorize(Call("x" * padding + ".e30.sig"), Access.READ)
+    assert len(caplog.records) == 1
+
+
+class CertifiedCall(Call):
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"x509_common_name": [b"billing"]}
+
+
+def test_a_certificate_names_the_principal_when_the_bookie_takes_no_tokens():
+    control = AccessControl(BookieMetrics(), certificates=True)
+    control.set_roles({"billing": ["read"]})
+    # A token from the environment does not hide the certificate from such a bookie.
+    assert control.authorize(CertifiedCall("some.token.here"), Access.READ) == "billing"

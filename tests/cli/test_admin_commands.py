@@ -65,6 +65,15 @@ async def test_ledgers_list_show_recover_delete(uri: str) -> None:
         )
         assert (await client.ledgers.metadata(ledger_id)).is_closed
 
+        # A stream's ledger has a random password: recover uses its stored secret.
+        producer = await client.create_producer("crashed-producer")
+        stream_ledger_id = (await producer.send(b"kept")).ledger_id
+        recovered = run_cli("admin", "ledgers", "recover", str(stream_ledger_id), metadata=uri)
+        assert recovered.code == 0, recovered
+        assert (await client.ledgers.metadata(stream_ledger_id)).is_closed
+        literal = run_cli("admin", "ledgers", "recover", "1", "--password", "pw", metadata=uri)
+        assert literal.code == 2 and "file:PATH or env:NAME" in literal.err
+
     deleted = run_cli("admin", "ledgers", "delete", str(ledger_id), metadata=uri)
     assert deleted.out.strip() == f"deleted ledger {ledger_id}"
     assert_one_line_error(
