@@ -34,6 +34,12 @@ class BookieMetrics:
             buckets=_LAT,
             registry=r,
         )
+        self.lac_errors = Counter(
+            "bookie_stream_lac_errors",
+            "Explicit LACs sent on an add stream and refused (never answered), by status",
+            ["status"],
+            registry=r,
+        )
         self.auth_refusals = Counter(
             "bookie_auth_refusals",
             "Requests refused by authentication (unauthenticated) or by the principal's roles",

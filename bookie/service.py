@@ -232,6 +232,8 @@ class BookieService:
                         fut.add_done_callback(
                             lambda f, a=accepted, n=nbytes, s=started: on_durable(a, n, s, f)  # type: ignore[misc]
                         )
+                    for lac in req.lacs:  # after the adds: a LAC may cover them
+                        await self._stream_lac(lac, caller)
                 if answer_bytes >= max_answer_bytes or inflight_bytes >= max_inflight_bytes:
                     self.metrics.add_stream_pauses.inc()
                     while (
@@ -246,6 +248,20 @@ class BookieService:
             await write_task
         finally:
             write_task.cancel()
+
+    async def _stream_lac(self, lac: pb.WriteLacRequest, caller: str | RequestError | None) -> None:
+        """An explicit LAC that came on the add stream: checked as a WriteLac call, never
+        answered (best effort); a refusal is only counted."""
+        try:
+            validation.check_write_lac(lac)
+            if isinstance(caller, RequestError):
+                raise caller
+            self.access.check(caller, Access.WRITE_LAC)
+            await self.storage.write_lac(
+                lac.ledger_id, lac.master_key, lac.last_add_confirmed, lac.term
+            )
+        except RequestError as err:
+            self.metrics.lac_errors.labels(pb.StatusCode.Name(err.status)).inc()
 
     def _check_adds(
         self, req: pb.AddRequest, caller: str | RequestError | None = None
@@ -263,6 +279,7 @@ class BookieService:
         refused: list[pb.AddResult] = []
         nbytes = 0
         accepted_like: tuple[int, bytes, int, int] | None = None
+        raised: set[int] = set()
         st = LedgerState(b"")
         # The copies on their way, by key: built at the first rewrite in this request
         # (rare: write-backs, retries), then kept up to date with what it accepts.
@@ -292,6 +309,15 @@ class BookieService:
                     accepted_like = signature
                 if h.entry_id > st.highest_entry:
                     st.highest_entry = h.entry_id  # a new entry: the hot path
+                    if h.last_add_confirmed > st.piggyback_lac and not h.flags:
+                        # A writer's LAC is its claim about EARLIER entries, each already
+                        # acknowledged by an ack quorum: true whether or not this entry
+                        # ever becomes durable here. So tailing readers learn it now, not
+                        # after this entry's fsync -- as BookKeeper's bookies report the
+                        # LAC of entries still in their write cache. (Normal adds only:
+                        # recovery write-backs and no-ops keep the durable path.)
+                        st.piggyback_lac = h.last_add_confirmed
+                        raised.add(h.ledger_id)
                 else:  # a write-back, a retry -- or a forgery (ledger_rules.check_rewrite)
                     if pending is None:
                         pending = self.storage.unapplied()
@@ -312,6 +338,8 @@ class BookieService:
             chunks.append(body)
             nbytes += FRAME_SIZE + len(body)
         self.metrics.add_bytes.inc(nbytes)
+        for ledger_id in raised:
+            self.storage.lac_raised(ledger_id)
         return accepted, chunks, nbytes, refused
 
     # -- reads ----------------------------------------------------------------------------

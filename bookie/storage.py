@@ -581,6 +581,11 @@ class LedgerStorage:
         except lmdb.Error as e:
             raise StorageIOError(f"ledger {ledger_id}: index unreadable: {e}") from None
 
+    def lac_raised(self, ledger_id: int) -> None:
+        """The add path raised a ledger's LAC (service._check_adds): answer its long
+        polls."""
+        self._wake(ledger_id)
+
     def _wake(self, ledger_id: int) -> None:
         for fut in self._waiters.pop(ledger_id, ()):
             if not fut.done():

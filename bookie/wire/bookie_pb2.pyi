@@ -77,16 +77,20 @@ class AddEntry(_message.Message):
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., last_add_confirmed: _Optional[int] = ..., payload: _Optional[bytes] = ..., digest: _Optional[bytes] = ..., master_key: _Optional[bytes] = ..., flags: _Optional[int] = ..., term: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class AddRequest(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "lacs")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LACS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AddEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[AddEntry, _Mapping]]] = ...) -> None: ...
+    lacs: _containers.RepeatedCompositeFieldContainer[WriteLacRequest]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AddEntry, _Mapping]]] = ..., lacs: _Optional[_Iterable[_Union[WriteLacRequest, _Mapping]]] = ...) -> None: ...
 
 class AddRequestFramed(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "lacs")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    LACS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    lacs: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, entries: _Optional[_Iterable[bytes]] = ..., lacs: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class AddResult(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "status", "term", "message")

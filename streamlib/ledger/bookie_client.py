@@ -195,6 +195,8 @@ class BookieClient:
         self._metadata = self.config.call_metadata()
         self._outbox: list[bytes] = []  # serialized AddEntry messages (see frame_add)
         self._outbox_bytes = 0
+        # Explicit LACs to ride on the add stream, by ledger (only the newest counts).
+        self._lacs: dict[int, bytes] = {}
         # Who waits for each (ledger, entry). The same entry can be in flight twice (a
         # write-back and a writer's add in one process): later handlers queue in _more.
         self._handlers: dict[tuple[int, int], AddHandler] = {}
@@ -212,6 +214,17 @@ class BookieClient:
         framed = [frame_add(e) for e in entries]
         keys = [(e.ledger_id, e.entry_id) for e in entries]
         self.add_framed(framed, keys, sum(len(f) for f in framed), handler)
+
+    def send_lac(self, request: pb.WriteLacRequest) -> None:
+        """Send an explicit LAC on the add stream: no answer, no call of its own (best
+        effort, as the unary WriteLac a writer's timer sends). A LAC queued for the same
+        ledger before this one went out is replaced."""
+        if self._closed:
+            return
+        self._lacs[request.ledger_id] = request.SerializeToString()
+        self._wakeup.set()
+        if self._stream_task is None or self._stream_task.done():
+            self._stream_task = asyncio.get_running_loop().create_task(self._run_stream())
 
     def add_framed(
         self,
@@ -304,6 +317,7 @@ class BookieClient:
         self._batches.clear()
         self._outbox.clear()
         self._outbox_bytes = 0
+        self._lacs.clear()  # best effort: the next entry carries the LAC anyway
         groups: dict[AddHandler, list[tuple[int, int | None]]] = {}
         for (_, entry_id), handler in handlers.items():
             groups.setdefault(handler, []).append((entry_id, None))
@@ -316,7 +330,7 @@ class BookieClient:
     def _ensure_stream(self) -> None:
         """Start a stream for adds queued while the previous one was ending."""
         idle = self._stream_task is None or self._stream_task.done()
-        if self._outbox and not self._closed and idle:
+        if (self._outbox or self._lacs) and not self._closed and idle:
             self._stream_task = asyncio.get_running_loop().create_task(self._run_stream())
 
     async def _run_stream(self) -> None:
@@ -327,11 +341,14 @@ class BookieClient:
                 while True:
                     await self._wakeup.wait()
                     self._wakeup.clear()
-                    while self._outbox:
+                    while self._outbox or self._lacs:
                         batch, self._outbox = self._take_batch()
+                        lacs = list(self._lacs.values())
+                        self._lacs.clear()
                         self.stats.batches += 1
                         self.stats.entries += len(batch)
-                        await call.write(pb.AddRequestFramed(entries=batch).SerializeToString())
+                        request = pb.AddRequestFramed(entries=batch, lacs=lacs)
+                        await call.write(request.SerializeToString())
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
                 call.cancel()  # the stream is broken: end the receiver too, so all is answered
 

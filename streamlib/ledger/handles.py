@@ -26,7 +26,6 @@ from streamlib.protocol.errors import (
     BookieIOError,
     BookieUnavailableError,
     NoSuchEntryError,
-    StreamlibError,
     TooLargeError,
     error_for_status,
 )
@@ -39,9 +38,14 @@ from streamlib.protocol.read_rules import (
 from streamlib.protocol.writer import LedgerWriter
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
-# How long a writer with nothing in flight waits for another add (which would carry its
-# LAC) before it sends the LAC to the bookies on its own.
-QUIET_LAC_DELAY_S = 0.0005
+# A writer with nothing in flight sends its LAC on the add streams at the loop's next turn
+# -- unless its last quiet moment ended with a new add within TIGHT_LOOP_S (a caller
+# sending one message after another): then the next add is likely to carry the LAC, and
+# it waits QUIET_LAC_DELAY_S for it first (a sub-millisecond timer is one epoll tick
+# anyway). A tailing reader of a writer at a low rate sees each entry about one round
+# trip after its acknowledgement; a tight loop costs the bookies no extra messages.
+TIGHT_LOOP_S = 0.001
+QUIET_LAC_DELAY_S = 0.002
 _REFUSALS = (pb.UNAUTHORIZED, pb.UNAUTHENTICATED)
 
 
@@ -93,6 +97,8 @@ class WriteHandle:
         self._max_entry_bytes = max_entry_bytes
         self._explicit_lac_interval_s = explicit_lac_interval_s
         self._quiet_lac_delay_s = quiet_lac_delay_s
+        self._quiet_since: float | None = None  # when the writer last had nothing in flight
+        self._tight = False  # its last quiet moment ended within TIGHT_LOOP_S
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_sent = -1
 
@@ -133,7 +139,7 @@ class WriteHandle:
             self._check(data)
         loop = asyncio.get_running_loop()
         first, actions = self._writer.append(datas)
-        self._cancel_lac_timer()  # these entries carry the LAC; their acks re-arm it
+        self._quiet_ended(loop.time())
         futures = []
         for entry_id in range(first, first + len(datas)):
             future: asyncio.Future[int] = loop.create_future()
@@ -154,7 +160,7 @@ class WriteHandle:
         for data in datas:
             self._check(data)
         first, actions = self._writer.append(datas)
-        self._cancel_lac_timer()
+        self._quiet_ended(asyncio.get_running_loop().time())
         last = first + len(datas) - 1
         # Completion is in order and a failure fails every pending add, so the last
         # entry's outcome is the outcome of all of them: one future, not one per entry.
@@ -225,7 +231,8 @@ class WriteHandle:
                 # blocking send loop), tell the bookies, so a tailing reader sees this
                 # entry about one round trip after its acknowledgement, not a timer later.
                 self._cancel_lac_timer()
-                self._schedule_explicit_lac(self._quiet_lac_delay_s)
+                self._quiet_since = asyncio.get_running_loop().time()
+                self._schedule_explicit_lac(self._quiet_lac_delay_s if self._tight else 0.0)
         elif isinstance(action, FailAdds):
             for entry_id in action.entry_ids:
                 future = self._futures.pop(entry_id, None)
@@ -241,6 +248,14 @@ class WriteHandle:
                 closing.set_exception(action.error)
 
     # -- explicit LAC: lets tailing readers see the last entry of a quiet writer ----------
+
+    def _quiet_ended(self, now: float) -> None:
+        """An add was sent: it carries the LAC, so a pending LAC timer goes (the acks
+        re-arm it); remember whether the writer came back at once."""
+        self._cancel_lac_timer()
+        if self._quiet_since is not None:
+            self._tight = now - self._quiet_since < TIGHT_LOOP_S
+            self._quiet_since = None
 
     def _schedule_explicit_lac(self, delay_s: float) -> None:
         if self._explicit_lac_interval_s <= 0 or self._lac_timer is not None:
@@ -266,14 +281,10 @@ class WriteHandle:
             term=self._writer.term,
         )
 
-        async def send(bookie: str) -> None:
-            try:
-                await self._context.pool.get(bookie).write_lac(request)
-            except StreamlibError:
-                pass  # best effort: the next entry carries the LAC anyway
-
+        # On each bookie's add stream: no call of its own, so a writer may tell its LAC
+        # whenever it goes quiet (best effort: the next entry carries the LAC anyway).
         for bookie in explicit_lac_bookies(self._writer.metadata, lac):
-            self._driver._spawn(send(bookie))
+            self._context.pool.get(bookie).send_lac(request)
 
 
 def _payloads(entries: list[EntryData]) -> list[bytes]:
