@@ -241,3 +241,28 @@ async def test_a_bookie_principal_may_recover_but_never_take_a_stream_over(secur
     # Refused before anything was fenced: the live producer goes on in its ledger.
     assert (await writer_client.ledgers.metadata(first.ledger_id)).state.name == "OPEN"
     assert (await producer.send(b"still mine")).ledger_id == first.ledger_id
+
+
+async def test_a_reader_cannot_raise_the_lac_on_an_add_stream(secure: Secure):
+    writer_client = await secure.client("writer")
+    writer = await writer_client.ledgers.create(3, 3, 2, password=b"pw")
+    await writer.append(b"a")
+    bookie = secure.cluster.bookies[0]
+    config = BookieClientConfig(tls_ca=str(secure.certs.ca), token=secure.token("reader"))
+    raw = BookieClient(bookie.bookie_id, bookie.address, config)
+    key = master_key(writer.metadata.key_material(b"pw"))
+    try:
+        raw.send_lac(pb.WriteLacRequest(ledger_id=writer.ledger_id, master_key=key,
+                                        last_add_confirmed=0))  # fmt: skip
+        # Refused (counted, never answered): the LAC is the writer's own.
+        metric = 'bookie_stream_lac_errors_total{status="UNAUTHORIZED"} 1.0'
+
+        async def counted() -> bool:
+            text = bookie.metrics_text(token=secure.token("reader"), ca=secure.certs.ca)
+            return metric in text
+
+        await eventually(counted)
+        probe = pb.ReadLacRequest(ledger_id=writer.ledger_id, previous_lac=-1)
+        assert (await raw.read_lac(probe)).last_add_confirmed <= 0  # only the writer's own
+    finally:
+        await raw.close()
