@@ -52,25 +52,26 @@ class ZooKeeperServer:
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def config_lines(self) -> list[str]:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
+        return [
+            "tickTime=500",  # minimum session timeout = 2 ticks = 1 s
+            f"dataDir={data}",
+            f"clientPort={self.port}",
+            "clientPortAddress=127.0.0.1",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=*",
+            "maxSessionTimeout=60000",
+            "forceSync=no",  # a test server: durability is not under test here
+        ]
+
+    def classpath(self) -> list[str]:
+        return [str(ZOOKEEPER_JAR)]  # its manifest's Class-Path names the dependencies
+
+    def start(self) -> None:
         config = self.workdir / "zoo.cfg"
-        config.write_text(
-            "\n".join(
-                [
-                    "tickTime=500",  # minimum session timeout = 2 ticks = 1 s
-                    f"dataDir={data}",
-                    f"clientPort={self.port}",
-                    "clientPortAddress=127.0.0.1",
-                    "admin.enableServer=false",
-                    "4lw.commands.whitelist=*",
-                    "maxSessionTimeout=60000",
-                    "forceSync=no",  # a test server: durability is not under test here
-                    "",
-                ]
-            )
-        )
+        config.write_text("\n".join([*self.config_lines(), ""]))
         java = shutil.which("java")
         assert java, "java is missing: run ./dev setup"
         assert ZOOKEEPER_JAR.exists(), "Debian's zookeeper package is missing: run ./dev setup"
@@ -82,7 +83,7 @@ class ZooKeeperServer:
                 # The metadata layer's values go up to 1 MiB; leave room for framing.
                 "-Djute.maxbuffer=4194304",
                 "-cp",
-                str(ZOOKEEPER_JAR),  # its manifest's Class-Path names the dependencies
+                ":".join(self.classpath()),
                 "org.apache.zookeeper.server.quorum.QuorumPeerMain",
                 str(config),
             ],
