@@ -316,8 +316,10 @@ class BookieService:
                         # after this entry's fsync -- as BookKeeper's bookies report the
                         # LAC of entries still in their write cache. (Normal adds only:
                         # recovery write-backs and no-ops keep the durable path.)
+                        reported = st.lac
                         st.piggyback_lac = h.last_add_confirmed
-                        raised.add(h.ledger_id)
+                        if st.lac > reported:  # (an explicit LAC may have told it already)
+                            raised.add(h.ledger_id)
                 else:  # a write-back, a retry -- or a forgery (ledger_rules.check_rewrite)
                     if pending is None:
                         pending = self.storage.unapplied()
