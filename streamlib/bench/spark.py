@@ -61,7 +61,6 @@ def _measure(spark: Any, uri: str, stream: str, args: argparse.Namespace) -> Run
         if args.max_per_trigger:
             reader = reader.option("maxMessagesPerTrigger", str(args.max_per_trigger))
         start = time.perf_counter()
-        print(f"DBG {time.time():.3f} query start", file=sys.stderr, flush=True)
         query = (
             reader.load()
             .writeStream.format("noop")
@@ -71,7 +70,6 @@ def _measure(spark: Any, uri: str, stream: str, args: argparse.Namespace) -> Run
         )
         query.awaitTermination()
         elapsed = time.perf_counter() - start
-        print(f"DBG {time.time():.3f} query end", file=sys.stderr, flush=True)
         batches = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in batches)
     if rows != args.messages:
