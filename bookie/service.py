@@ -46,6 +46,9 @@ DEFAULT_READ_MAX_BYTES = 16 << 20
 DEFAULT_MAX_STREAM_ANSWER_BYTES = 4 << 20
 DEFAULT_MAX_STREAM_INFLIGHT_BYTES = 64 << 20
 ANSWER_MESSAGE_BYTES = 1 << 20
+# Entries a long poll's answer carries after the first (bounded whatever a client asks).
+MAX_PIGGYBACK_ENTRIES = 64
+MAX_PIGGYBACK_BYTES = 1 << 20
 SERVICE_NAME = "streamlib.bookie.v1.Bookie"
 
 
@@ -410,12 +413,25 @@ class BookieService:
             status=pb.OK, last_add_confirmed=lac, fenced=st.fenced, term=st.term
         )
         if req.piggyback_entry and lac > req.previous_lac:
+            # The entries the poller waits for, as far as the LAC and the bounds go: a
+            # tailing reader then needs no read call after the poll. Optional: one this
+            # bookie cannot serve ends the list, and the client reads the rest normally.
+            more = min(req.piggyback_max_entries, MAX_PIGGYBACK_ENTRIES)
+            nbytes = 0
             try:
-                resp.next_entry.CopyFrom(
-                    _entry_pb(self.storage.read_entry(req.ledger_id, req.previous_lac + 1))
-                )
+                first = self.storage.read_entry(req.ledger_id, req.previous_lac + 1)
+                resp.next_entry.CopyFrom(_entry_pb(first))
+                nbytes += len(first.payload)
+                for entry_id in range(
+                    req.previous_lac + 2, min(lac, req.previous_lac + 1 + more) + 1
+                ):
+                    if nbytes >= MAX_PIGGYBACK_BYTES:
+                        break
+                    entry = self.storage.read_entry(req.ledger_id, entry_id)
+                    resp.more_entries.append(_entry_pb(entry))
+                    nbytes += len(entry.payload)
             except RequestError:
-                pass  # the entry is optional; the client reads it normally
+                pass
         return resp
 
     async def WriteLac(

@@ -187,7 +187,7 @@ class ReadResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., results: _Optional[_Iterable[_Union[EntryResult, _Mapping]]] = ..., last_add_confirmed: _Optional[int] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadLacRequest(_message.Message):
-    __slots__ = ("ledger_id", "flags", "master_key", "term", "previous_lac", "timeout_ms", "piggyback_entry")
+    __slots__ = ("ledger_id", "flags", "master_key", "term", "previous_lac", "timeout_ms", "piggyback_entry", "piggyback_max_entries")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class ReadLacRequest(_message.Message):
     PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PIGGYBACK_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    PIGGYBACK_MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     flags: int
     master_key: bytes
@@ -202,23 +203,26 @@ class ReadLacRequest(_message.Message):
     previous_lac: int
     timeout_ms: int
     piggyback_entry: bool
-    def __init__(self, ledger_id: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ..., term: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., piggyback_entry: _Optional[bool] = ...) -> None: ...
+    piggyback_max_entries: int
+    def __init__(self, ledger_id: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ..., term: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., piggyback_entry: _Optional[bool] = ..., piggyback_max_entries: _Optional[int] = ...) -> None: ...
 
 class ReadLacResponse(_message.Message):
-    __slots__ = ("status", "last_add_confirmed", "next_entry", "fenced", "term", "message")
+    __slots__ = ("status", "last_add_confirmed", "next_entry", "fenced", "term", "message", "more_entries")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LAST_ADD_CONFIRMED_FIELD_NUMBER: _ClassVar[int]
     NEXT_ENTRY_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MORE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     status: StatusCode
     last_add_confirmed: int
     next_entry: Entry
     fenced: bool
     term: int
     message: str
-    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., last_add_confirmed: _Optional[int] = ..., next_entry: _Optional[_Union[Entry, _Mapping]] = ..., fenced: _Optional[bool] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    more_entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., last_add_confirmed: _Optional[int] = ..., next_entry: _Optional[_Union[Entry, _Mapping]] = ..., fenced: _Optional[bool] = ..., term: _Optional[int] = ..., message: _Optional[str] = ..., more_entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class WriteLacRequest(_message.Message):
     __slots__ = ("ledger_id", "master_key", "last_add_confirmed", "term")

@@ -38,6 +38,7 @@ from streamlib.protocol.read_rules import (
 from streamlib.protocol.writer import LedgerWriter
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's default limit
+PIGGYBACK_MAX_ENTRIES = 32  # entries a long poll may bring after the first
 # A writer with nothing in flight sends its LAC on the add streams at the loop's next turn
 # -- unless its last quiet moment ended with a new add within TIGHT_LOOP_S (a caller
 # sending one message after another): then the next add is likely to carry the LAC, and
@@ -558,6 +559,7 @@ class ReadHandle:
             previous_lac=self._lac,
             timeout_ms=int(timeout_s * 1000),
             piggyback_entry=True,
+            piggyback_max_entries=PIGGYBACK_MAX_ENTRIES,
         )
         self.long_polls += 1
         poll = asyncio.ensure_future(self._context.pool.get(bookie).read_lac(request))
@@ -594,9 +596,17 @@ class ReadHandle:
                     return
                 self._lac = response.last_add_confirmed
                 if response.HasField("next_entry"):
-                    entry = entry_from_pb(response.next_entry)
-                    if entry.entry_id == next_entry and self._valid(entry):
+                    # The entries from next_entry on, as far as they are whole, in order,
+                    # valid and confirmed: read from here instead of another call.
+                    expected = next_entry
+                    for piece in (response.next_entry, *response.more_entries):
+                        entry = entry_from_pb(piece)
+                        if entry.entry_id != expected or entry.entry_id > self._lac:
+                            break
+                        if not self._valid(entry):
+                            break
                         self._cache[entry.entry_id] = entry
+                        expected += 1
                 return
         # The ledger's metadata changed (closed?), or the poll failed: look again.
         await self.refresh_metadata()

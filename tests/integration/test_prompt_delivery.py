@@ -9,6 +9,11 @@ import asyncio
 
 import pytest
 
+from bookie.service import MAX_PIGGYBACK_ENTRIES
+from bookie.wire import bookie_pb2 as pb
+from streamlib.ledger.bookie_client import BookieClient
+from tests.integration.conftest import FAST_CLIENT
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -40,3 +45,44 @@ async def test_a_tailing_reader_sees_a_quiet_writers_last_entry_without_a_timer(
         await reader.wait_for_more(reader.last_add_confirmed + 1, 1.0)
     assert reader.last_add_confirmed == 0
     assert await reader.read(0, 0) == [b"lone"]
+
+
+async def test_a_long_poll_brings_every_entry_up_to_the_lac_within_bounds(cluster):
+    (bookie,) = cluster.start_bookies(1)
+    client, other = await cluster.client(), await cluster.client()
+    writer = await client.ledgers.create(1, 1, 1)
+    reader = await other.ledgers.open(writer.ledger_id, recover=False)
+    await writer.append_many([b"e%d" % i for i in range(5)])  # then the LAC goes quiet
+    for _ in range(20):  # bounded: each long poll lasts at most 1 s
+        if reader.last_add_confirmed >= 4:
+            break
+        await reader.wait_for_more(reader.last_add_confirmed + 1, 1.0)
+    # The poll that saw LAC 4 brought the entries it waited for: no read call follows.
+    reads = 0
+    read_from = type(reader)._read_from
+
+    async def counting(self, bookie_id, entry_ids):
+        nonlocal reads
+        reads += 1
+        return await read_from(self, bookie_id, entry_ids)
+
+    type(reader)._read_from = counting  # type: ignore[method-assign]
+    try:
+        assert await reader.read(0, 4) == [b"e%d" % i for i in range(5)]
+    finally:
+        type(reader)._read_from = read_from  # type: ignore[method-assign]
+    assert reads == 0
+
+    # A client asking for more than the bookie gives gets the bookie's bound.
+    await writer.append_many([b"x" * 1000] * 100)
+    raw = BookieClient(bookie.bookie_id, bookie.address, FAST_CLIENT)
+    try:
+        answer = await raw.read_lac(
+            pb.ReadLacRequest(ledger_id=writer.ledger_id, previous_lac=-1,
+                              piggyback_entry=True, piggyback_max_entries=2**32 - 1)
+        )  # fmt: skip
+    finally:
+        await raw.close()
+    assert answer.next_entry.entry_id == 0
+    assert len(answer.more_entries) == MAX_PIGGYBACK_ENTRIES
+    assert [e.entry_id for e in answer.more_entries] == list(range(1, 65))
