@@ -85,8 +85,7 @@ class TokenVerifier:
         principal, expiry = known
         if expiry is not None and now >= expiry:
             raise UnauthenticatedError(
-                f"token of {principal!r} expired at {_utc(expiry)}: get a new token",
-                kind="expired",
+                f"token of {principal!r} expired at {_utc(expiry)}: get a new token"
             )
         return principal
 
@@ -101,26 +100,30 @@ class TokenVerifier:
         except jwt.InvalidAlgorithmError:
             raise UnauthenticatedError(
                 f"token is signed with an algorithm this bookie does not accept "
-                f"(it accepts {self._algorithms[0]})",
-                kind="algorithm",
+                f"(it accepts {self._algorithms[0]})"
             ) from None
         except jwt.InvalidSignatureError:
             raise UnauthenticatedError(
-                "token signature is invalid: it was not signed with this cluster's key",
-                kind="signature",
+                "token signature is invalid: it was not signed with this cluster's key"
             ) from None
         except jwt.MissingRequiredClaimError:
-            raise UnauthenticatedError(
-                "token has no 'sub' claim naming its principal", kind="claim"
-            ) from None
+            raise UnauthenticatedError("token has no 'sub' claim naming its principal") from None
         except jwt.InvalidTokenError as e:
-            raise UnauthenticatedError(f"token is malformed: {e}", kind="malformed") from None
+            raise UnauthenticatedError(f"token is malformed: {e}") from None
         sub, exp = claims["sub"], claims.get("exp")
         if not isinstance(sub, str) or not sub:
-            raise UnauthenticatedError("token's 'sub' claim is not a principal name", kind="claim")
+            raise UnauthenticatedError("token's 'sub' claim is not a principal name")
         if exp is not None and not isinstance(exp, int | float):
-            raise UnauthenticatedError("token's 'exp' claim is not a time", kind="claim")
+            raise UnauthenticatedError("token's 'exp' claim is not a time")
         return sub, None if exp is None else float(exp)
+
+
+def _kind(message: str) -> str:
+    """The kind of an authentication refusal, for logging it once."""
+    for kind in ("no credentials", "expired", "signature", "algorithm", "malformed", "claim"):
+        if kind in message:
+            return kind
+    return "other"
 
 
 def _utc(t: float) -> str:
@@ -133,9 +136,7 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
             text = value.decode("latin-1") if isinstance(value, bytes) else value
             scheme, _, token = text.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise UnauthenticatedError(
-                    "the authorization header must be 'Bearer <token>'", kind="header"
-                )
+                raise UnauthenticatedError("the authorization header must be 'Bearer <token>'")
             return token.strip()
     return None
 
@@ -187,11 +188,10 @@ class AccessControl:
                 "no credentials: this bookie requires "
                 + ("a token" if self.tokens is not None else "")
                 + (" or " if self.tokens is not None and self.certificates else "")
-                + ("a client certificate" if self.certificates else ""),
-                kind="none",
+                + ("a client certificate" if self.certificates else "")
             )
         except UnauthenticatedError as e:
-            self._refused("unauthenticated", "?", str(e), kind=e.kind)
+            self._refused("unauthenticated", "?", str(e), kind=_kind(str(e)))
             raise
 
     def check(self, principal: str | None, access: Access) -> None:
