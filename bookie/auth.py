@@ -85,7 +85,8 @@ class TokenVerifier:
         principal, expiry = known
         if expiry is not None and now >= expiry:
             raise UnauthenticatedError(
-                f"token of {principal!r} expired at {_utc(expiry)}: get a new token"
+                f"token of {principal!r} expired at {_utc(expiry)}: get a new token",
+                kind="expired",
             )
         return principal
 
@@ -100,30 +101,26 @@ class TokenVerifier:
         except jwt.InvalidAlgorithmError:
             raise UnauthenticatedError(
                 f"token is signed with an algorithm this bookie does not accept "
-                f"(it accepts {self._algorithms[0]})"
+                f"(it accepts {self._algorithms[0]})",
+                kind="algorithm",
             ) from None
         except jwt.InvalidSignatureError:
             raise UnauthenticatedError(
-                "token signature is invalid: it was not signed with this cluster's key"
+                "token signature is invalid: it was not signed with this cluster's key",
+                kind="signature",
             ) from None
         except jwt.MissingRequiredClaimError:
-            raise UnauthenticatedError("token has no 'sub' claim naming its principal") from None
+            raise UnauthenticatedError(
+                "token has no 'sub' claim naming its principal", kind="claim"
+            ) from None
         except jwt.InvalidTokenError as e:
-            raise UnauthenticatedError(f"token is malformed: {e}") from None
+            raise UnauthenticatedError(f"token is malformed: {e}", kind="malformed") from None
         sub, exp = claims["sub"], claims.get("exp")
         if not isinstance(sub, str) or not sub:
-            raise UnauthenticatedError("token's 'sub' claim is not a principal name")
+            raise UnauthenticatedError("token's 'sub' claim is not a principal name", kind="claim")
         if exp is not None and not isinstance(exp, int | float):
-            raise UnauthenticatedError("token's 'exp' claim is not a time")
+            raise UnauthenticatedError("token's 'exp' claim is not a time", kind="claim")
         return sub, None if exp is None else float(exp)
-
-
-def _kind(message: str) -> str:
-    """The kind of an authentication refusal, for logging it once."""
-    for kind in ("no credentials", "expired", "signature", "algorithm", "malformed", "claim"):
-        if kind in message:
-            return kind
-    return "other"
 
 
 def _utc(t: float) -> str:
@@ -136,7 +133,9 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
             text = value.decode("latin-1") if isinstance(value, bytes) else value
             scheme, _, token = text.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise UnauthenticatedError("the authorization header must be 'Bearer <token>'")
+                raise UnauthenticatedError(
+                    "the authorization header must be 'Bearer <token>'", kind="header"
+                )
             return token.strip()
     return None
 
@@ -188,10 +187,11 @@ class AccessControl:
                 "no credentials: this bookie requires "
                 + ("a token" if self.tokens is not None else "")
                 + (" or " if self.tokens is not None and self.certificates else "")
-                + ("a client certificate" if self.certificates else "")
+                + ("a client certificate" if self.certificates else ""),
+                kind="none",
             )
         except UnauthenticatedError as e:
-            self._refused("unauthenticated", "?", str(e), kind=_kind(str(e)))
+            self._refused("unauthenticated", "?", str(e), kind=e.kind)
             raise
 
     def check(self, principal: str | None, access: Access) -> None:

@@ -38,7 +38,15 @@ class UnauthorizedError(RequestError):
 
 
 class UnauthenticatedError(RequestError):
+    """``kind`` names the refusal for logging it once (none, expired, signature,
+    algorithm, malformed, claim, header): never the message, which holds text a caller
+    controls."""
+
     status = pb.UNAUTHENTICATED
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class LedgerFencedError(RequestError):

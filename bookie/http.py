@@ -19,8 +19,8 @@ a principal as gRPC calls do (``Authorization: Bearer <token>`` or the client
 certificate's common name): /admin/* needs the admin role, /metrics any role; anonymous
 calls get 401, others 403. Without authentication, changes (POST) are taken only from
 the bookie's own host (a loopback peer): a metrics port reachable from the network
-(``--host 0.0.0.0``) must not let anyone turn the bookie read-only. A tiny HTTP/1.0 server on asyncio streams is enough here and
-keeps us off another dependency.
+(``--host 0.0.0.0``) must not let anyone turn the bookie read-only. A tiny HTTP/1.0
+server on asyncio streams is enough here and keeps us off another dependency.
 """
 
 from __future__ import annotations

@@ -221,10 +221,7 @@ class BookieService:
                 else:
                     # Per batch, not once per stream: a token may expire and a role be
                     # revoked while a stream lives on.
-                    try:
-                        caller: str | RequestError | None = self.access.principal(context)
-                    except RequestError as err:
-                        caller = err
+                    caller = self._caller(context)
                     accepted, chunks, nbytes, refused = self._check_adds(req, caller)
                     if refused:
                         answer(refused)
@@ -252,17 +249,30 @@ class BookieService:
         finally:
             write_task.cancel()
 
-    async def _stream_lac(self, lac: pb.WriteLacRequest, caller: str | RequestError | None) -> None:
-        """An explicit LAC that came on the add stream: checked as a WriteLac call, never
-        answered (best effort); a refusal is only counted."""
+    def _caller(self, context: Any) -> str | RequestError | None:
+        """Who makes this call: a principal, None when authentication is off, or the
+        error that refused its credentials (for a caller that answers it later)."""
         try:
-            validation.check_write_lac(lac)
-            if isinstance(caller, RequestError):
-                raise caller
-            self.access.check(caller, Access.WRITE_LAC)
-            await self.storage.write_lac(
-                lac.ledger_id, lac.master_key, lac.last_add_confirmed, lac.term
-            )
+            return self.access.principal(context)
+        except RequestError as err:
+            return err
+
+    async def _write_lac(self, req: pb.WriteLacRequest, caller: str | RequestError | None) -> None:
+        """An explicit LAC, from a WriteLac call or the add stream: validated, allowed,
+        stored. Raises the RequestError to answer (or count)."""
+        validation.check_write_lac(req)
+        if isinstance(caller, RequestError):
+            raise caller
+        self.access.check(caller, Access.WRITE_LAC)
+        await self.storage.write_lac(
+            req.ledger_id, req.master_key, req.last_add_confirmed, req.term
+        )
+
+    async def _stream_lac(self, lac: pb.WriteLacRequest, caller: str | RequestError | None) -> None:
+        """An explicit LAC that came on the add stream: never answered (best effort); a
+        refusal is only counted."""
+        try:
+            await self._write_lac(lac, caller)
         except RequestError as err:
             self.metrics.lac_errors.labels(pb.StatusCode.Name(err.status)).inc()
 
@@ -442,11 +452,7 @@ class BookieService:
                 status=pb.BAD_REQUEST, message=f"malformed WriteLacRequest: {req.error}"
             )
         try:
-            validation.check_write_lac(req)
-            self.access.authorize(context, Access.WRITE_LAC)
-            await self.storage.write_lac(
-                req.ledger_id, req.master_key, req.last_add_confirmed, req.term
-            )
+            await self._write_lac(req, self._caller(context))
         except RequestError as err:
             return pb.WriteLacResponse(status=err.status, message=str(err))
         return pb.WriteLacResponse(status=pb.OK)

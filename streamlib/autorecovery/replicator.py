@@ -32,7 +32,6 @@ from streamlib.client import Client
 from streamlib.ledger.bookie_client import AddHandler
 from streamlib.ledger.codec import metadata_from_pb, metadata_to_pb
 from streamlib.ledger.handles import ReadHandle
-from streamlib.ledger.manager import FENCE_ROLES
 from streamlib.protocol import LedgerMetadata
 from streamlib.protocol.actions import EntryData, rewrite_flags
 from streamlib.protocol.digest import master_key
@@ -156,13 +155,6 @@ class ReplicationWorker:
                 recovered = True
                 log.info("ledger %d: fencing and recovering (writer's grace is over)", ledger_id)
                 await self.client.pool.prepare(md.bookies())
-                # Marked IN_RECOVERY only if a bookie answers and lets us fence.
-                await self.client.ledgers.check_may_write(
-                    md.last_fragment.ensemble,
-                    f"recover ledger {ledger_id}",
-                    need_answer=True,
-                    roles=FENCE_ROLES,
-                )
                 await self.client.ledgers.recover(md, version)
                 continue  # CLOSED now: the last fragment's range is known
             try:

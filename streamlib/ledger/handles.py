@@ -78,9 +78,9 @@ class WriteHandle:
         """material: the ledger's key material (metadata.key_material(password)); only a
         key version 0 ledger may leave it out (its material is in the metadata)."""
         if material is None:
-            if metadata.key_version != 0:
+            material = metadata.key_material(None)
+            if not material:
                 raise BadRequestError(f"writing ledger {metadata.ledger_id} needs its password")
-            material = metadata.password_hash
         self._digest = DigestManager(metadata.ledger_id, metadata.digest_type, material)
         self._writer = LedgerWriter(
             metadata,

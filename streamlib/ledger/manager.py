@@ -266,13 +266,7 @@ class LedgerManager:
             # Each retry re-reads: another recovery may have moved the ledger on meanwhile.
             current = known if known is not None else await self._read(ledger_id)
             known = None
-            await self.check_may_write(
-                current[0].last_fragment.ensemble,
-                f"recover ledger {ledger_id}",
-                need_answer=True,
-                roles=FENCE_ROLES,
-            )
-            return await self.recover(*current, password=password)
+            return await self.recover(*current, material=material)
 
         metadata, version = await self._retry_aborted(
             ledger_id, "recovery", recover_once, attempts, retry_for_s
@@ -312,11 +306,20 @@ class LedgerManager:
             ) from last.exception()
 
     async def recover(
-        self, metadata: LedgerMetadata, version: int, *, password: bytes | None = None
+        self, metadata: LedgerMetadata, version: int, *, material: bytes | None = None
     ) -> tuple[LedgerMetadata, int]:
-        """Run one recovery of an OPEN or IN_RECOVERY ledger to its CLOSE (password None:
-        with the ledger's stored secret, as auto-recovery does)."""
-        material = await self.material(metadata, password)
+        """Run one recovery of an OPEN or IN_RECOVERY ledger to its CLOSE, with the
+        ledger's key material (None: from its stored secret, as auto-recovery does).
+        Nothing is marked IN_RECOVERY before a bookie answers and lets this client fence
+        (check_may_write)."""
+        await self.check_may_write(
+            metadata.last_fragment.ensemble,
+            f"recover ledger {metadata.ledger_id}",
+            need_answer=True,
+            roles=FENCE_ROLES,
+        )
+        if material is None:
+            material = await self.material(metadata, None)
         recovery = LedgerRecovery(
             metadata,
             version,
