@@ -189,6 +189,10 @@ class Lock(abc.ABC):
     @abc.abstractmethod
     def is_acquired(self) -> bool: ...
 
+    @abc.abstractmethod
+    async def contenders(self) -> list[str]:
+        """The identifiers of the lock's contenders, the holder first."""
+
     async def __aenter__(self) -> Lock:
         await self.acquire()
         return self
@@ -338,6 +342,11 @@ class MetadataStore(abc.ABC):
         """callback("expired") runs on the store's event loop when the session was lost
         and replaced by a new one: ephemeral nodes must be re-created."""
         self._session_listeners.append(callback)
+
+    def remove_session_listener(self, callback: Callable[[str], None]) -> None:
+        """Stop calling callback (no error if it was not added)."""
+        if callback in self._session_listeners:
+            self._session_listeners.remove(callback)
 
     def _session_expired(self) -> None:
         """Thread-safe: backends call it from wherever they notice."""

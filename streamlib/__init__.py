@@ -16,7 +16,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["EARLIEST", "LATEST", "Client", "MessageId", "connect"]
+__all__ = ["EARLIEST", "LATEST", "Client", "ConsumerType", "MessageId", "connect"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from streamlib.sync import connect
 
         return connect
+    if name == "ConsumerType":
+        from streamlib.stream.subscription import ConsumerType
+
+        return ConsumerType
     if name in ("MessageId", "EARLIEST", "LATEST"):
         from streamlib.stream import positions
 

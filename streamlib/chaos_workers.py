@@ -189,7 +189,11 @@ async def consume(
     while not stop.is_set():
         try:
             consumer = await bounded(
-                client.subscribe(args.stream, SUBSCRIPTION, initial_position="earliest")
+                # Failover: a restarted consumer waits in line until its killed
+                # predecessor's metadata session ends, then goes on from the cursor.
+                client.subscribe(
+                    args.stream, SUBSCRIPTION, initial_position="earliest", consumer_type="failover"
+                )
             )
         except Exception as error:
             log.error(error, during="subscribe")

@@ -8,6 +8,7 @@ await writer.append(b"hello")
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import metadata
@@ -28,6 +29,11 @@ from streamlib.stream.consumer import Consumer, ranges_from_state, ranges_to_sta
 from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Reader, StreamScanner
+from streamlib.stream.subscription import (
+    ConsumerType,
+    SubscriptionGate,
+    parse_consumer_type,
+)
 from streamlib.stream.writer import StreamWriter
 
 
@@ -117,35 +123,57 @@ class Client:
         ack_timeout_ms: int = 0,
         negative_ack_redelivery_delay_ms: int = 1000,
         cursor_persist_interval_ms: int = 100,
+        consumer_type: ConsumerType | str = ConsumerType.Exclusive,
+        consumer_name: str | None = None,
     ) -> Consumer:
         """A durable subscription. A new one starts at the `initial_position`
-        ("latest" or "earliest"); an existing one resumes from its cursor."""
+        ("latest" or "earliest"); an existing one resumes from its cursor.
+
+        consumer_type (streamlib.ConsumerType or its name, Pulsar's spellings too):
+        "exclusive" (the default: a second consumer gets ConsumerBusyError) or
+        "failover" (the first receives, the others wait in line and take over from the
+        durable cursor when it closes or its metadata session ends); "shared" and
+        "key_shared" need the stream service (UnsupportedConsumerTypeError). See
+        streamlib/stream/subscription.py."""
         if initial_position not in ("latest", "earliest"):
             raise BadRequestError(
                 f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
             )
+        kind = parse_consumer_type(consumer_type)
         await self.streams.read(stream)
         registry = self.streams.registry
-        scanner = StreamScanner(self.ledgers, registry, stream, EARLIEST)
-        stored = await registry.read_cursor(stream, subscription)
-        if stored is None:
-            start = EARLIEST if initial_position == "earliest" else await scanner.end_position()
-            acks = AckRanges(start)
-            version = await registry.write_cursor(stream, subscription, ranges_to_state(acks))
-            await registry.cursor_moved_back(stream)  # retention must now see this cursor
-        else:
-            acks, version = ranges_from_state(stored[0]), stored[1]
-        consumer = Consumer(
-            scanner,
-            registry,
-            subscription,
-            acks,
-            version,
-            receiver_queue_size=receiver_queue_size,
-            ack_timeout_ms=ack_timeout_ms,
-            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-            cursor_persist_interval_ms=cursor_persist_interval_ms,
+        gate = SubscriptionGate(
+            self.store,
+            registry.subscribers_path(stream, subscription),
+            kind,
+            consumer_name or f"consumer-{uuid.uuid4().hex[:8]}",
         )
+        await gate.enter()
+        try:
+            scanner = StreamScanner(self.ledgers, registry, stream, EARLIEST)
+            stored = await registry.read_cursor(stream, subscription)
+            if stored is None:
+                start = EARLIEST if initial_position == "earliest" else await scanner.end_position()
+                acks = AckRanges(start)
+                version = await registry.write_cursor(stream, subscription, ranges_to_state(acks))
+                await registry.cursor_moved_back(stream)  # retention must now see this cursor
+            else:
+                acks, version = ranges_from_state(stored[0]), stored[1]
+            consumer = Consumer(
+                scanner,
+                registry,
+                subscription,
+                acks,
+                version,
+                receiver_queue_size=receiver_queue_size,
+                ack_timeout_ms=ack_timeout_ms,
+                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                cursor_persist_interval_ms=cursor_persist_interval_ms,
+                gate=gate,
+            )
+        except BaseException:
+            await asyncio.shield(gate.leave())
+            raise
         self._open.append(consumer)
         return consumer
 

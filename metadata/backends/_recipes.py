@@ -29,7 +29,6 @@ class SequentialLock(Lock):
         self._identifier = identifier
         self._node: str | None = None
         self._acquired = False
-        store.add_session_listener(self._on_session_expired)
 
     def _on_session_expired(self, _event: str) -> None:
         # The session that owned our node is gone, and the node with it.
@@ -44,6 +43,10 @@ class SequentialLock(Lock):
         if self._acquired:
             return True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        # Listening only while contending or holding (release stops it): a lock made per
+        # consumer must not leave a listener behind on a long-lived store.
+        self._store.remove_session_listener(self._on_session_expired)
+        self._store.add_session_listener(self._on_session_expired)
         try:
             await self._store.create(self._path, make_parents=True)
         except NodeExistsError:
@@ -74,6 +77,7 @@ class SequentialLock(Lock):
             raise
 
     async def _give_up(self) -> None:
+        self._store.remove_session_listener(self._on_session_expired)
         node, self._node = self._node, None
         if node is not None:
             try:

@@ -494,6 +494,8 @@ class _ZkLock(Lock):
     async def acquire(self, timeout_s: float | None = None) -> bool:
         def acquire() -> bool:
             try:
+                if timeout_s is not None and timeout_s <= 0:  # a try, as the recipes' own
+                    return bool(self._lock.acquire(blocking=False))
                 return bool(self._lock.acquire(blocking=True, timeout=timeout_s))
             except kz.LockTimeout:
                 return False
@@ -509,6 +511,12 @@ class _ZkLock(Lock):
     async def release(self) -> None:
         try:
             await asyncio.to_thread(self._lock.release)
+        except Exception as exc:
+            raise translate(exc) from exc
+
+    async def contenders(self) -> list[str]:
+        try:
+            return list(await asyncio.to_thread(self._lock.contenders))
         except Exception as exc:
             raise translate(exc) from exc
 

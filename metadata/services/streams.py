@@ -15,6 +15,7 @@ from metadata.errors import (
     NodeExistsError,
     NoNodeError,
     NoSuchStreamError,
+    NotEmptyError,
     StreamExistsError,
     TransactionError,
 )
@@ -29,6 +30,10 @@ class StreamRegistry(Service):
 
     def cursor_path(self, name: str, subscription: str) -> str:
         return f"{self.stream_path(name)}/cursors/{validate_name('subscription', subscription)}"
+
+    def subscribers_path(self, name: str, subscription: str) -> str:
+        """The lock a subscription's consumers contend for (streamlib/stream/subscription.py)."""
+        return f"{self.stream_path(name)}/subscribers/{validate_name('subscription', subscription)}"
 
     async def create(self, md: StreamMetadata) -> int:
         path = self.stream_path(md.name)
@@ -107,6 +112,12 @@ class StreamRegistry(Service):
         try:
             await self.store.delete(self.cursor_path(name, subscription))
         except NoNodeError:
+            pass
+        # The subscription's lock directory too, unless a consumer is in it (then it
+        # stays: the consumer's next cursor write re-creates the subscription).
+        try:
+            await self.store.delete(self.subscribers_path(name, subscription))
+        except (NoNodeError, NotEmptyError):
             pass
 
     async def list_cursors(self, name: str) -> builtins.list[str]:

@@ -70,6 +70,11 @@ def add_parsers(commands: Subparsers) -> None:
         "--timeout", type=non_negative_float, metavar="S",
         help="stop waiting when no message comes for S seconds (default: wait forever)",
     )  # fmt: skip
+    consume.add_argument(
+        "-t", "--subscription-type", choices=["exclusive", "failover"], default="exclusive",
+        help="exclusive (default: refused while another consumer holds the subscription) "
+        "or failover (wait in line as a standby)",
+    )  # fmt: skip
     add_common(consume, json_help="print each message as a JSON line")
     consume.set_defaults(run=run_with_client(_consume))
 
@@ -158,7 +163,10 @@ def _check_count(count: int) -> None:
 async def _consume(client: Client, args: argparse.Namespace) -> int:
     _check_count(args.count)
     consumer = await client.subscribe(
-        args.stream, args.subscription, initial_position=args.initial_position
+        args.stream,
+        args.subscription,
+        initial_position=args.initial_position,
+        consumer_type=args.subscription_type,
     )
     received = 0
     try:

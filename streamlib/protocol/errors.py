@@ -9,6 +9,7 @@ the metadata package sits below this one and imports nothing of ours; the public
 
 from __future__ import annotations
 
+import builtins
 import enum
 
 
@@ -166,6 +167,20 @@ class InvalidPositionError(BadRequestError):
 
 class ClientClosedError(StreamlibError):
     """The client (or producer / consumer / handle) was closed."""
+
+
+class ConsumerBusyError(StreamlibError):
+    """The subscription already has its active consumer (exclusive), or its consumers
+    are of another type than the one asked for."""
+
+
+class UnsupportedConsumerTypeError(BadRequestError):
+    """A consumer type that direct mode (clients talking to bookies) cannot deliver."""
+
+
+class TimeoutError(StreamlibError, builtins.TimeoutError):
+    """Nothing came within the timeout the caller gave; also the builtin TimeoutError,
+    so ``except TimeoutError`` catches it either way."""
 
 
 _BY_CODE: dict[StatusCode, type[StreamlibError]] = {

@@ -11,6 +11,7 @@ persisted yet) comes again -- at-least-once, as in Pulsar.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import logging
 import time
@@ -18,7 +19,7 @@ import time
 from metadata.errors import BadVersionError
 from metadata.schemas import CursorState, Position, PositionRange
 from metadata.services.streams import StreamRegistry
-from streamlib.protocol.errors import BadRequestError, ClientClosedError
+from streamlib.protocol.errors import BadRequestError, ClientClosedError, TimeoutError
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
 from streamlib.stream.reader import (
@@ -26,6 +27,7 @@ from streamlib.stream.reader import (
     Message,
     StreamScanner,
 )
+from streamlib.stream.subscription import SubscriptionGate
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class Consumer:
         ack_timeout_ms: int = 0,
         negative_ack_redelivery_delay_ms: int = 1000,
         cursor_persist_interval_ms: int = 100,
+        gate: SubscriptionGate | None = None,
     ) -> None:
         if receiver_queue_size < 1:
             raise BadRequestError("receiver_queue_size must be >= 1")
@@ -98,6 +101,54 @@ class Consumer:
         self._timeout_task: asyncio.Task[None] | None = None
         self._closed = False
         self.persisted = 0  # cursor writes (observability)
+        # The subscription type's say in who receives (subscription.py). A consumer that
+        # becomes active (again) starts from the durable cursor: read it first.
+        self._gate = gate
+        self._reload_cursor = False
+        if gate is not None:
+            gate.on_change = self._on_active_change
+
+    @property
+    def consumer_type(self) -> str:
+        return self._gate.kind.value if self._gate is not None else "exclusive"
+
+    @property
+    def is_active(self) -> bool:
+        """Whether this consumer receives now (a failover standby does not)."""
+        return self._gate is None or self._gate.active.is_set()
+
+    def _on_active_change(self, active: bool) -> None:
+        if active:
+            self._reload_cursor = True
+            self._wake.set()
+            return
+        # Another consumer may be active now: what was read ahead or handed out and not
+        # acknowledged is its to deliver. Stop reading; drop it all.
+        if self._fill_task is not None:
+            self._fill_task.cancel()
+            self._fill_task = None
+        self._queue = EntryQueue(self._queue_size, self._wake)
+        self._redeliver = collections.deque()
+        self._unacked.clear()
+        self._wake.set()  # a receive() waiting now goes back to waiting for its turn
+
+    async def _activate(self) -> None:
+        """Wait to be the subscription's active consumer; a new turn starts from the
+        cursor as stored (the previous active one persisted it on its way out)."""
+        assert self._gate is not None
+        await self._gate.wait_active()
+        if self._reload_cursor:
+            self._reload_cursor = False
+            stored = await self._registry.read_cursor(self.stream, self.subscription)
+            if stored is not None and stored[1] != self._version:
+                self._acks, self._version = ranges_from_state(stored[0]), stored[1]
+                if self._fill_task is not None:
+                    self._fill_task.cancel()
+                    await asyncio.gather(self._fill_task, return_exceptions=True)
+                    self._fill_task = None
+                self._queue = EntryQueue(self._queue_size, self._wake)
+                self._redeliver = collections.deque()
+                self._unacked.clear()
 
     # -- receiving ----------------------------------------------------------------------
 
@@ -133,17 +184,22 @@ class Consumer:
         """The next message (redeliveries first); TimeoutError after timeout seconds."""
         if self._closed:
             raise ClientClosedError(f"consumer {self.subscription!r} is closed")
-        self._start()
-        message = self._take()
+        message = None
+        if self.is_active and not self._reload_cursor:
+            self._start()
+            message = self._take()
         if message is None:
             try:
                 async with asyncio.timeout(timeout):
                     while message is None:
-                        self._wake.clear()
-                        await self._wake.wait()
-                        self._start()  # (again, if a seek stopped the reading)
+                        if self._gate is not None:
+                            await self._activate()
+                        self._start()  # (again, if a seek or a change of turn stopped it)
                         message = self._take()
-            except TimeoutError:
+                        if message is None:
+                            self._wake.clear()
+                            await self._wake.wait()
+            except builtins.TimeoutError:
                 raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
         self._unacked[message.message_id] = (message, time.monotonic())
         return message
@@ -169,8 +225,14 @@ class Consumer:
             del self._unacked[received]
         self._changed()
 
-    def negative_acknowledge(self, message: Message) -> None:
-        """Have the message delivered again after the redelivery delay."""
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Have the message (given as received, or its id) delivered again after the
+        redelivery delay."""
+        if isinstance(message, MessageId):
+            entry = self._unacked.get(message)
+            if entry is None:
+                raise BadRequestError(f"message {message} was not received by this consumer")
+            message = entry[0]
         self._unacked.pop(message.message_id, None)
         again = message.redelivered()
         asyncio.get_running_loop().call_later(
@@ -280,9 +342,14 @@ class Consumer:
                 task.cancel()
         tasks = [t for t in (self._fill_task, self._timeout_task, self._persisting) if t]
         await asyncio.gather(*tasks, return_exceptions=True)
-        if persist:
-            self._dirty = True
-            await self.persist()
+        try:
+            # (A standby that never received has nothing of its own to write.)
+            if persist and (self.is_active or self._dirty):
+                self._dirty = True
+                await self.persist()
+        finally:
+            if self._gate is not None:  # the cursor first, then the next in line
+                await self._gate.leave()
 
     def __aiter__(self) -> Consumer:
         return self

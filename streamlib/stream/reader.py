@@ -4,6 +4,7 @@ tailing the current ledger with the bookies' long-poll) and the non-durable Read
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -27,6 +28,7 @@ from streamlib.protocol.errors import (
     NoSuchLedgerError,
     StreamlibError,
 )
+from streamlib.protocol.errors import TimeoutError as StreamTimeoutError
 from streamlib.protocol.stream_rules import (
     OPEN_TAIL,
     READERS_MAY_RECOVER,
@@ -553,7 +555,12 @@ class Reader:
         if message is None:
             if self._task is None:
                 self._task = asyncio.get_running_loop().create_task(self._queue.fill(self._scanner))
-            message = await self._queue.take(timeout)
+            try:
+                message = await self._queue.take(timeout)
+            except builtins.TimeoutError:
+                raise StreamTimeoutError(
+                    f"no message on {self.stream!r} within {timeout} s"
+                ) from None
         self._last = message  # its position is computed only if asked for
         return message
 

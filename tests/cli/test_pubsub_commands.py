@@ -6,6 +6,7 @@ import base64
 import json
 from pathlib import Path
 
+import streamlib
 from tests.cli.conftest import assert_one_line_error, run_cli
 
 
@@ -91,3 +92,21 @@ def test_errors_are_one_line_and_exit_1(uri: str, tmp_path: Path) -> None:
         run_cli("produce", "s", "--file", str(tmp_path / "absent.txt"), metadata=uri),
         "cannot read",
     )
+
+
+def test_consume_is_refused_while_another_consumer_holds_the_subscription(uri: str) -> None:
+    run_cli("produce", "held", "-m", "one", metadata=uri)
+    client = streamlib.connect(uri)
+    try:
+        holder = client.subscribe("held", "workers", "earliest", consumer_name="holder")
+        busy = run_cli("consume", "held", "-s", "workers", "--timeout", "1", metadata=uri)
+        assert_one_line_error(busy, "ConsumerBusyError", "(exclusive, holder)")
+        standby = run_cli("consume", "held", "-s", "workers", "-t", "failover", "--timeout", "1",
+                          metadata=uri)  # fmt: skip
+        assert_one_line_error(standby, "ConsumerBusyError", "active exclusive consumer (holder)")
+        holder.close()
+    finally:
+        client.close()
+    taken = run_cli("consume", "held", "-s", "workers", "-t", "failover", "--timeout", "5",
+                    metadata=uri)  # fmt: skip
+    assert taken.code == 0 and [line.split("  ")[1] for line in taken.lines] == ["one"], taken

@@ -4,6 +4,10 @@ process and client is stopped at the end of the test."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -102,3 +106,36 @@ def reset_cursor_once_cursors_are_read(
         return found
 
     monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)
+
+
+@pytest.fixture
+async def zk_cluster(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[LedgerCluster]:
+    """On ZooKeeper only (for what needs its sessions: expiring one on purpose)."""
+    async for c in _cluster(request, tmp_path, "zk"):
+        yield c
+
+
+@contextlib.asynccontextmanager
+async def script_process(
+    script: str, *argv: str, ready: str
+) -> AsyncIterator[subprocess.Popen[str]]:
+    """Run `python -c script argv...` until it prints the line `ready`; killed at the end
+    of the block if still running. (Its stdin stays open: a script may wait on it.)"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        # Read the pipe off the event loop: the test's clients run on this loop.
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
+        assert line.strip() == ready, line
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -2,10 +2,6 @@
 
 import asyncio
 import datetime as dt
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,7 +18,7 @@ from streamlib.errors import (
 from streamlib.protocol import LedgerState
 from streamlib.stream.batch import BatchBuilder
 from streamlib.stream.positions import EARLIEST, MessageId
-from tests.integration.conftest import reset_cursor_once_cursors_are_read
+from tests.integration.conftest import reset_cursor_once_cursors_are_read, script_process
 
 
 async def read_all(client, stream):
@@ -320,8 +316,8 @@ async def test_keys_properties_and_times_reach_readers_and_consumers(cluster, ba
 
 CONSUMER_SCRIPT = r"""
 import sys, streamlib
-client = streamlib.connect(sys.argv[1])
-consumer = client.subscribe("crash", "sub", initial_position="earliest")
+client = streamlib.connect(sys.argv[1], session_timeout_s=2)
+consumer = client.subscribe("crash", "sub", initial_position="earliest", consumer_type="failover")
 for i in range(10):
     message = consumer.receive(timeout=30)
     if i % 2 == 0:
@@ -339,23 +335,11 @@ async def test_consumer_sigkill_and_restart_redelivers_only_unacknowledged(clust
     for i in range(10):
         await producer.send_async(b"%d" % i)
     await producer.flush()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CONSUMER_SCRIPT, cluster.metadata_uri],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        # Read the pipe off the event loop: this loop also runs the producer's client.
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
-        assert line.strip() == "persisted"
-        os.kill(proc.pid, signal.SIGKILL)
+    async with script_process(CONSUMER_SCRIPT, cluster.metadata_uri, ready="persisted") as proc:
+        proc.kill()
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    consumer = await client.subscribe("crash", "sub")
+    # A failover standby: active once the killed consumer's session ends (2 s).
+    consumer = await client.subscribe("crash", "sub", consumer_type="failover")
     again = [(await consumer.receive(timeout=30)).data for _ in range(5)]
     assert again == [b"1", b"3", b"5", b"7", b"9"]
     with pytest.raises(TimeoutError):

@@ -198,6 +198,28 @@ async def test_lock_is_exclusive_until_released(connect_store):
     await second.release()
 
 
+async def test_a_lock_tried_without_waiting_answers_at_once_and_names_its_contenders(
+    connect_store,
+):
+    first = (await connect_store()).lock("/locks/try", "first")
+    second = (await connect_store()).lock("/locks/try", "second")
+    assert await second.contenders() == []  # (no lock node yet)
+    assert await first.acquire(timeout_s=0)
+    assert not await second.acquire(timeout_s=0)  # a try leaves no node in line
+    assert not second.is_acquired
+    assert await second.contenders() == ["first"]
+    waiting = asyncio.create_task(second.acquire(timeout_s=WAIT_S))
+    for _ in range(100):  # bounded: until the waiter's node is in line
+        if await first.contenders() == ["first", "second"]:
+            break
+        await asyncio.sleep(0.05)
+    assert await first.contenders() == ["first", "second"]  # the holder first
+    await first.release()
+    assert await waiting
+    assert await first.contenders() == ["second"]
+    await second.release()
+
+
 async def test_lock_passes_on_when_the_holder_session_ends(connect_store):
     holder_store = await connect_store()
     holder = holder_store.lock("/locks/two", "holder")
