@@ -192,7 +192,7 @@ async def assert_fully_replicated(
                     ledger_id=md.ledger_id, first_entry_id=entry_id, last_entry_id=entry_id
                 )
             )
-            assert response.status == pb.OK, (bookie, entry_id, response)
+            assert response.status == pb.OK, (bookie, entry_id, response, md.fragments)
             (result,) = response.results
             assert result.status == pb.OK, (bookie, entry_id, result)
             e = result.entry

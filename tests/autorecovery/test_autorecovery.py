@@ -21,7 +21,12 @@ FAST = ["--lost-bookie-delay", "0.5", "--grace-period", "2", "--check-interval",
 async def write_ledger(
     client: Client, entries: int, *, e: int = 3, qw: int = 2, close: bool = True
 ) -> tuple[int, dict[int, bytes]]:
-    writer = await client.ledgers.create(e, qw, 2, password=b"secret")
+    """A ledger of `entries` entries, each acknowledged by every bookie of its write set
+    (Qa = Qw): the tests start from a fully replicated ledger. (With Qa < Qw a bookie
+    that answers after the quorum did -- or times out, as a cold-started one may -- can
+    be left without entries the writer never needed again: BookKeeper's delayed write
+    failure, which the auditor finds, not a precondition these tests may assume.)"""
+    writer = await client.ledgers.create(e, qw, qw, password=b"secret")
     payloads = [
         f"ledger {writer.ledger_id} entry {i} ".encode() * (1 + i % 7) for i in range(entries)
     ]
