@@ -12,7 +12,15 @@ bookie.wire (the generated wire code); it must never import the bookie server
 (bookie.server, bookie.storage, ...). streamlib.protocol imports nothing of ours.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time the names load lazily (below)
+    from streamlib.client import Client as Client
+    from streamlib.stream.positions import EARLIEST as EARLIEST
+    from streamlib.stream.positions import LATEST as LATEST
+    from streamlib.stream.positions import MessageId as MessageId
+    from streamlib.stream.subscription import ConsumerType as ConsumerType
+    from streamlib.sync import connect as connect
 
 __version__ = "0.1.0"
 

@@ -1,49 +1,477 @@
-"""A blocking facade over the asyncio client, for scripts and Spark workers.
+"""The blocking API, for scripts, notebooks and Spark workers: real classes over the
+asyncio client, shaped like pulsar-client's.
 
     client = streamlib.connect("sqlite:///tmp/sandbox/meta.db")
-    writer = client.ledgers.create()
-    writer.append(b"hello")
+    with client.create_producer("orders") as producer:
+        producer.send(b"hello")
+        producer.send_async(b"more", callback=lambda error, msg_id: print(error, msg_id))
+    with client.subscribe("orders", "billing", initial_position="earliest") as consumer:
+        for message in consumer:          # blocks for each next message
+            consumer.acknowledge(message)
+    client.close()
 
-One event loop runs in a daemon thread per connected client. Every method of a
-streamlib object runs on that loop's thread (coroutines as blocking calls, plain
-methods too, since they may schedule work on the loop); async iterators become plain
-iterators; returned streamlib objects are wrapped the same way.
+One event loop runs in a daemon thread per connected client; each blocking call hands
+its coroutine to that loop once and waits for the answer. A wait can be interrupted
+with Ctrl-C (KeyboardInterrupt; the call is cancelled on the loop). After close() every
+call raises ClientClosedError. The ledger and stream-admin APIs (client.ledgers,
+client.streams) are the asyncio objects behind a generic blocking proxy (SyncProxy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
+import datetime as dt
+import functools
 import inspect
+import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from streamlib.protocol.errors import ClientClosedError
+from streamlib.stream import consumer as aconsumer
+from streamlib.stream import producer as aproducer
+from streamlib.stream import reader as areader
+from streamlib.stream.positions import EARLIEST, MessageId
+from streamlib.stream.reader import Message
+from streamlib.stream.subscription import ConsumerType
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# How often a blocked caller's thread wakes to let Python run signal handlers (Ctrl-C);
+# the answer itself is taken the moment it arrives.
+_INTERRUPT_CHECK_S = 0.2
+
+SendCallback = Callable[[BaseException | None, MessageId | None], None]
 
 
 class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.closed = False
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="streamlib-loop", daemon=True
         )
         self._thread.start()
 
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self.closed:
+            coro.close()
+            raise ClientClosedError("the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run coro on the loop and wait for it; Ctrl-C cancels it there."""
+        return wait(self.submit(coro))
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a plain function on the loop thread (it may use the running loop)."""
 
-        async def on_loop() -> Any:
+        async def on_loop() -> T:
             return fn(*args, **kwargs)
 
         return self.run(on_loop())
 
     def stop(self) -> None:
+        self.closed = True
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
         if not self.loop.is_running():
             self.loop.close()
+
+
+def wait(future: concurrent.futures.Future[T]) -> T:
+    """The future's result, waking now and then so Ctrl-C is handled; an interrupted
+    wait cancels the future (and so the coroutine on the loop)."""
+    try:
+        while True:
+            try:
+                return future.result(timeout=_INTERRUPT_CHECK_S)
+            except concurrent.futures.TimeoutError:
+                if future.done():  # the coroutine itself raised a TimeoutError
+                    return future.result()
+    except KeyboardInterrupt:
+        future.cancel()
+        raise
+
+
+class Producer:
+    """Sends messages to one stream; the stream's only writer while it lives (creating
+    it fenced the previous one). Messages are batched adaptively: one goes at once when
+    nothing is in flight, the rest gather while entries are in flight."""
+
+    def __init__(self, target: aproducer.Producer, runner: _LoopThread) -> None:
+        self._target = target
+        self._runner = runner
+        self.stream: str = target.stream
+        # The caller-side bound on messages waiting for acknowledgement, so a loop of
+        # send_async never hops to the loop to learn there is room.
+        self._room = threading.BoundedSemaphore(target.max_pending_messages)
+        self._block = target.block_if_queue_full
+        # Messages handed over by send_async and not yet queued on the loop.
+        self._outbox: collections.deque[
+            tuple[
+                tuple[bytes, int, Any],
+                concurrent.futures.Future[MessageId],
+                SendCallback | None,
+            ]
+        ] = collections.deque()
+        self._outbox_lock = threading.Lock()
+        self._drain_scheduled = False
+
+    def send(
+        self,
+        data: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | float | dt.datetime | None = None,
+    ) -> MessageId:
+        """Send one message and wait until it is durable; its MessageId."""
+        return wait(self.send_async(data, key=key, properties=properties, event_time=event_time))
+
+    def send_async(
+        self,
+        data: bytes,
+        callback: SendCallback | None = None,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | float | dt.datetime | None = None,
+    ) -> concurrent.futures.Future[MessageId]:
+        """Queue a message without waiting for it to be durable. The returned future
+        resolves to its MessageId once it is (no flush() needed); callback, if given,
+        is called then as callback(None, message_id), or callback(error, None) -- on the
+        client's loop thread, so it must not block. Bad input raises here, at once.
+        Blocks while max_pending_messages are pending (ProducerQueueIsFullError instead
+        when block_if_queue_full is off)."""
+        checked = aproducer.Producer._checked(data, key, properties, event_time)
+        self._take_room()
+        outcome: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
+        with self._outbox_lock:
+            if self._runner.closed:
+                self._room.release()
+                raise ClientClosedError("the client is closed")
+            self._outbox.append((checked, outcome, callback))
+            schedule, self._drain_scheduled = not self._drain_scheduled, True
+        if schedule:  # one hop to the loop for however many sends gather meanwhile
+            try:
+                self._runner.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop closed under us (client.close elsewhere)
+                self._drain_scheduled = False
+                self._outbox.clear()
+                self._room.release()
+                raise ClientClosedError("the client is closed") from None
+        return outcome
+
+    def _drain(self) -> None:
+        """On the loop: queue every message sent since the last drain, in order."""
+        with self._outbox_lock:
+            items = list(self._outbox)
+            self._outbox.clear()
+            self._drain_scheduled = False
+        for checked, outcome, callback in items:
+            try:
+                durable = self._target.queue_checked(checked)
+            except BaseException as error:  # e.g. the producer was closed meanwhile
+                self._finish(outcome, callback, error, None)
+                continue
+            durable.add_done_callback(functools.partial(self._durable, outcome, callback))
+
+    def _take_room(self) -> None:
+        if self._room.acquire(blocking=False):
+            return
+        if not self._block:
+            raise aproducer.ProducerQueueIsFullError(
+                f"max_pending_messages are pending on {self.stream!r}"
+            )
+        while not self._room.acquire(timeout=_INTERRUPT_CHECK_S):
+            if self._runner.closed:
+                raise ClientClosedError("the client is closed")
+
+    def _durable(
+        self,
+        outcome: concurrent.futures.Future[MessageId],
+        callback: SendCallback | None,
+        done: asyncio.Future[MessageId],
+    ) -> None:
+        if done.cancelled():
+            self._finish(outcome, callback, ClientClosedError("the send was cancelled"), None)
+        elif done.exception() is not None:
+            self._finish(outcome, callback, done.exception(), None)
+        else:
+            self._finish(outcome, callback, None, done.result())
+
+    def _finish(
+        self,
+        outcome: concurrent.futures.Future[MessageId],
+        callback: SendCallback | None,
+        error: BaseException | None,
+        message_id: MessageId | None,
+    ) -> None:
+        self._room.release()
+        if error is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(message_id)  # type: ignore[arg-type]
+        if callback is not None:
+            try:
+                callback(error, message_id)
+            except Exception:  # the caller's bug must not stop the loop's other work
+                log.exception("send_async callback of %r failed", self.stream)
+
+    def flush(self) -> None:
+        """Send the open batch now and wait until everything sent so far is durable."""
+        self._runner.run(self._flush())
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # send_async calls submitted before this one run first
+        await self._target.flush()
+
+    def close(self) -> None:
+        """Flush and stop; the stream stays (another producer may take it over)."""
+        if not self._runner.closed:
+            self._runner.run(self._close())
+
+    async def _close(self) -> None:
+        await asyncio.sleep(0)  # (as flush: earlier send_async calls are queued first)
+        await self._target.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<streamlib.Producer {self.stream!r}>"
+
+
+class Consumer:
+    """A durable subscription's consumer (see Client.subscribe). Iterating it receives
+    messages one by one, forever (break out, or close it from another thread)."""
+
+    def __init__(self, target: aconsumer.Consumer, runner: _LoopThread) -> None:
+        self._target = target
+        self._runner = runner
+        self.stream: str = target.stream
+        self.subscription: str = target.subscription
+
+    @property
+    def consumer_type(self) -> str:
+        return self._target.consumer_type
+
+    @property
+    def is_active(self) -> bool:
+        """Whether this consumer receives now (a failover standby does not)."""
+        return self._target.is_active
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message (redeliveries first); streamlib.errors.TimeoutError (a
+        builtin TimeoutError too) when none comes within timeout seconds."""
+        return self._runner.run(self._target.receive(timeout))
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message (as received, or its id)."""
+        self._runner.call(self._target.acknowledge, message)
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and every one before it."""
+        self._runner.call(self._target.acknowledge_cumulative, message)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Have the message delivered again after negative_ack_redelivery_delay_ms."""
+        self._runner.call(self._target.negative_acknowledge, message)
+
+    def seek(self, target: MessageId | int) -> None:
+        """Deliver again from a message id (that message first) or from the first
+        message published at or after epoch milliseconds `target`."""
+        self._runner.run(self._target.seek(target))
+
+    def persist(self) -> None:
+        """Write the cursor now (it is written every cursor_persist_interval_ms anyway)."""
+        self._runner.run(self._target.persist())
+
+    @property
+    def mark_delete_position(self) -> MessageId:
+        return self._target.mark_delete_position
+
+    def unsubscribe(self) -> None:
+        """Delete the subscription (its cursor) and close."""
+        self._runner.run(self._target.unsubscribe())
+
+    def close(self) -> None:
+        """Persist the cursor and leave the subscription (to the next failover standby)."""
+        if not self._runner.closed:
+            self._runner.run(self._target.close())
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            yield self.receive()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<streamlib.Consumer {self.stream!r} subscription {self.subscription!r}>"
+
+
+class Reader:
+    """A non-durable reader from a position (see Client.create_reader). Iterating it
+    reads on, forever, waiting for new messages at the end."""
+
+    def __init__(self, target: areader.Reader, runner: _LoopThread) -> None:
+        self._target = target
+        self._runner = runner
+        self.stream: str = target.stream
+
+    def read_next(self, timeout: float | None = None) -> Message:
+        """The next message; streamlib.errors.TimeoutError when none comes in time."""
+        return self._runner.run(self._target.read_next(timeout))
+
+    def has_message_available(self) -> bool:
+        """Whether a message after the last one read is confirmed now."""
+        return self._runner.run(self._target.has_message_available())
+
+    def seek(self, position: MessageId | str) -> None:
+        """Read from just after position next (EARLIEST / LATEST allowed)."""
+        self._runner.run(self._target.seek(position))
+
+    def close(self) -> None:
+        if not self._runner.closed:
+            self._runner.run(self._target.close())
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            yield self.read_next()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<streamlib.Reader {self.stream!r}>"
+
+
+class Client:
+    """A blocking client: one metadata session, connections to bookies, and one event
+    loop thread. Make one with streamlib.connect(uri, ...)."""
+
+    def __init__(self, target: Any, runner: _LoopThread) -> None:
+        self._target = target
+        self._runner = runner
+        #: The ledger API (streamlib.ledger.manager.LedgerManager, blocking).
+        self.ledgers: Any = SyncProxy(target.ledgers, runner)
+        #: Stream administration (streamlib.stream.admin.StreamManager, blocking).
+        self.streams: Any = SyncProxy(target.streams, runner)
+        #: The bookies registered now (metadata.services.bookies.BookieRegistry, blocking).
+        self.registry: Any = SyncProxy(target.registry, runner)
+
+    def create_producer(
+        self,
+        stream: str,
+        *,
+        batching_max_messages: int = 1000,
+        batching_max_bytes: int = 128 * 1024,
+        batching_max_publish_delay_ms: float = 1.0,
+        max_pending_messages: int = 20_000,
+        block_if_queue_full: bool = True,
+        batch_format: int = aproducer.FORMAT,
+    ) -> Producer:
+        """A producer on `stream` (created with the cluster's defaults if missing). It
+        takes the stream over before returning, fencing any previous producer."""
+        target = self._runner.run(
+            self._target.create_producer(
+                stream,
+                batching_max_messages=batching_max_messages,
+                batching_max_bytes=batching_max_bytes,
+                batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+                max_pending_messages=max_pending_messages,
+                block_if_queue_full=block_if_queue_full,
+                batch_format=batch_format,
+            )
+        )
+        return Producer(target, self._runner)
+
+    def subscribe(
+        self,
+        stream: str,
+        subscription: str,
+        initial_position: str = "latest",
+        *,
+        consumer_type: ConsumerType | str = ConsumerType.Exclusive,
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+        ack_timeout_ms: int = 0,
+        negative_ack_redelivery_delay_ms: int = 1000,
+        cursor_persist_interval_ms: int = 100,
+    ) -> Consumer:
+        """A consumer of a durable subscription; see streamlib.Client.subscribe (the
+        asyncio one) for the consumer types."""
+        target = self._runner.run(
+            self._target.subscribe(
+                stream,
+                subscription,
+                initial_position,
+                consumer_type=consumer_type,
+                consumer_name=consumer_name,
+                receiver_queue_size=receiver_queue_size,
+                ack_timeout_ms=ack_timeout_ms,
+                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                cursor_persist_interval_ms=cursor_persist_interval_ms,
+            )
+        )
+        return Consumer(target, self._runner)
+
+    def create_reader(
+        self, stream: str, start: MessageId | str = EARLIEST, *, receiver_queue_size: int = 1000
+    ) -> Reader:
+        """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
+        begins with the message after it)."""
+        target = self._runner.run(
+            self._target.create_reader(stream, start, receiver_queue_size=receiver_queue_size)
+        )
+        return Reader(target, self._runner)
+
+    @property
+    def store(self) -> Any:
+        """The metadata store session (asyncio; for the metadata services)."""
+        return self._target.store
+
+    def close(self) -> None:
+        """Close every producer, consumer and reader of this client, then the client.
+        Calls after this raise ClientClosedError. Idempotent."""
+        if self._runner.closed:
+            return
+        try:
+            self._runner.run(self._target.close())
+        finally:
+            self._runner.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<streamlib.sync.Client {self._target.store.uri!r}>"
+
+
+# -- the generic proxy, for the ledger and admin APIs -----------------------------------
 
 
 def _wants_wrapping(value: object) -> bool:
@@ -56,7 +484,8 @@ def _wants_wrapping(value: object) -> bool:
 
 
 class SyncProxy:
-    """The blocking view of one async streamlib object."""
+    """The blocking view of one asyncio streamlib object: its coroutine methods become
+    blocking calls, async iterators plain iterators, returned objects are wrapped."""
 
     def __init__(self, target: object, runner: _LoopThread) -> None:
         object.__setattr__(self, "_target", target)
@@ -87,6 +516,9 @@ class SyncProxy:
             return plain
         return self._wrap(attr)
 
+    def __dir__(self) -> list[str]:
+        return sorted(set(dir(self._target)) | set(object.__dir__(self)))
+
     def _iterate(self, agen: AsyncIterator[Any]) -> Iterator[Any]:
         try:
             while True:
@@ -96,7 +528,7 @@ class SyncProxy:
                     return
         finally:
             aclose = getattr(agen, "aclose", None)
-            if aclose is not None:
+            if aclose is not None and not self._runner.closed:
                 self._runner.run(aclose())
 
     def __repr__(self) -> str:
@@ -109,22 +541,16 @@ class SyncProxy:
         self.close()
 
 
-class SyncClient(SyncProxy):
-    def close(self) -> None:
-        try:
-            self._runner.run(self._target.close())  # type: ignore[attr-defined]
-        finally:
-            self._runner.stop()
-
-
-def connect(uri: str, **options: Any) -> SyncClient:
-    """Connect a blocking client (see streamlib.Client.connect for the options)."""
-    from streamlib.client import Client
+def connect(uri: str, **options: Any) -> Client:
+    """Connect a blocking client to the metadata store at uri (zk://, sqlite://,
+    memory://); options as streamlib.Client.connect (session_timeout_s, tls_ca, token,
+    bookie_config, ...)."""
+    from streamlib.client import Client as AsyncClient
 
     runner = _LoopThread()
     try:
-        client = runner.run(Client.connect(uri, **options))
+        client = runner.run(AsyncClient.connect(uri, **options))
     except BaseException:
         runner.stop()
         raise
-    return SyncClient(client, runner)
+    return Client(client, runner)

@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamlib.protocol.errors import BadRequestError, StreamlibError, TooLargeError
+from streamlib.protocol.errors import (
+    BadRequestError,
+    ClientClosedError,
+    StreamlibError,
+    TooLargeError,
+)
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import (
     BATCH_OVERHEAD,
@@ -95,6 +100,14 @@ class Producer:
         self._room.set()
         self._closed = False
 
+    @property
+    def max_pending_messages(self) -> int:
+        return self._max_pending
+
+    @property
+    def block_if_queue_full(self) -> bool:
+        return self._block
+
     @staticmethod
     def check_options(**options: Any) -> None:
         """The checks of the constructor, before anything starts (a producer takes the
@@ -120,16 +133,29 @@ class Producer:
     ) -> asyncio.Future[MessageId]:
         """Queue a message (waiting for room if the queue is full and blocking is on);
         the returned future gives its MessageId once the entry holding it is durable."""
-        if self._closed:
-            raise BadRequestError(f"producer of {self.stream!r} is closed")
-        data, event_ms, metadata = self._checked(data, key, properties, event_time)
-        while self._pending >= self._max_pending:
+        return await self.send_checked(self._checked(data, key, properties, event_time))
+
+    async def send_checked(
+        self, checked: tuple[bytes, int, envelope.Metadata | None]
+    ) -> asyncio.Future[MessageId]:
+        """send_async of a message _checked() already."""
+        while self._pending >= self._max_pending and not self._closed:
             if not self._block:
                 raise ProducerQueueIsFullError(
                     f"{self._pending} messages pending on {self.stream!r} (max_pending_messages)"
                 )
             self._room.clear()
             await self._room.wait()
+        return self.queue_checked(checked)
+
+    def queue_checked(
+        self, checked: tuple[bytes, int, envelope.Metadata | None]
+    ) -> asyncio.Future[MessageId]:
+        """Add a _checked() message to the open batch now, room or not (the blocking API
+        checks in the caller's thread and bounds what is pending there)."""
+        if self._closed:
+            raise ClientClosedError(f"producer of {self.stream!r} is closed")
+        data, event_ms, metadata = checked
         size = message_size(data, metadata)
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()

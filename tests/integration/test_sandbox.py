@@ -79,7 +79,7 @@ def test_sandbox_reports_json_then_stops_cleanly(sandboxes, tmp_path):
     pids = [b["pid"] for b in info["bookies"]]
     assert all(alive(pid) for pid in pids)
     with streamlib.connect(info["metadata"]) as client:
-        registered = {b.bookie_id for b in client.registry.list()}  # type: ignore[attr-defined]
+        registered = {b.bookie_id for b in client.registry.list()}
     assert registered == {b["id"] for b in info["bookies"]}
     assert sandbox.stop() == 0
     assert not any(alive(pid) for pid in pids)

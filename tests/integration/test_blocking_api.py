@@ -1,0 +1,195 @@
+"""The blocking API as a pulsar-client user meets it, against real bookie processes:
+real classes with signatures and docstrings, iteration and context managers,
+send_async with a callback and a future that resolves by itself, ClientClosedError
+after close, Ctrl-C interrupting a blocking receive, and types mypy --strict sees."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import threading
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+import streamlib
+import streamlib.errors as errors
+from streamlib.stream.positions import MessageId
+from tests.integration.conftest import script_process
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def uri(cluster) -> str:
+    cluster.start_bookies(3)
+    return cluster.metadata_uri
+
+
+def test_the_classes_show_what_they_offer(uri: str) -> None:
+    with streamlib.connect(uri) as client:
+        for name in ("create_producer", "subscribe", "create_reader", "close"):
+            assert name in dir(client)
+        params = inspect.signature(client.subscribe).parameters
+        assert {"consumer_type", "receiver_queue_size", "ack_timeout_ms"} <= set(params)
+        assert (
+            "batching_max_publish_delay_ms" in inspect.signature(client.create_producer).parameters
+        )
+        with client.create_producer("shown") as producer:
+            assert "send_async" in dir(producer)
+            assert "callback" in inspect.signature(producer.send_async).parameters
+        for cls in (type(client), type(producer), streamlib.sync.Consumer, streamlib.sync.Reader):
+            assert cls.__doc__ and len(cls.__doc__) > 40, cls
+            assert cls.__module__ == "streamlib.sync"
+        assert {"create", "open"} <= set(dir(client.ledgers))  # (the proxy lists its target's)
+
+
+def test_send_async_resolves_without_flush_and_calls_back(uri: str) -> None:
+    with streamlib.connect(uri) as client:
+        producer = client.create_producer("cb", batching_max_publish_delay_ms=600_000)
+        called: list[tuple[BaseException | None, MessageId | None]] = []
+        done = threading.Event()
+
+        def callback(error: BaseException | None, message_id: MessageId | None) -> None:
+            called.append((error, message_id))
+            if len(called) == 200:
+                done.set()
+
+        futures = [producer.send_async(b"m%d" % i, callback=callback) for i in range(200)]
+        # No flush: the futures resolve as the entries become durable.
+        ids = [f.result(timeout=30) for f in futures]
+        assert done.wait(30)
+        assert ids == sorted(ids) and len(set(ids)) == 200
+        assert sorted(m for _, m in called) == ids and all(e is None for e, _ in called)
+        assert len({(i.ledger_id, i.entry_id) for i in ids}) < 200  # batched, not one each
+
+        # A producer taken over: its sends fail, through the future and the callback.
+        client.create_producer("cb")  # fences the first
+        failed: list[BaseException | None] = []
+        future = producer.send_async(b"late", callback=lambda e, _: failed.append(e))
+        with pytest.raises(errors.StreamFencedError):
+            future.result(timeout=30)
+        assert isinstance(failed[0], errors.StreamFencedError)
+
+        with pytest.raises(errors.BadRequestError):  # bad input: at once, in this thread
+            producer.send_async("not bytes")  # type: ignore[arg-type]
+
+
+def test_iteration_context_managers_and_timeouts(uri: str) -> None:
+    with streamlib.connect(uri) as client:
+        with client.create_producer("iter") as producer:
+            for i in range(5):
+                producer.send(b"%d" % i)
+        with client.subscribe("iter", "sub", "earliest") as consumer:
+            got = []
+            for message in consumer:
+                consumer.acknowledge(message.message_id)
+                got.append(message.data)
+                if len(got) == 3:
+                    break
+            assert got == [b"0", b"1", b"2"]
+            assert [consumer.receive(timeout=30).data for _ in range(2)] == [b"3", b"4"]
+            with pytest.raises(TimeoutError):  # the builtin catches streamlib's
+                consumer.receive(timeout=0.3)
+        with client.create_reader("iter") as reader:
+            assert [m.data for _, m in zip(range(5), reader, strict=False)] == [
+                b"%d" % i for i in range(5)
+            ]
+            assert not reader.has_message_available()
+            with pytest.raises(errors.TimeoutError):
+                reader.read_next(timeout=0.3)
+
+
+def test_a_closed_client_says_so(uri: str) -> None:
+    client = streamlib.connect(uri)
+    producer = client.create_producer("closed")
+    consumer = client.subscribe("closed", "sub")
+    client.close()
+    client.close()  # idempotent
+    for call in (
+        lambda: client.create_producer("closed"),
+        lambda: producer.send(b"x"),
+        lambda: producer.send_async(b"x"),
+        lambda: consumer.receive(timeout=1),
+    ):
+        with pytest.raises(errors.ClientClosedError):
+            call()
+    producer.close()  # closing again after the client is quiet
+    consumer.close()
+
+
+CTRL_C_SCRIPT = r"""
+import sys, streamlib
+client = streamlib.connect(sys.argv[1])
+consumer = client.subscribe("quiet", "sub")
+try:
+    print("waiting", flush=True)
+    consumer.receive()  # nothing will come
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+consumer.close()
+client.close()
+print("closed", flush=True)
+"""
+
+
+async def test_ctrl_c_interrupts_a_blocking_receive(cluster) -> None:
+    cluster.start_bookies(3)
+    setup = await cluster.client()
+    await setup.streams.create("quiet", 3, 3, 2)
+    async with script_process(CTRL_C_SCRIPT, cluster.metadata_uri, ready="waiting") as proc:
+        proc.send_signal(signal.SIGINT)
+        out, _ = await asyncio.to_thread(proc.communicate, None, 60)
+        assert out.split() == ["interrupted", "closed"], out
+        assert proc.returncode == 0
+
+
+SAMPLE = """
+import streamlib
+from streamlib.stream.positions import MessageId
+
+def run(uri: str) -> list[bytes]:
+    with streamlib.connect(uri) as client:
+        producer = client.create_producer("typed")
+        ids: list[MessageId] = [producer.send(b"x")]
+        future = producer.send_async(b"y", callback=lambda error, msg_id: None)
+        ids.append(future.result())
+        consumer = client.subscribe("typed", "sub", consumer_type="failover")
+        return [consumer.receive(timeout=1.0).data for _ in ids]
+"""
+
+WRONG = """
+import streamlib
+
+def run(uri: str) -> int:
+    client = streamlib.connect(uri)
+    producer = client.create_producer("typed")
+    return producer.send(b"x")
+"""
+
+
+def test_mypy_strict_sees_the_real_types(tmp_path: Path) -> None:
+    assert resources.files("streamlib").joinpath("py.typed").is_file()
+    (tmp_path / "good.py").write_text(SAMPLE)
+    (tmp_path / "wrong.py").write_text(WRONG)
+
+    def mypy(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+             "--cache-dir", str(tmp_path / "cache"), str(tmp_path / name)],
+            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "MYPYPATH": str(ROOT)},
+            timeout=300, check=False,
+        )  # fmt: skip
+
+    good = mypy("good.py")
+    assert good.returncode == 0, good.stdout
+    wrong = mypy("wrong.py")
+    assert wrong.returncode == 1
+    assert 'Incompatible return value type (got "MessageId", expected "int")' in wrong.stdout
