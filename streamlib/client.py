@@ -93,7 +93,8 @@ class Client:
         writer: it takes over (fencing the previous writer) before its first send.
         Options: batching_max_messages, batching_max_bytes, batching_max_publish_delay_ms,
         max_pending_messages, block_if_queue_full, batch_format (1 while readers older than
-        format 2 remain; see streamlib.stream.batch)."""
+        format 2 remain; see streamlib.stream.batch), compression_type ("none", "lz4",
+        "zlib", "zstd": per entry, format 3; upgrade readers first)."""
         Producer.check_options(**options)
         await self.streams.ensure(stream)
         writer = StreamWriter(

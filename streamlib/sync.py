@@ -35,6 +35,7 @@ from streamlib.protocol.errors import ClientClosedError
 from streamlib.stream import consumer as aconsumer
 from streamlib.stream import producer as aproducer
 from streamlib.stream import reader as areader
+from streamlib.stream.batch import Compression
 from streamlib.stream.positions import EARLIEST, MessageId
 from streamlib.stream.reader import Message
 from streamlib.stream.subscription import ConsumerType
@@ -385,9 +386,12 @@ class Client:
         max_pending_messages: int = 20_000,
         block_if_queue_full: bool = True,
         batch_format: int = aproducer.FORMAT,
+        compression_type: Compression | str = Compression.NONE,
     ) -> Producer:
         """A producer on `stream` (created with the cluster's defaults if missing). It
-        takes the stream over before returning, fencing any previous producer."""
+        takes the stream over before returning, fencing any previous producer.
+        compression_type: "none" (default), "lz4", "zlib" or "zstd" (Pulsar's
+        CompressionType names too), per entry; readers must know batch format 3."""
         target = self._runner.run(
             self._target.create_producer(
                 stream,
@@ -397,6 +401,7 @@ class Client:
                 max_pending_messages=max_pending_messages,
                 block_if_queue_full=block_if_queue_full,
                 batch_format=batch_format,
+                compression_type=compression_type,
             )
         )
         return Producer(target, self._runner)

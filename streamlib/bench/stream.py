@@ -50,13 +50,18 @@ def blocking_sends(uri: str, args: argparse.Namespace, options: dict[str, Any]) 
     return sorted(latencies)
 
 
-def blocking_send_async(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> float:
+def blocking_send_async(
+    uri: str, args: argparse.Namespace, options: dict[str, Any], compression: str = "none"
+) -> float:
     """Throughput of a blocking-API loop of producer.send_async (no callback), msgs/s."""
     import streamlib
 
     with streamlib.connect(uri, **options) as client:
-        client.streams.create("bench-blocking-async", 3, 3, 2)
-        producer = client.create_producer("bench-blocking-async", batching_max_publish_delay_ms=2)
+        stream = f"bench-blocking-async-{compression}"
+        client.streams.create(stream, 3, 3, 2)
+        producer = client.create_producer(
+            stream, batching_max_publish_delay_ms=2, compression_type=compression
+        )
         payload = b"x" * args.message_bytes
         producer.send(payload)  # warm up
         start = time.perf_counter()
@@ -171,6 +176,10 @@ def _measure(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> dic
     figures = asyncio.run(_run(uri, args, options))
     # Last: its 100 MB would keep the bookies flushing through the latency phases.
     figures["blocking_send_async_msgs_per_s"] = blocking_send_async(uri, args, options)
+    for codec in ("lz4", "zstd"):
+        figures[f"blocking_send_async_{codec}_msgs_per_s"] = blocking_send_async(
+            uri, args, options, codec
+        )
     figures["blocking_p50_ms"] = 1000 * percentile(blocking, 0.5)
     figures["blocking_p99_ms"] = 1000 * percentile(blocking, 0.99)
     return figures
@@ -216,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
         f"  publish throughput   {r['publish_msgs_per_s']:,.0f} msgs/s ({args.messages} messages,"
         " send_async)\n"
         f"  blocking send_async  {r['blocking_send_async_msgs_per_s']:,.0f} msgs/s (a loop of the"
-        " blocking API's send_async)\n",
+        f" blocking API's send_async; with lz4 {r['blocking_send_async_lz4_msgs_per_s']:,.0f},"
+        f" with zstd {r['blocking_send_async_zstd_msgs_per_s']:,.0f})\n",
         end="",
     )
     for name, rate in (("low", args.low_rate), ("high", args.rate)):

@@ -47,6 +47,10 @@ def add_parsers(commands: Subparsers) -> None:
     )
     produce.add_argument("-k", "--key", help="the messages' key")
     produce.add_argument(
+        "-z", "--compression", choices=["none", "lz4", "zlib", "zstd"], default="none",
+        help="compress the entries (readers must know batch format 3)",
+    )  # fmt: skip
+    produce.add_argument(
         "-p", "--property", action="append", type=key_value, default=[], metavar="K=V",
         help="a message property (repeatable)",
     )  # fmt: skip
@@ -111,7 +115,7 @@ def _messages_from(args: argparse.Namespace) -> list[bytes]:
 
 async def _produce(client: Client, args: argparse.Namespace) -> int:
     payloads = _messages_from(args)
-    producer = await client.create_producer(args.stream)
+    producer = await client.create_producer(args.stream, compression_type=args.compression)
     try:
         properties = dict(args.property) or None
         futures = [

@@ -31,7 +31,12 @@ from pyspark.sql.types import (
 from streamlib.protocol.actions import EntryData
 from streamlib.spark.plan import Segment
 from streamlib.stream import envelope_pb2 as envelope
-from streamlib.stream.batch import KeyAndProperties, decode_batch
+from streamlib.stream.batch import (
+    COMPRESSED_FORMAT,
+    KeyAndProperties,
+    decode_batch,
+    uncompressed,
+)
 
 SCHEMA = StructType(
     [
@@ -92,6 +97,8 @@ def entry_columns(
         batch: envelope.Batch | None = envelope.Batch.FromString(payload)
     except DecodeError:
         batch = None  # decode_batch below says so
+    if batch is not None and batch.format_version == COMPRESSED_FORMAT:
+        batch = uncompressed(payload, batch, where)  # (MessageDecodeError if damaged)
     if batch is not None and batch.format_version == 2 and not batch.messages:
         sizes = np.array(batch.payload_sizes, dtype=np.int64)
         count = len(sizes)

@@ -11,20 +11,33 @@ keep up with more than five times the publish rate in one Python process. Format
 Upgrading: readers from before format 2 ignore the format field and see a format 2 entry
 as a batch of no messages. Upgrade readers (consumers, readers, Spark jobs) first, or
 have producers write format 1 meanwhile (`create_producer(..., batch_format=1)`).
+
+Format 3 is a format 2 batch compressed (a producer's ``compression_type``: lz4, zlib
+or zstd), chosen per entry: a batch that does not shrink is written as format 2. Readers
+that know only formats 1 and 2 refuse a format 3 entry with MessageDecodeError ("newer
+than this client reads"), so upgrade readers before turning compression on.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+import lz4.block
+import zstandard
 from google.protobuf.message import DecodeError
 
-from streamlib.protocol.errors import StreamlibError
+from streamlib.protocol.errors import BadRequestError, StreamlibError
 from streamlib.stream import envelope_pb2 as envelope
 
 FORMAT = 2
+COMPRESSED_FORMAT = 3
+# The most a compressed entry may claim to hold: what a reader allocates for one entry,
+# whatever a hostile or damaged entry says (entries themselves are at most 5 MiB).
+MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
 
 # An upper bound of what a message adds to an entry besides its payload and metadata, in
 # either format: its size (or its Message's tag, length and payload tag) and its publish
@@ -133,11 +146,109 @@ class BatchBuilder:
         return batch.SerializeToString()
 
 
+class Compression(enum.IntEnum):
+    """Pulsar's CompressionType numbering (SNAPPY, 4, is not offered)."""
+
+    NONE = 0
+    LZ4 = 1
+    ZLIB = 2
+    ZSTD = 3
+
+
+def parse_compression(value: object) -> Compression:
+    """A Compression from ours, a name ("zstd", "LZ4", "none") or anything with such a
+    ``name`` (pulsar-client's CompressionType)."""
+    if isinstance(value, Compression):
+        return value
+    text = value if isinstance(value, str) else getattr(value, "name", None)
+    if isinstance(text, str) and text.upper() in Compression.__members__:
+        return Compression[text.upper()]
+    raise BadRequestError(f"compression_type is one of none, lz4, zlib, zstd; got {value!r}")
+
+
+def compress(encoded: bytes, codec: Compression) -> bytes:
+    """The entry for a format 2 batch: compressed as format 3 when that is smaller."""
+    if codec is Compression.NONE:
+        return encoded
+    if codec is Compression.LZ4:
+        packed = lz4.block.compress(encoded, store_size=False)
+    elif codec is Compression.ZLIB:
+        packed = zlib.compress(encoded, 6)
+    else:
+        packed = zstandard.ZstdCompressor(level=3).compress(encoded)
+    entry = envelope.Batch(
+        format_version=COMPRESSED_FORMAT,
+        compression=codec,
+        uncompressed_size=len(encoded),
+        compressed=packed,
+    ).SerializeToString()
+    return entry if len(entry) < len(encoded) else encoded
+
+
+def _decompress(batch: envelope.Batch, where: str) -> bytes:
+    """The format 2 batch inside a format 3 one; MessageDecodeError for anything that is
+    not exactly the size it claims, or claims too much."""
+    size = batch.uncompressed_size
+    if size > MAX_UNCOMPRESSED_BYTES:
+        raise MessageDecodeError(
+            f"{where}: claims {size} bytes uncompressed, over the "
+            f"{MAX_UNCOMPRESSED_BYTES}-byte limit"
+        )
+    data = batch.compressed
+    try:
+        if batch.compression == Compression.LZ4:
+            out = lz4.block.decompress(data, uncompressed_size=size)
+        elif batch.compression == Compression.ZLIB:
+            inflate = zlib.decompressobj()
+            out = inflate.decompress(data, size)
+            if not inflate.eof or inflate.unconsumed_tail:
+                raise MessageDecodeError(f"{where}: zlib data longer than its stated size")
+        elif batch.compression == Compression.ZSTD:
+            # Read at most one byte past the stated size, whatever the frame claims.
+            chunks: list[bytes] = []
+            want = size + 1
+            with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+                while want > 0 and (chunk := reader.read(want)):
+                    chunks.append(chunk)
+                    want -= len(chunk)
+            out = b"".join(chunks)
+        else:
+            raise MessageDecodeError(
+                f"{where}: compression {batch.compression} is unknown to this client"
+            )
+    except MessageDecodeError:
+        raise
+    except Exception as error:  # each codec's own error for damaged data
+        raise MessageDecodeError(f"{where}: its compressed batch does not decompress") from error
+    if len(out) != size:
+        raise MessageDecodeError(
+            f"{where}: decompressed to {len(out)} bytes, not the {size} it states"
+        )
+    return out
+
+
+def uncompressed(payload: bytes, batch: envelope.Batch, where: str) -> envelope.Batch:
+    """The batch to read: a format 3 one decompressed (it must hold format 2), else the
+    batch itself."""
+    if batch.format_version != COMPRESSED_FORMAT:
+        return batch
+    inner = _decompress(batch, where)
+    try:
+        found = envelope.Batch.FromString(inner)
+    except DecodeError as error:
+        raise MessageDecodeError(f"{where}: its compressed batch is not a batch") from error
+    if found.format_version != FORMAT:
+        raise MessageDecodeError(
+            f"{where}: a compressed batch must hold format {FORMAT}, not {found.format_version}"
+        )
+    return found
+
+
 def decode_batch(payload: bytes, where: str) -> DecodedBatch:
     """The messages of one entry, by column; MessageDecodeError naming `where` (the
     entry) if it is not a message batch."""
     try:
-        batch = envelope.Batch.FromString(payload)
+        batch = uncompressed(payload, envelope.Batch.FromString(payload), where)
     except DecodeError as error:
         raise MessageDecodeError(f"{where} is not a message batch") from error
     version = batch.format_version
@@ -188,5 +299,6 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
             messages,
         )
     raise MessageDecodeError(
-        f"{where}: batch format {version} is newer than this client reads (up to {FORMAT})"
+        f"{where}: batch format {version} is newer than this client reads "
+        f"(up to {COMPRESSED_FORMAT})"
     )

@@ -21,8 +21,11 @@ from streamlib.stream.batch import (
     BATCH_OVERHEAD,
     FORMAT,
     BatchBuilder,
+    Compression,
+    compress,
     message_size,
     metadata_of,
+    parse_compression,
 )
 from streamlib.stream.positions import MessageId
 from streamlib.stream.writer import StreamWriter, now_ms
@@ -54,8 +57,14 @@ def _millis(value: int | float | dt.datetime | None) -> int:
 
 
 def _check(
-    max_messages: int, max_bytes: int, delay_ms: float, max_pending: int, batch_format: int
-) -> None:
+    max_messages: int,
+    max_bytes: int,
+    delay_ms: float,
+    max_pending: int,
+    batch_format: int,
+    compression_type: object = Compression.NONE,
+) -> Compression:
+    """The options' checks; the compression they ask for."""
     if max_messages < 1 or max_bytes < 1 or max_pending < 1:
         raise BadRequestError("batching limits and max_pending_messages must be >= 1")
     if delay_ms < 0:
@@ -63,6 +72,13 @@ def _check(
     if batch_format not in (1, FORMAT):
         # 1 writes the entry format older readers know (see streamlib.stream.batch).
         raise BadRequestError(f"batch_format is 1 or {FORMAT}, got {batch_format!r}")
+    compression = parse_compression(compression_type)
+    if compression is not Compression.NONE and batch_format == 1:
+        raise BadRequestError(
+            "compression needs batch_format 2 (readers that know only format 1 cannot read "
+            "compressed entries either)"
+        )
+    return compression
 
 
 class Producer:
@@ -76,13 +92,15 @@ class Producer:
         max_pending_messages: int = 20_000,
         block_if_queue_full: bool = True,
         batch_format: int = FORMAT,
+        compression_type: Compression | str = Compression.NONE,
     ) -> None:
-        _check(
+        self._compression = _check(
             batching_max_messages,
             batching_max_bytes,
             batching_max_publish_delay_ms,
             max_pending_messages,
             batch_format,
+            compression_type,
         )
         self._format = batch_format
         self._writer = writer
@@ -122,6 +140,7 @@ class Producer:
             given["batching_max_publish_delay_ms"],
             given["max_pending_messages"],
             given["batch_format"],
+            given["compression_type"],
         )
 
     async def send_async(
@@ -225,7 +244,8 @@ class Producer:
             return
         self._in_flight += 1
         try:
-            entry = self._writer.append_nowait(batch.messages.encode(self._format))
+            encoded = batch.messages.encode(self._format)
+            entry = self._writer.append_nowait(compress(encoded, self._compression))
         except Exception as error:  # every send of the batch gets this outcome
             self._settle(batch, error=error)
             return

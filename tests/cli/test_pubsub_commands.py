@@ -46,7 +46,8 @@ def test_produce_from_a_file_and_binary_payloads_show_as_base64(uri: str, tmp_pa
     produced = run_cli("produce", "lines", "--file", str(lines), "--json", metadata=uri)
     assert produced.code == 0, produced
     assert len([json.loads(line)["id"] for line in produced.lines]) == 3  # the empty line skipped
-    from_stdin = run_cli("produce", "lines", "--file", "-", stdin=b"gamma\n", metadata=uri)
+    from_stdin = run_cli("produce", "lines", "--file", "-", "-z", "zstd", stdin=b"gamma\n",
+                         metadata=uri)  # fmt: skip
     assert from_stdin.code == 0 and len(from_stdin.lines) == 1
 
     read = run_cli("read", "lines", metadata=uri)

@@ -113,11 +113,11 @@ def _entries(ranges: list[LedgerRange]) -> list[tuple[int, int]]:
     return [(r.ledger_id, e) for r in ranges for e in range(r.first_entry, r.last_entry + 1)]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize(("version", "compression"), [(1, "none"), (2, "none"), (2, "zstd")])
 def test_spark_reads_keys_properties_and_event_times_set_on_some_messages(
-    spark: SparkSession, uri: str, version: int
+    spark: SparkSession, uri: str, version: int, compression: str
 ) -> None:
-    stream = f"mixed-{version}"
+    stream = f"mixed-{version}-{compression}"
     create_stream(uri, stream, max_entries=3)
     sent = [(data + str(r).encode(), k, p, e) for r in range(6) for data, k, p, e in MIXED]
     ids = publish_each(  # 30 messages, entries of at most 4, ledgers of 3 entries
@@ -126,6 +126,7 @@ def test_spark_reads_keys_properties_and_event_times_set_on_some_messages(
         [(v, {"key": k, "properties": p, "event_time": e or None}) for v, k, p, e in sent],
         batching_max_messages=4,
         batch_format=version,
+        compression_type=compression,  # (format 3 entries, where smaller: the 300-byte one)
     )
     df = (
         spark.read.format("streamlib")
