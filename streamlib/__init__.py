@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time the names load lazily (below)
     from streamlib.client import Client as Client
+    from streamlib.stream.batch import Compression as CompressionType
+    from streamlib.stream.consumer import DeadLetterPolicy as DeadLetterPolicy
     from streamlib.stream.positions import EARLIEST as EARLIEST
     from streamlib.stream.positions import LATEST as LATEST
     from streamlib.stream.positions import MessageId as MessageId
@@ -24,7 +26,16 @@ if TYPE_CHECKING:  # what type checkers see; at run time the names load lazily (
 
 __version__ = "0.1.0"
 
-__all__ = ["EARLIEST", "LATEST", "Client", "ConsumerType", "MessageId", "connect"]
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "Client",
+    "CompressionType",
+    "ConsumerType",
+    "DeadLetterPolicy",
+    "MessageId",
+    "connect",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -38,6 +49,14 @@ def __getattr__(name: str) -> Any:
         from streamlib.sync import connect
 
         return connect
+    if name == "CompressionType":
+        from streamlib.stream.batch import Compression
+
+        return Compression
+    if name == "DeadLetterPolicy":
+        from streamlib.stream.consumer import DeadLetterPolicy
+
+        return DeadLetterPolicy
     if name == "ConsumerType":
         from streamlib.stream.subscription import ConsumerType
 

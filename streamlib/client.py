@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import metadata
@@ -25,10 +26,15 @@ from streamlib.protocol.errors import BadRequestError
 from streamlib.security import client_config
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.admin import StreamManager
-from streamlib.stream.consumer import Consumer, ranges_from_state, ranges_to_state
+from streamlib.stream.consumer import (
+    Consumer,
+    DeadLetterPolicy,
+    ranges_from_state,
+    ranges_to_state,
+)
 from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
-from streamlib.stream.reader import Reader, StreamScanner
+from streamlib.stream.reader import Message, Reader, StreamScanner
 from streamlib.stream.subscription import (
     ConsumerType,
     SubscriptionGate,
@@ -126,6 +132,8 @@ class Client:
         cursor_persist_interval_ms: int = 100,
         consumer_type: ConsumerType | str = ConsumerType.Exclusive,
         consumer_name: str | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        message_listener: Callable[[Consumer, Message], object] | None = None,
     ) -> Consumer:
         """A durable subscription. A new one starts at the `initial_position`
         ("latest" or "earliest"); an existing one resumes from its cursor.
@@ -135,7 +143,12 @@ class Client:
         "failover" (the first receives, the others wait in line and take over from the
         durable cursor when it closes or its metadata session ends); "shared" and
         "key_shared" need the stream service (UnsupportedConsumerTypeError). See
-        streamlib/stream/subscription.py."""
+        streamlib/stream/subscription.py.
+
+        dead_letter_policy: DeadLetterPolicy(max_redeliver_count, dead_letter_topic=None)
+        sends a message delivered again too often to a dead-letter stream instead.
+        message_listener(consumer, message) is called for each message on the loop (a
+        coroutine function is awaited) instead of calling receive()."""
         if initial_position not in ("latest", "earliest"):
             raise BadRequestError(
                 f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
@@ -171,22 +184,35 @@ class Client:
                 negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                 cursor_persist_interval_ms=cursor_persist_interval_ms,
                 gate=gate,
+                dead_letter_policy=dead_letter_policy,
+                producer_factory=self.create_producer,
             )
         except BaseException:
             await asyncio.shield(gate.leave())
             raise
         self._open.append(consumer)
+        if message_listener is not None:
+            consumer.listen(message_listener)
         return consumer
 
     async def create_reader(
-        self, stream: str, start: MessageId | str = EARLIEST, *, receiver_queue_size: int = 1000
+        self,
+        stream: str,
+        start: MessageId | str = EARLIEST,
+        *,
+        receiver_queue_size: int = 1000,
+        start_message_id_inclusive: bool = False,
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
-        begins with the message after it)."""
-        position = parse_start(start)  # bad input first, before any lookup
+        begins with the message after it, or with it when start_message_id_inclusive --
+        LATEST inclusive reads the last message first -- as Pulsar's readers)."""
+        parse_start(start)  # bad input first, before any lookup
         await self.streams.read(stream)
-        scanner = StreamScanner(self.ledgers, self.streams.registry, stream, position)
-        reader = Reader(scanner, queue_size=receiver_queue_size)
+        scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
+        scanner.start_after = await scanner.start_position(start, start_message_id_inclusive)
+        reader = Reader(
+            scanner, queue_size=receiver_queue_size, inclusive=start_message_id_inclusive
+        )
         self._open.append(reader)
         return reader
 

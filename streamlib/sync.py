@@ -36,6 +36,7 @@ from streamlib.stream import consumer as aconsumer
 from streamlib.stream import producer as aproducer
 from streamlib.stream import reader as areader
 from streamlib.stream.batch import Compression
+from streamlib.stream.consumer import DeadLetterPolicy
 from streamlib.stream.positions import EARLIEST, MessageId
 from streamlib.stream.reader import Message
 from streamlib.stream.subscription import ConsumerType
@@ -116,11 +117,7 @@ class Producer:
         self._block = target.block_if_queue_full
         # Messages handed over by send_async and not yet queued on the loop.
         self._outbox: collections.deque[
-            tuple[
-                tuple[bytes, int, Any],
-                concurrent.futures.Future[MessageId],
-                SendCallback | None,
-            ]
+            tuple[aproducer.Checked, concurrent.futures.Future[MessageId], SendCallback | None]
         ] = collections.deque()
         self._outbox_lock = threading.Lock()
         self._drain_scheduled = False
@@ -131,9 +128,22 @@ class Producer:
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int | float | dt.datetime | None = None,
+        deliver_after: int | float | dt.timedelta | None = None,
+        deliver_at: int | float | dt.datetime | None = None,
     ) -> MessageId:
-        """Send one message and wait until it is durable; its MessageId."""
-        return wait(self.send_async(data, key=key, properties=properties, event_time=event_time))
+        """Send one message and wait until it is durable; its MessageId. deliver_after
+        (ms or a timedelta) / deliver_at (epoch ms or a datetime): consumers hold it
+        until then."""
+        return wait(
+            self.send_async(
+                data,
+                key=key,
+                properties=properties,
+                event_time=event_time,
+                deliver_after=deliver_after,
+                deliver_at=deliver_at,
+            )
+        )
 
     def send_async(
         self,
@@ -142,6 +152,8 @@ class Producer:
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int | float | dt.datetime | None = None,
+        deliver_after: int | float | dt.timedelta | None = None,
+        deliver_at: int | float | dt.datetime | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message without waiting for it to be durable. The returned future
         resolves to its MessageId once it is (no flush() needed); callback, if given,
@@ -149,7 +161,9 @@ class Producer:
         client's loop thread, so it must not block. Bad input raises here, at once.
         Blocks while max_pending_messages are pending (ProducerQueueIsFullError instead
         when block_if_queue_full is off)."""
-        checked = aproducer.Producer._checked(data, key, properties, event_time)
+        checked = aproducer.Producer._checked(
+            data, key, properties, event_time, deliver_after, deliver_at
+        )
         self._take_room()
         outcome: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
         with self._outbox_lock:
@@ -260,6 +274,7 @@ class Consumer:
         self._runner = runner
         self.stream: str = target.stream
         self.subscription: str = target.subscription
+        self._listener: threading.Thread | None = None
 
     @property
     def consumer_type(self) -> str:
@@ -274,6 +289,36 @@ class Consumer:
         """The next message (redeliveries first); streamlib.errors.TimeoutError (a
         builtin TimeoutError too) when none comes within timeout seconds."""
         return self._runner.run(self._target.receive(timeout))
+
+    def batch_receive(self, max_num_messages: int = 100, timeout_ms: int = 100) -> list[Message]:
+        """Up to max_num_messages, waiting at most timeout_ms for them (fewer, or none,
+        when the time is up)."""
+        return self._runner.run(self._target.batch_receive(max_num_messages, timeout_ms))
+
+    def _listen(self, listener: Callable[[Consumer, Message], object]) -> None:
+        """Call listener(self, message) for each message in a thread of its own (so it
+        may block), until this consumer is closed; an exception it raises is logged and
+        the message delivered again."""
+
+        def run() -> None:
+            while True:
+                try:
+                    message = self.receive()
+                except ClientClosedError:
+                    return
+                try:
+                    listener(self, message)
+                except Exception:
+                    log.exception("message listener of %r failed", self.subscription)
+                    try:
+                        self.negative_acknowledge(message)
+                    except ClientClosedError:
+                        return
+
+        self._listener = threading.Thread(
+            target=run, name=f"streamlib-listener-{self.subscription}", daemon=True
+        )
+        self._listener.start()
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (as received, or its id)."""
@@ -305,9 +350,13 @@ class Consumer:
         self._runner.run(self._target.unsubscribe())
 
     def close(self) -> None:
-        """Persist the cursor and leave the subscription (to the next failover standby)."""
+        """Persist the cursor and leave the subscription (to the next failover standby);
+        a message listener's thread ends (after the message it is handling)."""
         if not self._runner.closed:
             self._runner.run(self._target.close())
+        listener = self._listener
+        if listener is not None and listener is not threading.current_thread():
+            listener.join(timeout=30)
 
     def __iter__(self) -> Iterator[Message]:
         while True:
@@ -340,8 +389,10 @@ class Reader:
         """Whether a message after the last one read is confirmed now."""
         return self._runner.run(self._target.has_message_available())
 
-    def seek(self, position: MessageId | str) -> None:
-        """Read from just after position next (EARLIEST / LATEST allowed)."""
+    def seek(self, position: MessageId | str | int) -> None:
+        """Read from `position` next as from the reader's start: after that message, or
+        with it for a start_message_id_inclusive reader (EARLIEST / LATEST allowed); an
+        int is epoch milliseconds (the first message published then or later)."""
         self._runner.run(self._target.seek(position))
 
     def close(self) -> None:
@@ -414,13 +465,16 @@ class Client:
         *,
         consumer_type: ConsumerType | str = ConsumerType.Exclusive,
         consumer_name: str | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        message_listener: Callable[[Consumer, Message], object] | None = None,
         receiver_queue_size: int = 1000,
         ack_timeout_ms: int = 0,
         negative_ack_redelivery_delay_ms: int = 1000,
         cursor_persist_interval_ms: int = 100,
     ) -> Consumer:
         """A consumer of a durable subscription; see streamlib.Client.subscribe (the
-        asyncio one) for the consumer types."""
+        asyncio one) for the consumer types and the dead-letter policy.
+        message_listener(consumer, message) runs in a thread of the consumer's own."""
         target = self._runner.run(
             self._target.subscribe(
                 stream,
@@ -428,21 +482,35 @@ class Client:
                 initial_position,
                 consumer_type=consumer_type,
                 consumer_name=consumer_name,
+                dead_letter_policy=dead_letter_policy,
                 receiver_queue_size=receiver_queue_size,
                 ack_timeout_ms=ack_timeout_ms,
                 negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                 cursor_persist_interval_ms=cursor_persist_interval_ms,
             )
         )
-        return Consumer(target, self._runner)
+        consumer = Consumer(target, self._runner)
+        if message_listener is not None:
+            consumer._listen(message_listener)
+        return consumer
 
     def create_reader(
-        self, stream: str, start: MessageId | str = EARLIEST, *, receiver_queue_size: int = 1000
+        self,
+        stream: str,
+        start: MessageId | str = EARLIEST,
+        *,
+        receiver_queue_size: int = 1000,
+        start_message_id_inclusive: bool = False,
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
         begins with the message after it)."""
         target = self._runner.run(
-            self._target.create_reader(stream, start, receiver_queue_size=receiver_queue_size)
+            self._target.create_reader(
+                stream,
+                start,
+                receiver_queue_size=receiver_queue_size,
+                start_message_id_inclusive=start_message_id_inclusive,
+            )
         )
         return Reader(target, self._runner)
 

@@ -45,6 +45,9 @@ MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
 MESSAGE_OVERHEAD = 40
 # ... and of what a batch adds: the tags and lengths of its columns.
 BATCH_OVERHEAD = 64
+# ... and a delivery time, when a message has one (a varint of at most 10 bytes, and the
+# column's tag and length share).
+DELIVER_AT_OVERHEAD = 12
 
 
 class MessageDecodeError(StreamlibError):
@@ -68,6 +71,7 @@ class DecodedBatch(NamedTuple):
     publish_times: Sequence[int]
     event_times: Sequence[int] | None  # None: no message has one
     metadata: Sequence[KeyAndProperties] | None  # None: no message has a key or properties
+    deliver_at: Sequence[int] | None = None  # None: no message is delayed
 
 
 def metadata_of(key: str | None, properties: Mapping[str, str] | None) -> envelope.Metadata | None:
@@ -87,7 +91,16 @@ def message_size(data: bytes, metadata: envelope.Metadata | None) -> int:
 class BatchBuilder:
     """A batch being filled (columns of plain Python values until it is encoded)."""
 
-    __slots__ = ("event_times", "has_event_times", "metadata", "payloads", "publish_times", "size")
+    __slots__ = (
+        "deliver_at",
+        "event_times",
+        "has_deliver_at",
+        "has_event_times",
+        "metadata",
+        "payloads",
+        "publish_times",
+        "size",
+    )
 
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
@@ -95,6 +108,8 @@ class BatchBuilder:
         self.event_times: list[int] = []
         self.metadata: list[envelope.Metadata | None] = []
         self.has_event_times = False
+        self.deliver_at: list[int] = []
+        self.has_deliver_at = False
         self.size = BATCH_OVERHEAD  # at least the encoded size
 
     def __len__(self) -> int:
@@ -106,14 +121,18 @@ class BatchBuilder:
         publish_time_ms: int,
         event_time_ms: int = 0,
         metadata: envelope.Metadata | None = None,
+        deliver_at_ms: int = 0,
     ) -> None:
         self.payloads.append(data)
         self.publish_times.append(publish_time_ms)
         self.event_times.append(event_time_ms)
         if event_time_ms:
             self.has_event_times = True
+        self.deliver_at.append(deliver_at_ms)
+        if deliver_at_ms:
+            self.has_deliver_at = True
         self.metadata.append(metadata)
-        self.size += message_size(data, metadata)
+        self.size += message_size(data, metadata) + (DELIVER_AT_OVERHEAD if deliver_at_ms else 0)
 
     def encode(self, version: int = FORMAT) -> bytes:
         if version == 1:
@@ -126,6 +145,8 @@ class BatchBuilder:
         )
         if self.has_event_times:
             batch.event_time_ms.extend(self.event_times)
+        if self.has_deliver_at:
+            batch.deliver_at_ms.extend(self.deliver_at)
         if any(m is not None for m in self.metadata):
             empty = envelope.Metadata()
             batch.metadata.extend(empty if m is None else m for m in self.metadata)
@@ -133,6 +154,8 @@ class BatchBuilder:
 
     def _encode_format_1(self) -> bytes:
         """One protobuf Message per message (what readers before format 2 know)."""
+        if self.has_deliver_at:
+            raise BadRequestError("delayed delivery needs batch_format 2")
         batch = envelope.Batch(format_version=1)
         for payload, publish, event, metadata in zip(
             self.payloads, self.publish_times, self.event_times, self.metadata, strict=True
@@ -270,17 +293,23 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
         publish = batch.publish_time_ms[:]
         events = batch.event_time_ms[:] if batch.event_time_ms else None
         metadata = batch.metadata if batch.metadata else None
+        deliver_at = batch.deliver_at_ms[:] if batch.deliver_at_ms else None
         if (
             ends[-1] != len(blob)
             or len(publish) != count
             or (events is not None and len(events) != count)
             or (metadata is not None and len(metadata) != count)
+            or (deliver_at is not None and len(deliver_at) != count)
             or batch.messages
         ):
             raise MessageDecodeError(f"{where}: the columns of its batch disagree")
         starts = [0, *ends[:-1]]
         return DecodedBatch(
-            [blob[s:e] for s, e in zip(starts, ends, strict=True)], publish, events, metadata
+            [blob[s:e] for s, e in zip(starts, ends, strict=True)],
+            publish,
+            events,
+            metadata,
+            deliver_at,
         )
     if version in (0, 1):
         messages = batch.messages

@@ -13,21 +13,33 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import dataclasses
+import heapq
+import inspect
+import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from metadata.errors import BadVersionError
 from metadata.schemas import CursorState, Position, PositionRange
 from metadata.services.streams import StreamRegistry
-from streamlib.protocol.errors import BadRequestError, ClientClosedError, TimeoutError
+from streamlib.protocol.errors import (
+    BadRequestError,
+    ClientClosedError,
+    StreamlibError,
+    TimeoutError,
+)
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
+from streamlib.stream.positions import LATEST, MessageId, position_before
+from streamlib.stream.producer import Producer
 from streamlib.stream.reader import (
     EntryQueue,
     Message,
     StreamScanner,
 )
 from streamlib.stream.subscription import SubscriptionGate
+from streamlib.stream.writer import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +73,34 @@ def ranges_from_state(state: CursorState) -> AckRanges:
     )
 
 
+# The most delayed messages a consumer holds before it stops reading ahead (until the
+# first of them is due): what deliver_at / deliver_after can make it keep in memory.
+MAX_HELD_MESSAGES = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetterPolicy:
+    """Pulsar's dead-letter policy: a message delivered again more than
+    max_redeliver_count times goes to the dead-letter stream (default
+    "STREAM-SUBSCRIPTION-DLQ") instead, with its key, properties and event time plus
+    REAL_TOPIC and ORIGIN_MESSAGE_ID properties, and is acknowledged here."""
+
+    max_redeliver_count: int
+    dead_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_redeliver_count, int) or self.max_redeliver_count < 0:
+            raise BadRequestError(
+                f"max_redeliver_count must be an int >= 0, got {self.max_redeliver_count!r}"
+            )
+
+
+ProducerFactory = Callable[[str], Awaitable[Producer]]
+
+
 class Consumer:
+    """A durable subscription's consumer (made by Client.subscribe)."""
+
     def __init__(
         self,
         scanner: StreamScanner,
@@ -75,9 +114,13 @@ class Consumer:
         negative_ack_redelivery_delay_ms: int = 1000,
         cursor_persist_interval_ms: int = 100,
         gate: SubscriptionGate | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        producer_factory: ProducerFactory | None = None,
     ) -> None:
         if receiver_queue_size < 1:
             raise BadRequestError("receiver_queue_size must be >= 1")
+        if dead_letter_policy is not None and producer_factory is None:
+            raise BadRequestError("a dead-letter policy needs a producer factory")
         self._scanner = scanner
         self._registry = registry
         self.stream = scanner.name
@@ -107,6 +150,21 @@ class Consumer:
         self._reload_cursor = False
         if gate is not None:
             gate.on_change = self._on_active_change
+        # Delayed messages not due yet: a heap of (deliver at ms, order, message).
+        self._held: list[tuple[int, int, Message]] = []
+        self._held_order = itertools.count()
+        self._held_timer: asyncio.TimerHandle | None = None
+        self._dead_letter = dead_letter_policy
+        self._producer_factory = producer_factory
+        self._dead_letter_producer: Producer | None = None
+        self._listener_task: asyncio.Task[None] | None = None
+        self.dead_lettered = 0  # messages sent to the dead-letter stream (observability)
+
+    @property
+    def dead_letter_stream(self) -> str | None:
+        if self._dead_letter is None:
+            return None
+        return self._dead_letter.dead_letter_topic or f"{self.stream}-{self.subscription}-DLQ"
 
     @property
     def consumer_type(self) -> str:
@@ -127,9 +185,7 @@ class Consumer:
         if self._fill_task is not None:
             self._fill_task.cancel()
             self._fill_task = None
-        self._queue = EntryQueue(self._queue_size, self._wake)
-        self._redeliver = collections.deque()
-        self._unacked.clear()
+        self._forget_read()
         self._wake.set()  # a receive() waiting now goes back to waiting for its turn
 
     async def _activate(self) -> None:
@@ -146,9 +202,17 @@ class Consumer:
                     self._fill_task.cancel()
                     await asyncio.gather(self._fill_task, return_exceptions=True)
                     self._fill_task = None
-                self._queue = EntryQueue(self._queue_size, self._wake)
-                self._redeliver = collections.deque()
-                self._unacked.clear()
+                self._forget_read()
+
+    def _forget_read(self) -> None:
+        """Drop what was read ahead, held or handed out (another turn, or a seek)."""
+        self._queue = EntryQueue(self._queue_size, self._wake)
+        self._redeliver = collections.deque()
+        self._unacked.clear()
+        self._held = []
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
 
     # -- receiving ----------------------------------------------------------------------
 
@@ -162,18 +226,52 @@ class Consumer:
             self._timeout_task = asyncio.get_running_loop().create_task(self._ack_timeouts())
 
     def _take(self) -> Message | None:
-        """The next message to deliver, if one is here now: redeliveries first, then the
-        read-ahead messages not acknowledged yet (individual acks persisted before a
-        restart)."""
+        """The next message to deliver, if one is here now: redeliveries first, then
+        delayed messages now due, then the read-ahead messages not acknowledged yet
+        (individual acks persisted before a restart); a message delayed past now is held
+        (at most MAX_HELD_MESSAGES: then reading ahead waits for the first to be due)."""
         acks = self._acks
         while self._redeliver:
             again = self._redeliver.popleft()
             if not acks.is_acked(again.message_id):  # (acknowledged since it timed out?)
                 return again
-        while True:
+        held = self._held
+        now = now_ms() if held else 0
+        while held and held[0][0] <= now:
+            due = heapq.heappop(held)[2]
+            if not acks.is_acked(due.message_id):
+                return due
+        while len(held) < MAX_HELD_MESSAGES:
             message = self._queue.take_nowait()
-            if message is None or not acks.is_acked(message.message_id):
-                return message
+            if message is None:
+                break
+            if acks.is_acked(message.message_id):
+                continue
+            deliver_at = message.deliver_at_ms
+            if deliver_at and deliver_at > (now := now or now_ms()):
+                heapq.heappush(held, (deliver_at, next(self._held_order), message))
+                continue
+            return message
+        if held:
+            self._wake_when_due(held[0][0])
+        return None
+
+    def _wake_when_due(self, due_ms: int) -> None:
+        if self._held_timer is not None:
+            if self._held_timer.when() <= self._loop_time_at(due_ms):
+                return
+            self._held_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._held_timer = loop.call_at(self._loop_time_at(due_ms), self._held_due)
+
+    @staticmethod
+    def _loop_time_at(epoch_ms: int) -> float:
+        loop = asyncio.get_running_loop()
+        return loop.time() + max(0.0, (epoch_ms - now_ms()) / 1000.0)
+
+    def _held_due(self) -> None:
+        self._held_timer = None
+        self._wake.set()
 
     def _deliver_again(self, message: Message, into: collections.deque[Message]) -> None:
         into.append(message)  # (dropped if a seek replaced the deque meanwhile)
@@ -188,10 +286,14 @@ class Consumer:
         if self.is_active and not self._reload_cursor:
             self._start()
             message = self._take()
-        if message is None:
+        if message is None or self._dead_lettering(message):
             try:
                 async with asyncio.timeout(timeout):
-                    while message is None:
+                    while message is None or self._dead_lettering(message):
+                        if message is not None:
+                            await self._to_dead_letter(message)
+                        if self._closed:
+                            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
                         if self._gate is not None:
                             await self._activate()
                         self._start()  # (again, if a seek or a change of turn stopped it)
@@ -203,6 +305,82 @@ class Consumer:
                 raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
         self._unacked[message.message_id] = (message, time.monotonic())
         return message
+
+    async def batch_receive(
+        self, max_num_messages: int = 100, timeout_ms: int = 100
+    ) -> list[Message]:
+        """Up to max_num_messages, waiting at most timeout_ms for them to come (Pulsar's
+        BatchReceivePolicy); fewer, or none, when the time is up."""
+        if max_num_messages < 1 or timeout_ms < 0:
+            raise BadRequestError("batch_receive needs max_num_messages >= 1, timeout_ms >= 0")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000.0
+        received: list[Message] = []
+        while len(received) < max_num_messages:
+            try:
+                received.append(await self.receive(max(0.0, deadline - loop.time())))
+            except TimeoutError:
+                break
+        return received
+
+    # -- dead letters -------------------------------------------------------------------
+
+    def _dead_lettering(self, message: Message) -> bool:
+        policy = self._dead_letter
+        return policy is not None and message.redelivery_count > policy.max_redeliver_count
+
+    async def _to_dead_letter(self, message: Message) -> None:
+        """Publish the message to the dead-letter stream, then acknowledge it here. If the
+        publish fails, it is delivered again after the redelivery delay (and tried again
+        then): at least once, in one of the two streams."""
+        stream = self.dead_letter_stream
+        assert stream is not None and self._producer_factory is not None
+        try:
+            if self._dead_letter_producer is None:
+                self._dead_letter_producer = await self._producer_factory(stream)
+            properties = dict(message.properties)
+            properties["REAL_TOPIC"] = self.stream
+            properties["ORIGIN_MESSAGE_ID"] = str(message.message_id)
+            await self._dead_letter_producer.send(
+                message.data,
+                key=message.key,
+                properties=properties,
+                event_time=message.event_time_ms or None,
+            )
+        except StreamlibError as error:
+            log.warning("dead-lettering %s to %r failed: %s", message.message_id, stream, error)
+            asyncio.get_running_loop().call_later(
+                self._nack_delay_s, self._deliver_again, message, self._redeliver
+            )
+            return
+        self.dead_lettered += 1
+        self._acks.ack(message.previous, message.message_id)
+        self._changed()
+
+    # -- a message listener -------------------------------------------------------------
+
+    def listen(self, listener: Callable[[Consumer, Message], object]) -> None:
+        """Call listener(consumer, message) for each message, on the loop, until closed
+        (Pulsar's message_listener); a coroutine function is awaited. An exception it
+        raises is logged, and the message is delivered again (negative ack)."""
+        if self._listener_task is not None:
+            raise BadRequestError("this consumer has a message listener already")
+
+        async def run() -> None:
+            while not self._closed:
+                try:
+                    message = await self.receive()
+                except ClientClosedError:
+                    return
+                try:
+                    outcome = listener(self, message)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception:
+                    log.exception("message listener of %r failed", self.subscription)
+                    self.negative_acknowledge(message)
+
+        self._listener_task = asyncio.get_running_loop().create_task(run())
 
     # -- acknowledging ------------------------------------------------------------------
 
@@ -292,21 +470,12 @@ class Consumer:
         """Redeliver from a message id (that message first), or from the first message
         published at or after a timestamp (epoch milliseconds)."""
         if isinstance(target, int) and not isinstance(target, bool):
-            position = await self._position_before_time(target)
+            position = await self._scanner.position_before_time(target)
         elif isinstance(target, MessageId):
             position = position_before(target)
         else:
             raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, got {target!r}")
         await self._restart(position)
-
-    async def _position_before_time(self, timestamp_ms: int) -> MessageId:
-        scanner = StreamScanner(
-            self._scanner._ledgers, self._registry, self.stream, EARLIEST, tail=False
-        )
-        async for message in scanner.messages():
-            if message.publish_time_ms >= timestamp_ms:
-                return message.previous
-        return LATEST
 
     async def _restart(self, position: MessageId) -> None:
         if position == LATEST:
@@ -317,9 +486,7 @@ class Consumer:
             await asyncio.gather(filling, return_exceptions=True)
         # From here to the wake-up, no await: a receive() meanwhile sees the new state.
         self._acks.reset(position)
-        self._unacked.clear()
-        self._queue = EntryQueue(self._queue_size, self._wake)
-        self._redeliver = collections.deque()
+        self._forget_read()
         self._fill_task = None  # the next receive reads from the new position
         self._wake.set()  # ... including one waiting now
         self._dirty = True
@@ -337,6 +504,12 @@ class Consumer:
         self._closed = True
         if self._persist_timer is not None:
             self._persist_timer.cancel()
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+        if self._listener_task is not None:
+            self._listener_task.cancel()
+            await asyncio.gather(self._listener_task, return_exceptions=True)
+        self._wake.set()  # a receive() waiting now ends (ClientClosedError)
         for task in (self._fill_task, self._timeout_task, self._persisting):
             if task is not None and task is not self._persisting:
                 task.cancel()
@@ -350,6 +523,8 @@ class Consumer:
         finally:
             if self._gate is not None:  # the cursor first, then the next in line
                 await self._gate.leave()
+            if self._dead_letter_producer is not None:
+                await self._dead_letter_producer.close()
 
     def __aiter__(self) -> Consumer:
         return self

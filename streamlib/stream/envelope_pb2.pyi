@@ -43,7 +43,7 @@ class Metadata(_message.Message):
     def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "compression", "uncompressed_size", "compressed")
+    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "deliver_at_ms", "compression", "uncompressed_size", "compressed")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class Batch(_message.Message):
     PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
@@ -61,7 +62,8 @@ class Batch(_message.Message):
     publish_time_ms: _containers.RepeatedScalarFieldContainer[int]
     event_time_ms: _containers.RepeatedScalarFieldContainer[int]
     metadata: _containers.RepeatedCompositeFieldContainer[Metadata]
+    deliver_at_ms: _containers.RepeatedScalarFieldContainer[int]
     compression: int
     uncompressed_size: int
     compressed: bytes
-    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ...) -> None: ...

@@ -44,16 +44,35 @@ class _Batch:
     futures: list[asyncio.Future[MessageId]]
 
 
-def _millis(value: int | float | dt.datetime | None) -> int:
-    """Epoch milliseconds of an event time (0 = none), 0 <= ms < 2**63."""
+Checked = tuple[bytes, int, "envelope.Metadata | None", int]
+
+
+def _millis(value: int | float | dt.datetime | None, name: str) -> int:
+    """Epoch milliseconds of a time (0 = none), 0 <= ms < 2**63."""
     if value is None:
         return 0
     ms = value.timestamp() * 1000 if isinstance(value, dt.datetime) else value
     if isinstance(ms, int | float) and not isinstance(ms, bool) and 0 <= ms < 2**63:
         return int(ms)
     raise BadRequestError(
-        f"event_time must be a datetime or epoch milliseconds from 1970 on, got {value!r}"
+        f"{name} must be a datetime or epoch milliseconds from 1970 on, got {value!r}"
     )
+
+
+def _deliver_ms(
+    after: int | float | dt.timedelta | None, at: int | float | dt.datetime | None
+) -> int:
+    """The delivery time asked for, in epoch ms (0: at once)."""
+    if after is not None and at is not None:
+        raise BadRequestError("give deliver_after or deliver_at, not both")
+    if after is None:
+        return _millis(at, "deliver_at")
+    ms = after.total_seconds() * 1000 if isinstance(after, dt.timedelta) else after
+    if not isinstance(ms, int | float) or isinstance(ms, bool) or not 0 <= ms < 2**62:
+        raise BadRequestError(
+            f"deliver_after must be a timedelta or milliseconds >= 0, got {after!r}"
+        )
+    return now_ms() + int(ms) if ms else 0
 
 
 def _check(
@@ -149,14 +168,18 @@ class Producer:
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int | float | dt.datetime | None = None,
+        deliver_after: int | float | dt.timedelta | None = None,
+        deliver_at: int | float | dt.datetime | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message (waiting for room if the queue is full and blocking is on);
-        the returned future gives its MessageId once the entry holding it is durable."""
-        return await self.send_checked(self._checked(data, key, properties, event_time))
+        the returned future gives its MessageId once the entry holding it is durable.
+        deliver_after (ms or a timedelta) or deliver_at (epoch ms or a datetime): the
+        subscriptions' consumers hold the message until then (readers do not)."""
+        return await self.send_checked(
+            self._checked(data, key, properties, event_time, deliver_after, deliver_at)
+        )
 
-    async def send_checked(
-        self, checked: tuple[bytes, int, envelope.Metadata | None]
-    ) -> asyncio.Future[MessageId]:
+    async def send_checked(self, checked: Checked) -> asyncio.Future[MessageId]:
         """send_async of a message _checked() already."""
         while self._pending >= self._max_pending and not self._closed:
             if not self._block:
@@ -167,20 +190,20 @@ class Producer:
             await self._room.wait()
         return self.queue_checked(checked)
 
-    def queue_checked(
-        self, checked: tuple[bytes, int, envelope.Metadata | None]
-    ) -> asyncio.Future[MessageId]:
+    def queue_checked(self, checked: Checked) -> asyncio.Future[MessageId]:
         """Add a _checked() message to the open batch now, room or not (the blocking API
         checks in the caller's thread and bounds what is pending there)."""
         if self._closed:
             raise ClientClosedError(f"producer of {self.stream!r} is closed")
-        data, event_ms, metadata = checked
+        data, event_ms, metadata, deliver_ms = checked
+        if deliver_ms and self._format == 1:
+            raise BadRequestError("delayed delivery needs batch_format 2")
         size = message_size(data, metadata)
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         messages = self._batch.messages
-        messages.add(data, now_ms(), event_ms, metadata)
+        messages.add(data, now_ms(), event_ms, metadata, deliver_ms)
         self._batch.futures.append(future)
         self._pending += 1
         # Adaptive batching (Nagle / Kafka's linger, as the journal's group commit): with
@@ -203,9 +226,13 @@ class Producer:
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int | float | dt.datetime | None = None,
+        deliver_after: int | float | dt.timedelta | None = None,
+        deliver_at: int | float | dt.datetime | None = None,
     ) -> MessageId:
         """Send one message and wait until it is durable; its MessageId."""
-        return await (await self.send_async(data, key, properties, event_time))
+        return await (
+            await self.send_async(data, key, properties, event_time, deliver_after, deliver_at)
+        )
 
     @staticmethod
     def _checked(
@@ -213,8 +240,11 @@ class Producer:
         key: str | None,
         properties: Mapping[str, str] | None,
         event_time: int | float | dt.datetime | None,
-    ) -> tuple[bytes, int, envelope.Metadata | None]:
-        """(payload, event time in ms or 0, key and properties as stored)."""
+        deliver_after: int | float | dt.timedelta | None = None,
+        deliver_at: int | float | dt.datetime | None = None,
+    ) -> Checked:
+        """(payload, event time in ms or 0, key and properties as stored, delivery time
+        in epoch ms or 0)."""
         if not isinstance(data, bytes):
             if not isinstance(data, bytearray | memoryview):
                 raise BadRequestError(f"message data must be bytes, got {type(data).__name__}")
@@ -232,7 +262,12 @@ class Producer:
                 f"message of {size} bytes with its key and properties is over the "
                 f"{MAX_MESSAGE_BYTES}-byte limit"
             )
-        return data, _millis(event_time), metadata
+        return (
+            data,
+            _millis(event_time, "event_time"),
+            metadata,
+            _deliver_ms(deliver_after, deliver_at),
+        )
 
     def _seal(self) -> None:
         """Turn the open batch into one entry."""

@@ -39,7 +39,7 @@ from streamlib.protocol.stream_rules import (
 )
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.batch import MessageDecodeError as MessageDecodeError  # (its old home)
-from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start, position_before
 from streamlib.stream.writer import STREAM_PASSWORD
 
 
@@ -117,6 +117,12 @@ class Message:
         events = self._entry.event_times
         return 0 if events is None else events[self._index]
 
+    @property
+    def deliver_at_ms(self) -> int:
+        """When a subscription may deliver it (epoch ms); 0: at once."""
+        deliver_at = self._entry.deliver_at
+        return 0 if deliver_at is None else deliver_at[self._index]
+
     def redelivered(self) -> Message:
         """The same message, delivered once more."""
         again = new_message(self._entry, self._index)
@@ -148,6 +154,7 @@ class EntryMessages:
     these per entry, not one object per message."""
 
     __slots__ = (
+        "deliver_at",
         "entry_id",
         "event_times",
         "ledger_id",
@@ -171,7 +178,7 @@ class EntryMessages:
         self.stream = stream
         self.ledger_id = ledger_id
         self.entry_id = entry_id
-        self.payloads, self.publish_times, self.event_times, self.metadata = batch
+        self.payloads, self.publish_times, self.event_times, self.metadata, self.deliver_at = batch
         self.previous = previous  # the position before message `start`
         self.start = start
 
@@ -260,6 +267,43 @@ class StreamScanner:
         md, _ = await self._registry.read(self.name)
         end = await confirmed_stream_end(self._ledgers, [i.ledger_id for i in md.ledgers])
         return EARLIEST if end is None else MessageId(*end, LATEST.batch_index)
+
+    async def last_message(self) -> MessageId | None:
+        """The id of the last message confirmed now (None if none)."""
+        md, _ = await self._registry.read(self.name)
+        end = await confirmed_stream_end(self._ledgers, [i.ledger_id for i in md.ledgers])
+        if end is None:
+            return None
+        handle = await open_for_reading(self._ledgers, end[0])
+        if handle is None:
+            return None
+        try:
+            (payload,) = await handle.read(end[1], end[1])
+        finally:
+            await handle.close()
+        count = len(decode_batch(payload, f"ledger {end[0]} entry {end[1]}").payloads)
+        return MessageId(end[0], end[1], max(count - 1, 0))
+
+    async def start_position(self, start: MessageId | str, inclusive: bool) -> MessageId:
+        """Where a reader from `start` starts (the position it starts after): after the
+        message `start` names, or with it when inclusive (LATEST inclusive: the last
+        message confirmed now, as Pulsar's startMessageIdInclusive)."""
+        position = parse_start(start)
+        if not inclusive or position == EARLIEST:
+            return position
+        if position == LATEST:
+            last = await self.last_message()
+            return LATEST if last is None else position_before(last)
+        return position_before(position)
+
+    async def position_before_time(self, timestamp_ms: int) -> MessageId:
+        """The position after which the first message published at or after
+        timestamp_ms comes (LATEST when none has been yet). Scans from the start."""
+        scanner = StreamScanner(self._ledgers, self._registry, self.name, EARLIEST, tail=False)
+        async for message in scanner.messages():
+            if message.publish_time_ms >= timestamp_ms:
+                return message.previous
+        return LATEST
 
     async def messages(self) -> AsyncIterator[Message]:
         async for batch in self.batches():
@@ -541,8 +585,11 @@ class EntryQueue:
 class Reader:
     """A non-durable reader: reads from a position, remembers nothing."""
 
-    def __init__(self, scanner: StreamScanner, *, queue_size: int = 1000) -> None:
+    def __init__(
+        self, scanner: StreamScanner, *, queue_size: int = 1000, inclusive: bool = False
+    ) -> None:
         self._scanner = scanner
+        self._inclusive = inclusive
         self._queue_size = queue_size
         self._queue = EntryQueue(queue_size)  # whole entries, read ahead
         self._task: asyncio.Task[None] | None = None
@@ -573,10 +620,19 @@ class Reader:
             return False
         return end != EARLIEST and (end.ledger_id, end.entry_id) > (last.ledger_id, last.entry_id)
 
-    async def seek(self, position: MessageId | str) -> None:
-        """Read from just after position next (EARLIEST / LATEST allowed)."""
+    async def seek(self, position: MessageId | str | int) -> None:
+        """Read from `position` next, as the reader's start: just after that message, or
+        from it if the reader was made with start_message_id_inclusive (EARLIEST / LATEST
+        allowed); an int is epoch milliseconds: from the first message published then
+        or later. (Pulsar's rule; a Consumer's seek always includes the message.)"""
+        if isinstance(position, bool):
+            raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, not {position}")
+        if isinstance(position, int):
+            start = await self._scanner.position_before_time(position)
+        else:
+            start = await self._scanner.start_position(position, self._inclusive)
         await self._stop()
-        self._scanner.start_after = parse_start(position)
+        self._scanner.start_after = start
         self._last = self._scanner.start_after
         self._queue = EntryQueue(self._queue_size)
 

@@ -1,0 +1,173 @@
+"""Delivery as a pulsar-client user expects it, with real bookie processes: dead-letter
+policies, delayed delivery (held by consumers, never skipped by the cursor),
+batch_receive, message listeners (asyncio and blocking), negative acknowledgement by id,
+and readers that start inclusively or seek by time."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+
+import pytest
+
+import streamlib
+from streamlib.errors import BadRequestError
+from streamlib.stream.consumer import DeadLetterPolicy
+from streamlib.stream.writer import now_ms
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_a_poison_message_goes_to_the_dead_letter_stream(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("jobs")
+    await producer.send(b"poison", key="k", properties={"kind": "bad"})
+    await producer.send(b"fine")
+    consumer = await client.subscribe(
+        "jobs", "workers", "earliest",
+        negative_ack_redelivery_delay_ms=10,
+        dead_letter_policy=DeadLetterPolicy(max_redeliver_count=2),
+    )  # fmt: skip
+    deliveries = []
+    for _ in range(4):  # "fine" once, "poison" three times
+        message = await consumer.receive(timeout=30)
+        deliveries.append((message.data, message.redelivery_count))
+        if message.data == b"fine":
+            consumer.acknowledge(message)
+        else:
+            poison_id = message.message_id
+            consumer.negative_acknowledge(message.message_id)  # by id, as Pulsar allows
+    # Delivered once and redelivered twice (max_redeliver_count), then dead-lettered.
+    assert [n for data, n in deliveries if data == b"poison"] == [0, 1, 2]
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout=0.5)
+    assert consumer.dead_lettered == 1
+    dlq = await client.create_reader("jobs-workers-DLQ")
+    dead = await dlq.read_next(timeout=30)
+    assert (dead.data, dead.key) == (b"poison", "k")
+    assert dead.properties["kind"] == "bad" and dead.properties["REAL_TOPIC"] == "jobs"
+    assert dead.properties["ORIGIN_MESSAGE_ID"] == str(poison_id)
+    await consumer.close()
+    # Acknowledged here: the subscription does not see it again.
+    again = await client.subscribe("jobs", "workers")
+    with pytest.raises(TimeoutError):
+        await again.receive(timeout=0.5)
+
+
+async def test_delayed_messages_are_held_until_due_and_never_skipped(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("later")
+    soon = await producer.send(b"soon", deliver_after=dt.timedelta(milliseconds=300))
+    late = await producer.send(b"late", deliver_at=now_ms() + 1500)
+    await producer.send(b"now")
+    consumer = await client.subscribe("later", "sub", "earliest")
+    first = await consumer.receive(timeout=30)
+    assert first.data == b"now" and first.deliver_at_ms == 0  # not held back by the others
+    consumer.acknowledge(first)
+    held = await consumer.receive(timeout=30)
+    assert held.data == b"soon" and held.message_id == soon
+    assert now_ms() >= held.deliver_at_ms  # held until due
+    consumer.acknowledge(held)
+    await consumer.close()  # before "late" is due: the cursor must not pass it
+
+    again = await client.subscribe("later", "sub")
+    message = await again.receive(timeout=30)
+    assert message.data == b"late" and message.message_id == late
+    assert now_ms() >= message.deliver_at_ms
+    # Readers are not subscriptions: they see every message at once, in order.
+    reader = await client.create_reader("later")
+    assert [(await reader.read_next(timeout=30)).data for _ in range(3)] == [
+        b"soon",
+        b"late",
+        b"now",
+    ]
+    with pytest.raises(BadRequestError, match="not both"):
+        await producer.send(b"x", deliver_after=1, deliver_at=now_ms())
+    batch_1 = await client.create_producer("later-format-1", batch_format=1)
+    with pytest.raises(BadRequestError, match="batch_format 2"):
+        await batch_1.send(b"x", deliver_after=10)
+
+
+async def test_batch_receive_and_an_asyncio_message_listener(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("many", batching_max_messages=3)
+    for i in range(10):
+        await producer.send_async(b"%d" % i)
+    await producer.flush()
+    consumer = await client.subscribe("many", "batch", "earliest")
+    first = await consumer.batch_receive(max_num_messages=4, timeout_ms=5000)
+    assert [m.data for m in first] == [b"0", b"1", b"2", b"3"]
+    rest = await consumer.batch_receive(max_num_messages=100, timeout_ms=300)
+    assert [m.data for m in rest] == [b"%d" % i for i in range(4, 10)]  # the time ran out
+    assert await consumer.batch_receive(timeout_ms=0) == []
+
+    heard: list[bytes] = []
+    done = asyncio.Event()
+
+    async def listener(consumer, message):
+        heard.append(message.data)
+        consumer.acknowledge(message)
+        if len(heard) == 10:
+            done.set()
+
+    await client.subscribe("many", "listened", "earliest", message_listener=listener)
+    await asyncio.wait_for(done.wait(), 30)
+    assert heard == [b"%d" % i for i in range(10)]
+
+
+def test_a_blocking_message_listener_runs_in_its_own_thread(cluster):
+    cluster.start_bookies(3)
+    with streamlib.connect(cluster.metadata_uri) as client:
+        with client.create_producer("threads") as producer:
+            for i in range(5):
+                producer.send(b"%d" % i)
+        heard: list[tuple[bytes, str]] = []
+        done = threading.Event()
+
+        def listener(consumer, message):
+            heard.append((message.data, threading.current_thread().name))
+            consumer.acknowledge(message)  # a blocking call: fine in its thread
+            if len(heard) == 5:
+                done.set()
+
+        consumer = client.subscribe("threads", "sub", "earliest", message_listener=listener)
+        assert done.wait(30)
+        consumer.close()  # ends the listener's thread
+        assert [d for d, _ in heard] == [b"%d" % i for i in range(5)]
+        assert {t for _, t in heard} == {"streamlib-listener-sub"}
+        assert not consumer._listener.is_alive()
+
+
+async def test_readers_start_inclusively_and_seek_by_time(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("seek", batching_max_messages=2)
+    ids = []
+    for i in range(6):
+        ids.append(await producer.send(b"%d" % i))
+    # Pulsar's rule: a reader starts after its start message unless inclusive.
+    after = await client.create_reader("seek", ids[2])
+    assert (await after.read_next(timeout=30)).data == b"3"
+    inclusive = await client.create_reader("seek", ids[2], start_message_id_inclusive=True)
+    assert (await inclusive.read_next(timeout=30)).data == b"2"
+    last = await client.create_reader("seek", "latest", start_message_id_inclusive=True)
+    assert (await last.read_next(timeout=30)).data == b"5"  # the last message, first
+    await inclusive.seek(ids[4])  # a seek follows the reader's start rule
+    assert (await inclusive.read_next(timeout=30)).data == b"4"
+    await after.seek(ids[4])
+    assert (await after.read_next(timeout=30)).data == b"5"
+
+    marked = now_ms()
+    while now_ms() == marked:  # (publish times are in ms: the next one is later)
+        await asyncio.sleep(0.001)
+    await producer.send(b"after the mark")
+    await after.seek(marked + 1)  # by time: the first message published then or later
+    assert (await after.read_next(timeout=30)).data == b"after the mark"
+    # A consumer's seek includes the message (Pulsar's rule too).
+    consumer = await client.subscribe("seek", "sub", "earliest")
+    await consumer.seek(ids[1])
+    assert (await consumer.receive(timeout=30)).data == b"1"
