@@ -247,6 +247,8 @@ class Consumer:
                 break
             if acks.is_acked(message.message_id):
                 continue
+            if message._entry.deliver_at is None:  # (the usual case: no delayed message)
+                return message
             deliver_at = message.deliver_at_ms
             if deliver_at and deliver_at > (now := now or now_ms()):
                 heapq.heappush(held, (deliver_at, next(self._held_order), message))
@@ -286,7 +288,7 @@ class Consumer:
         if self.is_active and not self._reload_cursor:
             self._start()
             message = self._take()
-        if message is None or self._dead_lettering(message):
+        if message is None or (self._dead_letter is not None and self._dead_lettering(message)):
             try:
                 async with asyncio.timeout(timeout):
                     while message is None or self._dead_lettering(message):
