@@ -78,6 +78,7 @@ class Sandbox:
             for i, process in enumerate(self.processes):
                 process.start(port=self.port_base + i if self.port_base else 0)
             asyncio.run(self._wait_registered(timeout_s))
+            asyncio.run(self._stream_defaults())
         except BaseException:
             self.stop()
             raise
@@ -104,6 +105,27 @@ class Sandbox:
                         pass  # re-check: the directory may not have existed yet
             finally:
                 await watch.close()
+        finally:
+            await store.close()
+
+    async def _stream_defaults(self) -> None:
+        """With fewer than three bookies, new streams default to as many as there are
+        (E = Qw = Qa): a one-bookie sandbox takes `streamlib produce` at once. Set once,
+        when the store has no defaults yet; a production cluster keeps E3/Qw2/Qa2
+        unless an operator sets others (`streamlib admin streams defaults`)."""
+        import metadata
+        from metadata.schemas import LedgerConfig, StreamMetadata
+        from metadata.services.streams import StreamRegistry
+
+        n = len(self.processes)
+        if n >= 3:
+            return
+        store = await metadata.connect(self.metadata_uri)
+        try:
+            registry = StreamRegistry(store)
+            if await registry.read_defaults() is None:
+                config = LedgerConfig(ensemble_size=n, write_quorum=n, ack_quorum=n)
+                await registry.write_defaults(StreamMetadata(ledger_config=config))
         finally:
             await store.close()
 

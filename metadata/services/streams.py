@@ -35,6 +35,22 @@ class StreamRegistry(Service):
         """The lock a subscription's consumers contend for (streamlib/stream/subscription.py)."""
         return f"{self.stream_path(name)}/subscribers/{validate_name('subscription', subscription)}"
 
+    async def read_defaults(self) -> StreamMetadata | None:
+        """The cluster's defaults for new streams (quorums, rollover, retention), kept
+        as a StreamMetadata without name or ledgers; None when none were set."""
+        try:
+            stored = await self.store.get(self.path("stream-defaults"))
+        except NoNodeError:
+            return None
+        return decode(StreamMetadata, stored.data)
+
+    async def write_defaults(self, md: StreamMetadata) -> None:
+        path = self.path("stream-defaults")
+        try:
+            await self.store.set(path, encode(md))
+        except NoNodeError:
+            await self.store.create(path, encode(md), make_parents=True)
+
     async def create(self, md: StreamMetadata) -> int:
         path = self.stream_path(md.name)
         await self.ensure(self.path("streams"))

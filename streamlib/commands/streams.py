@@ -10,6 +10,7 @@ from streamlib.commands.common import (
     Subparsers,
     add_common,
     ms_to_text,
+    non_negative_int,
     print_fields,
     print_json,
     print_table,
@@ -29,6 +30,20 @@ def add_parsers(admin_commands: Subparsers) -> None:
     listing = actions.add_parser("list", help="every stream, with its size and subscriptions")
     add_common(listing)
     listing.set_defaults(run=run_with_client(_list))
+    create = actions.add_parser(
+        "create", help="create a stream (what is not given: the cluster's defaults)"
+    )
+    create.add_argument("stream", metavar="NAME")
+    _policy_arguments(create)
+    create.add_argument("--mode", choices=["managed", "unbounded"], default="managed")
+    add_common(create)
+    create.set_defaults(run=run_with_client(_create))
+    defaults = actions.add_parser(
+        "defaults", help="show, or with options set, the cluster's defaults for new streams"
+    )
+    _policy_arguments(defaults)
+    add_common(defaults)
+    defaults.set_defaults(run=run_with_client(_defaults))
     for name, text, body in (
         ("show", "a stream's policies, ledgers and subscriptions", _show),
         ("delete", "delete a stream, its cursors and its ledgers", _delete),
@@ -38,6 +53,94 @@ def add_parsers(admin_commands: Subparsers) -> None:
         p.add_argument("stream", metavar="NAME")
         add_common(p)
         p.set_defaults(run=run_with_client(body))
+
+
+def _policy_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, what in (
+        ("--ensemble", "bookies per ledger fragment (E)"),
+        ("--write-quorum", "copies of each entry (Qw)"),
+        ("--ack-quorum", "acknowledgements before an entry is confirmed (Qa)"),
+        ("--rollover-entries", "roll to a new ledger after N entries (0: no limit)"),
+        ("--rollover-bytes", "... after N bytes"),
+        ("--rollover-age-ms", "... after N ms"),
+        ("--retention-ms", "keep consumed ledgers N ms (0: no time limit)"),
+        ("--retention-bytes", "keep at most N bytes of consumed ledgers (0: no limit)"),
+    ):
+        parser.add_argument(flag, type=non_negative_int, metavar="N", help=what)
+
+
+def _policies(args: argparse.Namespace) -> dict[str, Any]:
+    """The create / set_defaults keyword arguments the options give (only those given)."""
+    given: dict[str, Any] = {}
+    for key, flag in (("ensemble", "ensemble"), ("write_quorum", "write_quorum"),
+                      ("ack_quorum", "ack_quorum")):  # fmt: skip
+        if getattr(args, flag) is not None:
+            given[key] = getattr(args, flag)
+    roll = {k: getattr(args, f"rollover_{a}") for k, a in
+            (("max_entries", "entries"), ("max_bytes", "bytes"), ("max_age_ms", "age_ms"))}  # fmt: skip
+    if any(v is not None for v in roll.values()):
+        given["rollover"] = {k: v or 0 for k, v in roll.items()}
+    keep = {"time_ms": args.retention_ms, "size_bytes": args.retention_bytes}
+    if any(v is not None for v in keep.values()):
+        given["retention"] = {k: v or 0 for k, v in keep.items()}
+    return given
+
+
+def _config_record(md: Any) -> dict[str, Any]:
+    config = md.ledger_config
+    return {
+        "ensemble": config.ensemble_size,
+        "write_quorum": config.write_quorum,
+        "ack_quorum": config.ack_quorum,
+        "rollover": {
+            "max_entries": md.rollover.max_entries,
+            "max_bytes": md.rollover.max_bytes,
+            "max_age_ms": md.rollover.max_age_ms,
+        },
+        "retention": {"time_ms": md.retention.time_ms, "size_bytes": md.retention.size_bytes},
+    }
+
+
+async def _create(client: Client, args: argparse.Namespace) -> int:
+    md = await client.streams.create(args.stream, mode=args.mode, **_policies(args))
+    record = {"name": md.name, "mode": args.mode, **_config_record(md)}
+    if args.json:
+        print_json(record)
+    else:
+        print(
+            f"created stream {md.name!r}: ensemble {record['ensemble']}, write quorum "
+            f"{record['write_quorum']}, ack quorum {record['ack_quorum']}"
+        )
+    return 0
+
+
+async def _defaults(client: Client, args: argparse.Namespace) -> int:
+    given = _policies(args)
+    md = await (client.streams.set_defaults(**given) if given else client.streams.defaults())
+    record = _config_record(md)
+    if args.json:
+        print_json(record)
+        return 0
+    roll, keep = record["rollover"], record["retention"]
+    print_fields(
+        [
+            (
+                "quorums",
+                f"ensemble {record['ensemble']}, write quorum {record['write_quorum']}, "
+                f"ack quorum {record['ack_quorum']}",
+            ),
+            (
+                "rollover",
+                f"entries {_limit(roll['max_entries'])}, bytes {_limit(roll['max_bytes'])}, "
+                f"age {_limit(roll['max_age_ms'], ' ms')}",
+            ),
+            (
+                "retention",
+                f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}",
+            ),
+        ]
+    )
+    return 0
 
 
 async def stream_record(client: Client, name: str) -> dict[str, Any]:

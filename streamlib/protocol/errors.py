@@ -161,6 +161,10 @@ class NoSuchStreamError(StreamlibError):
     """The stream does not exist."""
 
 
+class NoSuchSubscriptionError(StreamlibError):
+    """The stream has no subscription of that name."""
+
+
 class InvalidPositionError(BadRequestError):
     """A position (message id) that cannot be parsed or is out of range."""
 

@@ -9,7 +9,7 @@ import builtins
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
@@ -23,7 +23,12 @@ from metadata.schemas import RetentionPolicy as RetentionPb
 from metadata.schemas import RolloverPolicy as RolloverPb
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.manager import LedgerManager
-from streamlib.protocol.errors import BadRequestError, NoSuchLedgerError, NoSuchStreamError
+from streamlib.protocol.errors import (
+    BadRequestError,
+    NoSuchLedgerError,
+    NoSuchStreamError,
+    NoSuchSubscriptionError,
+)
 from streamlib.protocol.ledger_metadata import LedgerMetadata
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.stream_rules import (
@@ -56,6 +61,14 @@ def _policy(value: Any, cls: type) -> Any:
     raise BadRequestError(f"expected a {cls.__name__} or a dict, got {value!r}")
 
 
+DEFAULT_ENSEMBLE, DEFAULT_WRITE_QUORUM, DEFAULT_ACK_QUORUM = 3, 2, 2
+
+
+def _fields(stored: Any, cls: type) -> dict[str, int]:
+    """A stored policy message as the keyword arguments of its dataclass."""
+    return {f.name: getattr(stored, f.name) for f in fields(cls)}
+
+
 @dataclass(frozen=True)
 class SubscriptionStats:
     mark_delete: str
@@ -73,23 +86,79 @@ class StreamManager:
         except MetadataNoSuchStream:
             raise NoSuchStreamError(f"stream {name!r} does not exist") from None
 
+    async def defaults(self) -> StreamMetadata:
+        """What a stream created without them gets: the cluster's defaults (set with
+        set_defaults; `streamlib sandbox` sets them from its --bookies), else
+        E3/Qw2/Qa2, no rollover limits but the built-in ones, no retention limit."""
+        stored = await self.registry.read_defaults()
+        if stored is not None:
+            return stored
+        return StreamMetadata(
+            ledger_config=LedgerConfig(
+                ensemble_size=DEFAULT_ENSEMBLE,
+                write_quorum=DEFAULT_WRITE_QUORUM,
+                ack_quorum=DEFAULT_ACK_QUORUM,
+            ),
+            rollover=RolloverPb(**asdict(RolloverPolicy())),
+            retention=RetentionPb(**asdict(RetentionPolicy())),
+        )
+
+    async def set_defaults(
+        self,
+        ensemble: int | None = None,
+        write_quorum: int | None = None,
+        ack_quorum: int | None = None,
+        rollover: RolloverPolicy | Mapping[str, int] | None = None,
+        retention: RetentionPolicy | Mapping[str, int] | None = None,
+    ) -> StreamMetadata:
+        """Change the cluster's defaults for new streams (what is not given stays)."""
+        current = await self.defaults()
+        config = current.ledger_config
+        e = config.ensemble_size if ensemble is None else ensemble
+        w = config.write_quorum if write_quorum is None else write_quorum
+        a = config.ack_quorum if ack_quorum is None else ack_quorum
+        validate_quorums(e, w, a)
+        md = StreamMetadata(
+            ledger_config=LedgerConfig(ensemble_size=e, write_quorum=w, ack_quorum=a),
+            rollover=RolloverPb(**asdict(_policy(rollover, RolloverPolicy)))
+            if rollover is not None
+            else current.rollover,
+            retention=RetentionPb(**asdict(_policy(retention, RetentionPolicy)))
+            if retention is not None
+            else current.retention,
+        )
+        await self.registry.write_defaults(md)
+        return md
+
     async def create(
         self,
         name: str,
-        ensemble: int = 3,
-        write_quorum: int = 2,
-        ack_quorum: int = 2,
+        ensemble: int | None = None,
+        write_quorum: int | None = None,
+        ack_quorum: int | None = None,
         rollover: RolloverPolicy | Mapping[str, int] | None = None,
         retention: RetentionPolicy | Mapping[str, int] | None = None,
         *,
         mode: str = "managed",
         properties: Mapping[str, str] | None = None,
     ) -> StreamMetadata:
-        """Create a stream. rollover: max_entries / max_bytes / max_age_ms; retention:
+        """Create a stream. What is not given comes from the cluster's defaults
+        (defaults()). rollover: max_entries / max_bytes / max_age_ms; retention:
         time_ms / size_bytes (0 = unlimited; see stream_rules for the exact rule)."""
+        base = await self.defaults()
+        config = base.ledger_config
+        ensemble = config.ensemble_size if ensemble is None else ensemble
+        write_quorum = config.write_quorum if write_quorum is None else write_quorum
+        ack_quorum = config.ack_quorum if ack_quorum is None else ack_quorum
         validate_quorums(ensemble, write_quorum, ack_quorum)
-        roll = _policy(rollover, RolloverPolicy)
-        keep = _policy(retention, RetentionPolicy)
+        roll = _policy(
+            rollover if rollover is not None else _fields(base.rollover, RolloverPolicy),
+            RolloverPolicy,
+        )
+        keep = _policy(
+            retention if retention is not None else _fields(base.retention, RetentionPolicy),
+            RetentionPolicy,
+        )
         modes = {"managed": StreamMode.MANAGED, "unbounded": StreamMode.UNBOUNDED}
         if mode not in modes:
             raise BadRequestError(f"mode is 'managed' or 'unbounded', got {mode!r}")
@@ -148,10 +217,12 @@ class StreamManager:
         if target not in (EARLIEST, LATEST):
             target = position_before(target)
         stored = await self.registry.read_cursor(name, subscription)
+        if stored is None:  # a typo must not create a subscription that pins retention
+            raise NoSuchSubscriptionError(
+                f"stream {name!r} has no subscription {subscription!r} (subscribe to create one)"
+            )
         state = ranges_to_state(AckRanges(target))
-        await self.registry.write_cursor(
-            name, subscription, state, stored[1] if stored is not None else None
-        )
+        await self.registry.write_cursor(name, subscription, state, stored[1])
         await self.registry.cursor_moved_back(name)  # retention must now see it
 
     # -- stats --------------------------------------------------------------------------

@@ -136,6 +136,13 @@ def test_cursors_list_and_reset(uri: str) -> None:
         run_cli("admin", "cursors", "reset", "cursored", "billing", "x:y", metadata=uri),
         "InvalidPositionError",
     )
+    # A typo is an error, never a new subscription pinning the stream's retention.
+    assert_one_line_error(
+        run_cli("admin", "cursors", "reset", "cursored", "biling", "earliest", metadata=uri),
+        "NoSuchSubscriptionError", "no subscription 'biling'",
+    )  # fmt: skip
+    listed = run_cli("admin", "cursors", "list", "cursored", "--json", metadata=uri)
+    assert list(json.loads(listed.out)) == ["billing"]
 
 
 async def test_under_replicated_list(uri: str) -> None:
