@@ -100,7 +100,8 @@ class Client:
         Options: batching_max_messages, batching_max_bytes, batching_max_publish_delay_ms,
         max_pending_messages, block_if_queue_full, batch_format (1 while readers older than
         format 2 remain; see streamlib.stream.batch), compression_type ("none", "lz4",
-        "zlib", "zstd": per entry, format 3; upgrade readers first)."""
+        "zlib", "zstd": per entry, format 3; upgrade readers first), chunking_enabled
+        (messages over the 5 MiB entry limit go in pieces, format 4, up to 256 MiB)."""
         Producer.check_options(**options)
         await self.streams.ensure(stream)
         writer = StreamWriter(

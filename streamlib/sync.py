@@ -115,6 +115,7 @@ class Producer:
         # send_async never hops to the loop to learn there is room.
         self._room = threading.BoundedSemaphore(target.max_pending_messages)
         self._block = target.block_if_queue_full
+        self._chunking = target.chunking_enabled
         # Messages handed over by send_async and not yet queued on the loop.
         self._outbox: collections.deque[
             tuple[aproducer.Checked, concurrent.futures.Future[MessageId], SendCallback | None]
@@ -162,7 +163,7 @@ class Producer:
         Blocks while max_pending_messages are pending (ProducerQueueIsFullError instead
         when block_if_queue_full is off)."""
         checked = aproducer.Producer._checked(
-            data, key, properties, event_time, deliver_after, deliver_at
+            data, key, properties, event_time, deliver_after, deliver_at, self._chunking
         )
         self._take_room()
         outcome: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
@@ -438,11 +439,14 @@ class Client:
         block_if_queue_full: bool = True,
         batch_format: int = aproducer.FORMAT,
         compression_type: Compression | str = Compression.NONE,
+        chunking_enabled: bool = False,
     ) -> Producer:
         """A producer on `stream` (created with the cluster's defaults if missing). It
         takes the stream over before returning, fencing any previous producer.
         compression_type: "none" (default), "lz4", "zlib" or "zstd" (Pulsar's
-        CompressionType names too), per entry; readers must know batch format 3."""
+        CompressionType names too), per entry; readers must know batch format 3.
+        chunking_enabled: a message over the entry limit (5 MiB) goes in pieces that
+        consumers and readers put together (up to 256 MiB; readers must know format 4)."""
         target = self._runner.run(
             self._target.create_producer(
                 stream,
@@ -453,6 +457,7 @@ class Client:
                 block_if_queue_full=block_if_queue_full,
                 batch_format=batch_format,
                 compression_type=compression_type,
+                chunking_enabled=chunking_enabled,
             )
         )
         return Producer(target, self._runner)

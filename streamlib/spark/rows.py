@@ -32,8 +32,10 @@ from streamlib.protocol.actions import EntryData
 from streamlib.spark.plan import Segment
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import (
+    CHUNK_FORMAT,
     COMPRESSED_FORMAT,
     KeyAndProperties,
+    MessageDecodeError,
     decode_batch,
     uncompressed,
 )
@@ -97,6 +99,11 @@ def entry_columns(
         batch: envelope.Batch | None = envelope.Batch.FromString(payload)
     except DecodeError:
         batch = None  # decode_batch below says so
+    if batch is not None and batch.format_version == CHUNK_FORMAT:
+        raise MessageDecodeError(
+            f"{where} is a piece of a chunked message: the Spark source does not put "
+            f"chunked messages together (read them with a Reader or a Consumer)"
+        )
     if batch is not None and batch.format_version == COMPRESSED_FORMAT:
         batch = uncompressed(payload, batch, where)  # (MessageDecodeError if damaged)
     if batch is not None and batch.format_version == 2 and not batch.messages:

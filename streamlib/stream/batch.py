@@ -35,6 +35,9 @@ from streamlib.stream import envelope_pb2 as envelope
 
 FORMAT = 2
 COMPRESSED_FORMAT = 3
+CHUNK_FORMAT = 4
+# The largest message chunking carries (what a reader assembles in memory).
+MAX_CHUNKED_MESSAGE_BYTES = 256 * 1024 * 1024
 # The most a compressed entry may claim to hold: what a reader allocates for one entry,
 # whatever a hostile or damaged entry says (entries themselves are at most 5 MiB).
 MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
@@ -72,6 +75,7 @@ class DecodedBatch(NamedTuple):
     event_times: Sequence[int] | None  # None: no message has one
     metadata: Sequence[KeyAndProperties] | None  # None: no message has a key or properties
     deliver_at: Sequence[int] | None = None  # None: no message is delayed
+    chunk: envelope.Chunk | None = None  # a piece of a chunked message (format 4)
 
 
 def metadata_of(key: str | None, properties: Mapping[str, str] | None) -> envelope.Metadata | None:
@@ -150,6 +154,16 @@ class BatchBuilder:
         if any(m is not None for m in self.metadata):
             empty = envelope.Metadata()
             batch.metadata.extend(empty if m is None else m for m in self.metadata)
+        return batch.SerializeToString()
+
+    def encode_chunk(self, uuid: str, index: int, count: int, total_size: int) -> bytes:
+        """This batch -- one message's piece -- as a format 4 entry."""
+        assert len(self.payloads) == 1
+        batch = envelope.Batch.FromString(self.encode())
+        batch.format_version = CHUNK_FORMAT
+        batch.chunk.CopyFrom(
+            envelope.Chunk(uuid=uuid, index=index, count=count, total_size=total_size)
+        )
         return batch.SerializeToString()
 
     def _encode_format_1(self) -> bytes:
@@ -275,6 +289,18 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
     except DecodeError as error:
         raise MessageDecodeError(f"{where} is not a message batch") from error
     version = batch.format_version
+    if version == CHUNK_FORMAT:
+        chunk = batch.chunk
+        if (
+            len(batch.payload_sizes) != 1
+            or not batch.HasField("chunk")
+            or not 0 <= chunk.index < chunk.count
+            or chunk.total_size > MAX_CHUNKED_MESSAGE_BYTES
+        ):
+            raise MessageDecodeError(f"{where}: not a well-formed piece of a chunked message")
+        batch.format_version = FORMAT
+        decoded = decode_batch(batch.SerializeToString(), where)
+        return decoded._replace(chunk=chunk)
     if version == 2:
         sizes = batch.payload_sizes
         count = len(sizes)
@@ -328,6 +354,5 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
             messages,
         )
     raise MessageDecodeError(
-        f"{where}: batch format {version} is newer than this client reads "
-        f"(up to {COMPRESSED_FORMAT})"
+        f"{where}: batch format {version} is newer than this client reads (up to {CHUNK_FORMAT})"
     )

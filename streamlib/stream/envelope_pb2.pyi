@@ -43,7 +43,7 @@ class Metadata(_message.Message):
     def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "deliver_at_ms", "compression", "uncompressed_size", "compressed")
+    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "deliver_at_ms", "compression", "uncompressed_size", "compressed", "chunk")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Batch(_message.Message):
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
     COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     payload_sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -66,4 +67,17 @@ class Batch(_message.Message):
     compression: int
     uncompressed_size: int
     compressed: bytes
-    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ...) -> None: ...
+    chunk: Chunk
+    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("uuid", "index", "count", "total_size")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    index: int
+    count: int
+    total_size: int
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_size: _Optional[int] = ...) -> None: ...

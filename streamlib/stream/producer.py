@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import (
     BATCH_OVERHEAD,
     FORMAT,
+    MAX_CHUNKED_MESSAGE_BYTES,
     BatchBuilder,
     Compression,
     compress,
@@ -32,6 +34,9 @@ from streamlib.stream.writer import StreamWriter, now_ms
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024
 MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - BATCH_OVERHEAD  # payload, key and properties
+# A chunked message's pieces: each fits an entry with the key and properties it repeats.
+CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNKED_METADATA_BYTES = 64 * 1024
 
 
 class ProducerQueueIsFullError(StreamlibError):
@@ -112,6 +117,7 @@ class Producer:
         block_if_queue_full: bool = True,
         batch_format: int = FORMAT,
         compression_type: Compression | str = Compression.NONE,
+        chunking_enabled: bool = False,
     ) -> None:
         self._compression = _check(
             batching_max_messages,
@@ -122,6 +128,9 @@ class Producer:
             compression_type,
         )
         self._format = batch_format
+        if chunking_enabled and batch_format == 1:
+            raise BadRequestError("chunking needs batch_format 2")
+        self._chunking = bool(chunking_enabled)
         self._writer = writer
         self.stream = writer.name
         self._max_messages = batching_max_messages
@@ -144,6 +153,10 @@ class Producer:
     @property
     def block_if_queue_full(self) -> bool:
         return self._block
+
+    @property
+    def chunking_enabled(self) -> bool:
+        return self._chunking
 
     @staticmethod
     def check_options(**options: Any) -> None:
@@ -176,7 +189,9 @@ class Producer:
         deliver_after (ms or a timedelta) or deliver_at (epoch ms or a datetime): the
         subscriptions' consumers hold the message until then (readers do not)."""
         return await self.send_checked(
-            self._checked(data, key, properties, event_time, deliver_after, deliver_at)
+            self._checked(
+                data, key, properties, event_time, deliver_after, deliver_at, self._chunking
+            )
         )
 
     async def send_checked(self, checked: Checked) -> asyncio.Future[MessageId]:
@@ -199,6 +214,13 @@ class Producer:
         if deliver_ms and self._format == 1:
             raise BadRequestError("delayed delivery needs batch_format 2")
         size = message_size(data, metadata)
+        if size > MAX_MESSAGE_BYTES:
+            if not self._chunking:
+                raise TooLargeError(
+                    f"message of {size} bytes is over the {MAX_MESSAGE_BYTES}-byte entry "
+                    f"limit: create the producer with chunking_enabled=True to send it"
+                )
+            return self._send_chunked(data, event_ms, metadata, deliver_ms)
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -242,6 +264,7 @@ class Producer:
         event_time: int | float | dt.datetime | None,
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
+        chunking: bool = False,
     ) -> Checked:
         """(payload, event time in ms or 0, key and properties as stored, delivery time
         in epoch ms or 0)."""
@@ -257,10 +280,21 @@ class Producer:
             raise BadRequestError("properties map str to str")
         metadata = metadata_of(key, properties)
         size = message_size(data, metadata)
-        if size > MAX_MESSAGE_BYTES:
+        if size > MAX_MESSAGE_BYTES and not chunking:
             raise TooLargeError(
                 f"message of {size} bytes with its key and properties is over the "
-                f"{MAX_MESSAGE_BYTES}-byte limit"
+                f"{MAX_MESSAGE_BYTES}-byte entry limit: create the producer with "
+                f"chunking_enabled=True to send it in pieces"
+            )
+        if size > MAX_MESSAGE_BYTES and (
+            (metadata is not None and metadata.ByteSize() > MAX_CHUNKED_METADATA_BYTES)
+            or len(data) > MAX_CHUNKED_MESSAGE_BYTES
+        ):
+            raise TooLargeError(
+                f"message of {size} bytes with its key and properties is over the limits "
+                f"({MAX_MESSAGE_BYTES} bytes in one entry; chunked: "
+                f"{MAX_CHUNKED_MESSAGE_BYTES} bytes with at most {MAX_CHUNKED_METADATA_BYTES} "
+                f"of key and properties)"
             )
         return (
             data,
@@ -277,14 +311,43 @@ class Producer:
         batch, self._batch = self._batch, _Batch(BatchBuilder(), [])
         if not batch.messages:
             return
+        self._append(
+            batch, lambda: compress(batch.messages.encode(self._format), self._compression)
+        )
+
+    def _append(self, batch: _Batch, encode: Callable[[], bytes]) -> None:
+        """Append one entry; its batch's sends settle with it."""
         self._in_flight += 1
         try:
-            encoded = batch.messages.encode(self._format)
-            entry = self._writer.append_nowait(compress(encoded, self._compression))
+            entry = self._writer.append_nowait(encode())
         except Exception as error:  # every send of the batch gets this outcome
             self._settle(batch, error=error)
             return
         entry.add_done_callback(lambda done: self._settle(batch, done=done))
+
+    def _send_chunked(
+        self, data: bytes, event_ms: int, metadata: envelope.Metadata | None, deliver_ms: int
+    ) -> asyncio.Future[MessageId]:
+        """A message too large for one entry, as consecutive format 4 entries of at most
+        CHUNK_BYTES of it each (what gathered before goes first). Its MessageId is the
+        last piece's, once every piece is durable: a piece that fails fails the writer,
+        and with it every later append."""
+        self._seal()
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._pending += 1
+        message_uuid = uuid.uuid4().hex
+        count = -(-len(data) // CHUNK_BYTES)
+        published = now_ms()
+        for index in range(count):
+            piece = BatchBuilder()
+            piece.add(data[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES], published,
+                      event_ms, metadata, deliver_ms)  # fmt: skip
+            batch = _Batch(piece, [future] if index == count - 1 else [])
+            self._append(
+                batch,
+                lambda p=piece, i=index: p.encode_chunk(message_uuid, i, count, len(data)),  # type: ignore[misc]
+            )
+        return future
 
     def _settle(
         self,

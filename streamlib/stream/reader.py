@@ -154,6 +154,7 @@ class EntryMessages:
     these per entry, not one object per message."""
 
     __slots__ = (
+        "chunk",
         "deliver_at",
         "entry_id",
         "event_times",
@@ -178,7 +179,14 @@ class EntryMessages:
         self.stream = stream
         self.ledger_id = ledger_id
         self.entry_id = entry_id
-        self.payloads, self.publish_times, self.event_times, self.metadata, self.deliver_at = batch
+        (
+            self.payloads,
+            self.publish_times,
+            self.event_times,
+            self.metadata,
+            self.deliver_at,
+            self.chunk,
+        ) = batch
         self.previous = previous  # the position before message `start`
         self.start = start
 
@@ -531,6 +539,11 @@ class EntryQueue:
         # The entry being taken from and the index of its next message.
         self._entry: EntryMessages | None = None
         self._index = self._end = 0
+        # The pieces of a chunked message taken so far (all of one message, in order).
+        self._pieces: list[EntryMessages] = []
+        # The position before pieces dropped unfinished: the next message delivered
+        # covers them (acknowledging it acknowledges them), so no cursor waits on them.
+        self._carry: MessageId | None = None
 
     def __bool__(self) -> bool:
         """Whether a message (or the error) can be taken now."""
@@ -554,9 +567,13 @@ class EntryQueue:
         self.ready.set()
 
     def take_nowait(self) -> Message | None:
-        """The next message, if one is here now; raises the error that ended the reading."""
+        """The next message, if one is here now; raises the error that ended the reading.
+        A chunked message comes whole, once its last piece is here (its id is the last
+        piece's; acknowledging it covers every piece); pieces of one that never
+        finished (its producer died) are dropped, and the message after them covers
+        them."""
         index = self._index
-        if index >= self._end:
+        while index >= self._end:
             if not self._items:
                 return None
             item = self._items.popleft()
@@ -564,11 +581,61 @@ class EntryQueue:
             self._room.set()
             if isinstance(item, BaseException):
                 raise item
+            if item.chunk is not None or self._pieces:
+                whole = self._assemble(item)
+                if whole is None:
+                    continue
+                item = whole
+            if self._carry is not None:
+                if item.start == 0:  # (a reader starting inside an entry keeps its own)
+                    item.previous = self._carry
+                self._carry = None
             self._entry = item  # (never empty: see entry_messages)
             index = item.start
             self._end = len(item.payloads)
         self._index = index + 1
         return new_message(self._entry, index)  # type: ignore[arg-type]
+
+    def _assemble(self, item: EntryMessages) -> EntryMessages | None:
+        """Take a piece of a chunked message (or an entry after unfinished pieces): the
+        whole message once complete, the entry itself when it is no piece, else None."""
+        pieces = self._pieces
+        chunk = item.chunk
+        if pieces:
+            first = pieces[0].chunk
+            assert first is not None
+            if chunk is None or chunk.uuid != first.uuid or chunk.index != len(pieces):
+                self._drop_pieces()  # unfinished: its producer went away mid-message
+        if chunk is None:
+            return item
+        if not pieces and chunk.index != 0:
+            # A piece without its start (a reader started inside the message): dropped.
+            self._carry = self._carry or item.previous
+            return None
+        pieces.append(item)
+        if len(pieces) < chunk.count:
+            return None
+        self._pieces = []
+        first_entry = pieces[0]
+        payload = b"".join(p.payloads[0] for p in pieces)
+        if len(payload) != chunk.total_size:
+            self._carry = self._carry or first_entry.previous
+            return None  # a damaged message: dropped as unfinished ones are
+        whole = DecodedBatch(
+            [payload],
+            first_entry.publish_times,
+            first_entry.event_times,
+            first_entry.metadata,
+            first_entry.deliver_at,
+        )
+        return EntryMessages(
+            item.stream, item.ledger_id, item.entry_id, whole, first_entry.previous
+        )
+
+    def _drop_pieces(self) -> None:
+        if self._pieces:
+            self._carry = self._carry or self._pieces[0].previous
+            self._pieces = []
 
     async def take(self, timeout: float | None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""

@@ -133,7 +133,8 @@ def _columns(**overrides):
             envelope.Batch(format_version=2, messages=[envelope.Message()]).SerializeToString(),
             "columns of its batch disagree",
         ),
-        (_columns(format_version=4), "batch format 4 is newer than this client reads"),
+        (_columns(format_version=5), "batch format 5 is newer than this client reads"),
+        (_columns(format_version=4), "not a well-formed piece of a chunked message"),
     ],
 )
 def test_entries_that_are_not_batches_get_a_typed_error_naming_the_entry(payload, reason):
@@ -301,8 +302,8 @@ def test_a_client_that_knows_only_format_2_would_refuse_format_3_cleanly():
     batch = envelope.Batch.FromString(entry)
     assert batch.format_version == 3
     assert not batch.payload_sizes and not batch.payloads and not batch.messages
-    future = envelope.Batch(format_version=4).SerializeToString()
-    with pytest.raises(MessageDecodeError, match="batch format 4 is newer"):
+    future = envelope.Batch(format_version=5).SerializeToString()
+    with pytest.raises(MessageDecodeError, match="batch format 5 is newer"):
         decode_batch(future, "e")
 
 
@@ -314,3 +315,40 @@ def test_compression_names_as_pulsar_spells_them():
     assert parse_compression("LZ4") is Compression.LZ4
     with pytest.raises(BadRequestError, match="one of none, lz4, zlib, zstd"):
         parse_compression("snappy")
+
+
+def pieces(uuid: str, parts: list[bytes], total: int, entry0: int) -> list:
+    out = []
+    for i, part in enumerate(parts):
+        piece = BatchBuilder()
+        piece.add(part, 1000)
+        raw = piece.encode_chunk(uuid, i, len(parts), total)
+        out.append(entry_messages("s", 1, entry0 + i, raw, MessageId(1, entry0 + i - 1, -1)))
+    return out
+
+
+def plain(entry: int, data: bytes):
+    builder = BatchBuilder()
+    builder.add(data, 1000)
+    return entry_messages("s", 1, entry, builder.encode(), MessageId(1, entry - 1, -1))
+
+
+async def test_pieces_come_whole_and_broken_ones_are_dropped_but_covered():
+    queue = EntryQueue(100)
+    for item in [
+        *pieces("a", [b"ab", b"cd", b"e"], 5, 0),  # entries 0-2: whole
+        *pieces("b", [b"xx", b"yy"], 99, 3),  # entries 3-4: a damaged total size
+        plain(5, b"after"),
+        *pieces("c", [b"zz"] * 3, 6, 6)[1:],  # entries 7-8: no start (read from inside)
+        plain(9, b"end"),
+        *pieces("d", [b"q", b"r"], 2, 10)[:1],  # entry 10: its producer died
+    ]:
+        await queue.put(item)
+    whole = queue.take_nowait()
+    assert whole.data == b"abcde" and whole.message_id == MessageId(1, 2, 0)
+    assert whole.previous == MessageId(1, -1, -1)  # acknowledging it covers every piece
+    after = queue.take_nowait()
+    assert after.data == b"after" and after.previous == MessageId(1, 2, -1)  # covers 3-4
+    end = queue.take_nowait()
+    assert end.data == b"end" and end.previous == MessageId(1, 6, -1)  # covers 7-8
+    assert queue.take_nowait() is None  # the unfinished one is never seen
