@@ -101,9 +101,13 @@ class Client:
         max_pending_messages, block_if_queue_full, batch_format (1 while readers older than
         format 2 remain; see streamlib.stream.batch), compression_type ("none", "lz4",
         "zlib", "zstd": per entry, format 3; upgrade readers first), chunking_enabled
-        (messages over the 5 MiB entry limit go in pieces, format 4, up to 256 MiB)."""
+        (messages over the 5 MiB entry limit go in pieces, format 4, up to 256 MiB),
+        schema (streamlib.schema: send() then takes its objects; checked against the
+        stream's, IncompatibleSchemaError)."""
         Producer.check_options(**options)
         await self.streams.ensure(stream)
+        if options.get("schema") is not None:  # before taking the stream over
+            await self.streams.use_schema(stream, options["schema"])
         writer = StreamWriter(
             self.ledgers, self.streams.registry, stream, on_roll=lambda: self._spawn_trim(stream)
         )
@@ -135,6 +139,7 @@ class Client:
         consumer_name: str | None = None,
         dead_letter_policy: DeadLetterPolicy | None = None,
         message_listener: Callable[[Consumer, Message], object] | None = None,
+        schema: Any = None,
     ) -> Consumer:
         """A durable subscription. A new one starts at the `initial_position`
         ("latest" or "earliest"); an existing one resumes from its cursor.
@@ -149,7 +154,8 @@ class Client:
         dead_letter_policy: DeadLetterPolicy(max_redeliver_count, dead_letter_topic=None)
         sends a message delivered again too often to a dead-letter stream instead.
         message_listener(consumer, message) is called for each message on the loop (a
-        coroutine function is awaited) instead of calling receive()."""
+        coroutine function is awaited) instead of calling receive(). schema (see
+        streamlib.schema): what message.value() decodes with."""
         if initial_position not in ("latest", "earliest"):
             raise BadRequestError(
                 f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
@@ -187,6 +193,7 @@ class Client:
                 gate=gate,
                 dead_letter_policy=dead_letter_policy,
                 producer_factory=self.create_producer,
+                schema=schema,
             )
         except BaseException:
             await asyncio.shield(gate.leave())
@@ -203,6 +210,7 @@ class Client:
         *,
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
+        schema: Any = None,
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
         begins with the message after it, or with it when start_message_id_inclusive --
@@ -212,7 +220,10 @@ class Client:
         scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
         scanner.start_after = await scanner.start_position(start, start_message_id_inclusive)
         reader = Reader(
-            scanner, queue_size=receiver_queue_size, inclusive=start_message_id_inclusive
+            scanner,
+            queue_size=receiver_queue_size,
+            inclusive=start_message_id_inclusive,
+            schema=schema,
         )
         self._open.append(reader)
         return reader

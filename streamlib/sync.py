@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from streamlib.protocol.errors import ClientClosedError
+from streamlib.schema import Schema
 from streamlib.stream import consumer as aconsumer
 from streamlib.stream import producer as aproducer
 from streamlib.stream import reader as areader
@@ -116,6 +117,7 @@ class Producer:
         self._room = threading.BoundedSemaphore(target.max_pending_messages)
         self._block = target.block_if_queue_full
         self._chunking = target.chunking_enabled
+        self._schema = target.schema
         # Messages handed over by send_async and not yet queued on the loop.
         self._outbox: collections.deque[
             tuple[aproducer.Checked, concurrent.futures.Future[MessageId], SendCallback | None]
@@ -125,7 +127,7 @@ class Producer:
 
     def send(
         self,
-        data: bytes,
+        data: Any,
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
         event_time: int | float | dt.datetime | None = None,
@@ -148,7 +150,7 @@ class Producer:
 
     def send_async(
         self,
-        data: bytes,
+        data: Any,
         callback: SendCallback | None = None,
         key: str | None = None,
         properties: Mapping[str, str] | None = None,
@@ -162,6 +164,8 @@ class Producer:
         client's loop thread, so it must not block. Bad input raises here, at once.
         Blocks while max_pending_messages are pending (ProducerQueueIsFullError instead
         when block_if_queue_full is off)."""
+        if self._schema is not None:
+            data = self._schema.encode(data)
         checked = aproducer.Producer._checked(
             data, key, properties, event_time, deliver_after, deliver_at, self._chunking
         )
@@ -440,13 +444,16 @@ class Client:
         batch_format: int = aproducer.FORMAT,
         compression_type: Compression | str = Compression.NONE,
         chunking_enabled: bool = False,
+        schema: Schema[Any] | None = None,
     ) -> Producer:
         """A producer on `stream` (created with the cluster's defaults if missing). It
         takes the stream over before returning, fencing any previous producer.
         compression_type: "none" (default), "lz4", "zlib" or "zstd" (Pulsar's
         CompressionType names too), per entry; readers must know batch format 3.
         chunking_enabled: a message over the entry limit (5 MiB) goes in pieces that
-        consumers and readers put together (up to 256 MiB; readers must know format 4)."""
+        consumers and readers put together (up to 256 MiB; readers must know format 4).
+        schema (streamlib.schema): send() takes its objects; the stream keeps it and a
+        producer with an incompatible one gets IncompatibleSchemaError."""
         target = self._runner.run(
             self._target.create_producer(
                 stream,
@@ -458,6 +465,7 @@ class Client:
                 batch_format=batch_format,
                 compression_type=compression_type,
                 chunking_enabled=chunking_enabled,
+                schema=schema,
             )
         )
         return Producer(target, self._runner)
@@ -472,6 +480,7 @@ class Client:
         consumer_name: str | None = None,
         dead_letter_policy: DeadLetterPolicy | None = None,
         message_listener: Callable[[Consumer, Message], object] | None = None,
+        schema: Schema[Any] | None = None,
         receiver_queue_size: int = 1000,
         ack_timeout_ms: int = 0,
         negative_ack_redelivery_delay_ms: int = 1000,
@@ -488,6 +497,7 @@ class Client:
                 consumer_type=consumer_type,
                 consumer_name=consumer_name,
                 dead_letter_policy=dead_letter_policy,
+                schema=schema,
                 receiver_queue_size=receiver_queue_size,
                 ack_timeout_ms=ack_timeout_ms,
                 negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
@@ -506,6 +516,7 @@ class Client:
         *,
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
+        schema: Schema[Any] | None = None,
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
         begins with the message after it)."""
@@ -515,6 +526,7 @@ class Client:
                 start,
                 receiver_queue_size=receiver_queue_size,
                 start_message_id_inclusive=start_message_id_inclusive,
+                schema=schema,
             )
         )
         return Reader(target, self._runner)

@@ -176,6 +176,20 @@ class StreamManager:
         await self.registry.create(md)
         return md
 
+    async def use_schema(self, name: str, schema: Any) -> None:
+        """Check a producer's schema against the stream's (streamlib.schema); the first
+        one (or a compatible change) is stored, by CAS of the stream's metadata."""
+        from streamlib.schema import check_against
+
+        async def attempt() -> None:
+            md, version = await self.read(name)
+            updates = check_against(schema, dict(md.properties))
+            if updates:
+                md.properties.update(updates)
+                await self.registry.write(name, md, version)
+
+        await retry_cas(f"stream {name!r}: schema", attempt)
+
     async def ensure(self, name: str) -> None:
         """Create the stream with defaults unless it exists (a producer's first send)."""
         try:

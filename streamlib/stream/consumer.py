@@ -20,6 +20,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from metadata.errors import BadVersionError
 from metadata.schemas import CursorState, Position, PositionRange
@@ -116,6 +117,7 @@ class Consumer:
         gate: SubscriptionGate | None = None,
         dead_letter_policy: DeadLetterPolicy | None = None,
         producer_factory: ProducerFactory | None = None,
+        schema: Any = None,
     ) -> None:
         if receiver_queue_size < 1:
             raise BadRequestError("receiver_queue_size must be >= 1")
@@ -131,7 +133,8 @@ class Consumer:
         # either gets more.
         self._queue_size = receiver_queue_size
         self._wake = asyncio.Event()
-        self._queue = EntryQueue(receiver_queue_size, self._wake)
+        self._schema = schema  # what message.value() decodes with
+        self._queue = EntryQueue(receiver_queue_size, self._wake, schema)
         self._redeliver: collections.deque[Message] = collections.deque()
         self._unacked: dict[MessageId, tuple[Message, float]] = {}
         self._ack_timeout_s = ack_timeout_ms / 1000.0
@@ -206,7 +209,7 @@ class Consumer:
 
     def _forget_read(self) -> None:
         """Drop what was read ahead, held or handed out (another turn, or a seek)."""
-        self._queue = EntryQueue(self._queue_size, self._wake)
+        self._queue = EntryQueue(self._queue_size, self._wake, self._schema)
         self._redeliver = collections.deque()
         self._unacked.clear()
         self._held = []

@@ -118,6 +118,7 @@ class Producer:
         batch_format: int = FORMAT,
         compression_type: Compression | str = Compression.NONE,
         chunking_enabled: bool = False,
+        schema: Any = None,
     ) -> None:
         self._compression = _check(
             batching_max_messages,
@@ -131,6 +132,7 @@ class Producer:
         if chunking_enabled and batch_format == 1:
             raise BadRequestError("chunking needs batch_format 2")
         self._chunking = bool(chunking_enabled)
+        self.schema = schema  # a streamlib.schema.Schema: send() takes its objects
         self._writer = writer
         self.stream = writer.name
         self._max_messages = batching_max_messages
@@ -188,6 +190,8 @@ class Producer:
         the returned future gives its MessageId once the entry holding it is durable.
         deliver_after (ms or a timedelta) or deliver_at (epoch ms or a datetime): the
         subscriptions' consumers hold the message until then (readers do not)."""
+        if self.schema is not None:
+            data = self.schema.encode(data)
         return await self.send_checked(
             self._checked(
                 data, key, properties, event_time, deliver_after, deliver_at, self._chunking

@@ -91,9 +91,6 @@ class Message:
     def data(self) -> bytes:
         return self._entry.payloads[self._index]
 
-    def value(self) -> bytes:
-        return self._entry.payloads[self._index]
-
     @property
     def key(self) -> str | None:
         metadata = self._entry.metadata
@@ -116,6 +113,12 @@ class Message:
         """0 when the producer set none."""
         events = self._entry.event_times
         return 0 if events is None else events[self._index]
+
+    def value(self) -> Any:
+        """The message decoded with the consumer's or reader's schema (its bytes when it
+        has none); SchemaDecodeError if they do not decode."""
+        schema = self._entry.schema
+        return self.data if schema is None else schema.decode(self.data)
 
     @property
     def deliver_at_ms(self) -> int:
@@ -163,6 +166,7 @@ class EntryMessages:
         "payloads",
         "previous",
         "publish_times",
+        "schema",
         "start",
         "stream",
     )
@@ -189,6 +193,7 @@ class EntryMessages:
         ) = batch
         self.previous = previous  # the position before message `start`
         self.start = start
+        self.schema: Any = None  # what Message.value() decodes with (the reader's)
 
     def __len__(self) -> int:
         return len(self.payloads) - self.start
@@ -529,7 +534,8 @@ class EntryQueue:
     entry), or an error that ends the reading; and the entry messages are taken from now.
     `ready` is set whenever an item is put (a consumer shares it with its redeliveries)."""
 
-    def __init__(self, limit: int, ready: asyncio.Event | None = None) -> None:
+    def __init__(self, limit: int, ready: asyncio.Event | None = None, schema: Any = None) -> None:
+        self._schema = schema
         self._items: collections.deque[EntryMessages | BaseException] = collections.deque()
         self._limit = max(1, limit)
         self._count = 0  # messages held
@@ -562,6 +568,8 @@ class EntryQueue:
         while self._count >= self._limit:
             self._room.clear()
             await self._room.wait()
+        if self._schema is not None and isinstance(item, EntryMessages):
+            item.schema = self._schema
         self._items.append(item)
         self._count += len(item) if isinstance(item, EntryMessages) else 1
         self.ready.set()
@@ -628,9 +636,11 @@ class EntryQueue:
             first_entry.metadata,
             first_entry.deliver_at,
         )
-        return EntryMessages(
+        assembled = EntryMessages(
             item.stream, item.ledger_id, item.entry_id, whole, first_entry.previous
         )
+        assembled.schema = item.schema
+        return assembled
 
     def _drop_pieces(self) -> None:
         if self._pieces:
@@ -653,12 +663,18 @@ class Reader:
     """A non-durable reader: reads from a position, remembers nothing."""
 
     def __init__(
-        self, scanner: StreamScanner, *, queue_size: int = 1000, inclusive: bool = False
+        self,
+        scanner: StreamScanner,
+        *,
+        queue_size: int = 1000,
+        inclusive: bool = False,
+        schema: Any = None,
     ) -> None:
         self._scanner = scanner
         self._inclusive = inclusive
         self._queue_size = queue_size
-        self._queue = EntryQueue(queue_size)  # whole entries, read ahead
+        self._schema = schema
+        self._queue = EntryQueue(queue_size, schema=schema)  # whole entries, read ahead
         self._task: asyncio.Task[None] | None = None
         self._last: MessageId | Message = scanner.start_after  # the last read (or start)
         self.stream = scanner.name
@@ -701,7 +717,7 @@ class Reader:
         await self._stop()
         self._scanner.start_after = start
         self._last = self._scanner.start_after
-        self._queue = EntryQueue(self._queue_size)
+        self._queue = EntryQueue(self._queue_size, schema=self._schema)
 
     async def _stop(self) -> None:
         if self._task is not None:
