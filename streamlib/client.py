@@ -17,6 +17,8 @@ from metadata.services.bookies import BookieRegistry
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
 from metadata.services.streams import StreamRegistry
+from streamlib.client_metrics import registry_for
+from streamlib.client_metrics import stats as client_stats
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.ledger.driver import Context
 from streamlib.ledger.manager import LedgerManager
@@ -71,6 +73,9 @@ class Client:
         self.ledgers = LedgerManager(self.context, LedgerIdGenerator(store, batch_size=1))
         self.streams = StreamManager(StreamRegistry(store), self.ledgers)
         self._open: list[Any] = []  # producers / consumers / readers to close with us
+        #: The client's metrics for Prometheus (streamlib/client_metrics.py).
+        self.metrics_registry = registry_for(lambda: self._open)
+        self._metrics_server: Any = None
 
     @classmethod
     async def connect(cls, uri: str, **options: Any) -> Client:
@@ -228,7 +233,28 @@ class Client:
         self._open.append(reader)
         return reader
 
+    def stats(self) -> dict[str, Any]:
+        """What this client's producers (by stream) and consumers (by
+        "stream/subscription") did: sent, send errors, pending, mean send latency;
+        received, acknowledged, negatively acknowledged, dead-lettered, active."""
+        return client_stats(self._open)
+
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve metrics_registry for Prometheus on http://addr:port/ (0: any free port);
+        the port. Stops with the client."""
+        from prometheus_client import start_http_server
+
+        if self._metrics_server is not None:
+            raise BadRequestError("this client serves its metrics already")
+        server, _thread = start_http_server(port, addr=addr, registry=self.metrics_registry)
+        self._metrics_server = server
+        return int(server.server_port)
+
     async def close(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         for thing in reversed(self._open):
             try:
                 await thing.close()

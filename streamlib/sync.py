@@ -531,6 +531,19 @@ class Client:
         )
         return Reader(target, self._runner)
 
+    def stats(self) -> dict[str, Any]:
+        """What this client's producers and consumers did (see streamlib.Client.stats)."""
+        return self._runner.call(self._target.stats)
+
+    @property
+    def metrics_registry(self) -> Any:
+        """The client's Prometheus registry (prometheus_client.generate_latest(it))."""
+        return self._target.metrics_registry
+
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve the client's metrics for Prometheus on http://addr:port/; the port."""
+        return self._runner.call(self._target.serve_metrics, port, addr)
+
     @property
     def store(self) -> Any:
         """The metadata store session (asyncio; for the metadata services)."""

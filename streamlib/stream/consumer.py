@@ -162,6 +162,9 @@ class Consumer:
         self._dead_letter_producer: Producer | None = None
         self._listener_task: asyncio.Task[None] | None = None
         self.dead_lettered = 0  # messages sent to the dead-letter stream (observability)
+        self.received = 0  # ... and for client.stats() and the Prometheus collector
+        self.acknowledged = 0
+        self.negatively_acknowledged = 0
 
     @property
     def dead_letter_stream(self) -> str | None:
@@ -309,6 +312,7 @@ class Consumer:
             except builtins.TimeoutError:
                 raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
         self._unacked[message.message_id] = (message, time.monotonic())
+        self.received += 1
         return message
 
     async def batch_receive(
@@ -398,6 +402,7 @@ class Consumer:
             message = entry[0]
         self._unacked.pop(message.message_id, None)
         self._acks.ack(message.previous, message.message_id)
+        self.acknowledged += 1
         self._changed()
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
@@ -417,6 +422,7 @@ class Consumer:
                 raise BadRequestError(f"message {message} was not received by this consumer")
             message = entry[0]
         self._unacked.pop(message.message_id, None)
+        self.negatively_acknowledged += 1
         again = message.redelivered()
         asyncio.get_running_loop().call_later(
             self._nack_delay_s, self._deliver_again, again, self._redeliver

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class ProducerQueueIsFullError(StreamlibError):
 class _Batch:
     messages: BatchBuilder
     futures: list[asyncio.Future[MessageId]]
+    started: float = 0.0  # when its first message was sent (time.monotonic())
 
 
 Checked = tuple[bytes, int, "envelope.Metadata | None", int]
@@ -147,6 +149,10 @@ class Producer:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+        # Counted for client.stats() and the client's Prometheus collector.
+        self.sent = 0
+        self.send_errors = 0
+        self.latency_sum_s = 0.0  # send to durable, summed over the messages sent
 
     @property
     def max_pending_messages(self) -> int:
@@ -159,6 +165,11 @@ class Producer:
     @property
     def chunking_enabled(self) -> bool:
         return self._chunking
+
+    @property
+    def pending_messages(self) -> int:
+        """Messages sent and not yet durable (or failed)."""
+        return self._pending
 
     @staticmethod
     def check_options(**options: Any) -> None:
@@ -229,6 +240,8 @@ class Producer:
             self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         messages = self._batch.messages
+        if not messages:
+            self._batch.started = time.monotonic()
         messages.add(data, now_ms(), event_ms, metadata, deliver_ms)
         self._batch.futures.append(future)
         self._pending += 1
@@ -346,7 +359,7 @@ class Producer:
             piece = BatchBuilder()
             piece.add(data[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES], published,
                       event_ms, metadata, deliver_ms)  # fmt: skip
-            batch = _Batch(piece, [future] if index == count - 1 else [])
+            batch = _Batch(piece, [future] if index == count - 1 else [], time.monotonic())
             self._append(
                 batch,
                 lambda p=piece, i=index: p.encode_chunk(message_uuid, i, count, len(data)),  # type: ignore[misc]
@@ -374,7 +387,13 @@ class Producer:
                 assert done is not None
                 ledger_id, entry_id = done.result()
                 future.set_result(MessageId(ledger_id, entry_id, index))
-        self._pending -= len(batch.futures)
+        settled = len(batch.futures)
+        if error is not None:
+            self.send_errors += settled
+        elif settled:
+            self.sent += settled
+            self.latency_sum_s += settled * (time.monotonic() - batch.started)
+        self._pending -= settled
         self._room.set()
         self._in_flight -= 1
         if self._in_flight == 0 and self._batch.messages and not self._closed:
