@@ -18,6 +18,7 @@ from streamlib.commands.common import (
     run_with_client,
     size_to_text,
 )
+from streamlib.commands.cursors import backlog_text
 from streamlib.protocol.errors import NoSuchStreamError
 
 if TYPE_CHECKING:
@@ -231,9 +232,9 @@ async def _show(client: Client, args: argparse.Namespace) -> int:
         title="ledgers",
     )
     print_table(
-        ["subscription", "mark-delete", "backlog entries"],
+        ["subscription", "mark-delete", "backlog", "consumers"],
         [
-            (sub, s["mark_delete"], s["backlog_entries"])
+            (sub, s["mark_delete"], backlog_text(s), ", ".join(s["consumers"]) or "-")
             for sub, s in sorted(record["subscriptions"].items())
         ],
         title="subscriptions",

@@ -25,6 +25,7 @@ from metadata.services.streams import StreamRegistry
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.errors import (
     BadRequestError,
+    ConsumerBusyError,
     NoSuchLedgerError,
     NoSuchStreamError,
     NoSuchSubscriptionError,
@@ -41,8 +42,17 @@ from streamlib.protocol.stream_rules import (
 )
 from streamlib.retry import retry_cas
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.consumer import position_from_pb, ranges_to_state
-from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start, position_before
+from streamlib.stream.consumer import position_from_pb, ranges_from_state, ranges_to_state
+from streamlib.stream.positions import (
+    EARLIEST,
+    LATEST,
+    MessageId,
+    describe,
+    parse_start,
+    position_before,
+)
+from streamlib.stream.reader import Message, StreamScanner
+from streamlib.stream.subscription import describe_contender
 from streamlib.stream.writer import STREAM_PASSWORD, now_ms
 
 log = logging.getLogger(__name__)
@@ -71,8 +81,14 @@ def _fields(stored: Any, cls: type) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class SubscriptionStats:
-    mark_delete: str
+    mark_delete: str  # positions.describe: "earliest", "LEDGER:ENTRY[:INDEX]"
     backlog_entries: int
+    backlog_messages: int | None  # None: more than BACKLOG_COUNT_LIMIT (not counted on)
+    consumers: list[str]  # the connected consumers, the active one first ("type name")
+
+
+# Counting a backlog in messages reads its entries: at most this many messages.
+BACKLOG_COUNT_LIMIT = 100_000
 
 
 class StreamManager:
@@ -213,6 +229,98 @@ class StreamManager:
 
     # -- cursors ------------------------------------------------------------------------
 
+    async def cursor_states(self, name: str) -> dict[str, AckRanges]:
+        """Each subscription's cursor: its mark-delete position and the ranges
+        acknowledged above it."""
+        await self.read(name)
+        result = {}
+        for sub in await self.registry.list_cursors(name):
+            stored = await self.registry.read_cursor(name, sub)
+            if stored is not None:
+                result[sub] = ranges_from_state(stored[0])
+        return result
+
+    async def backlog_messages(self, name: str, acks: AckRanges) -> int | None:
+        """The messages confirmed now that the cursor has not acknowledged (None when
+        more than BACKLOG_COUNT_LIMIT: counting reads them)."""
+        scanner = StreamScanner(self._ledgers, self.registry, name, acks.mark_delete, tail=False)
+        count = 0
+        async for message in scanner.messages():
+            if not acks.is_acked(message.message_id):
+                count += 1
+                if count > BACKLOG_COUNT_LIMIT:
+                    return None
+        return count
+
+    async def consumers(self, name: str, subscription: str) -> builtins.list[str]:
+        """The consumers connected to a subscription, the active one first, as
+        "TYPE NAME" (streamlib/stream/subscription.py)."""
+        lock = self.registry.store.lock(self.registry.subscribers_path(name, subscription), "")
+        found = []
+        for raw in await lock.contenders():
+            described = describe_contender(raw)
+            found.append(f"{described.get('type', '?')} {described.get('name', '?')}")
+        return found
+
+    async def skip(self, name: str, subscription: str, count: int) -> MessageId:
+        """Acknowledge the next `count` messages of the subscription (as a consumer
+        would, by CAS of its cursor); the new mark-delete position."""
+        if count < 1:
+            raise BadRequestError(f"skip needs a count >= 1, got {count}")
+
+        async def attempt() -> MessageId:
+            stored = await self.registry.read_cursor(name, subscription)
+            if stored is None:
+                raise NoSuchSubscriptionError(
+                    f"stream {name!r} has no subscription {subscription!r}"
+                )
+            acks, version = ranges_from_state(stored[0]), stored[1]
+            scanner = StreamScanner(
+                self._ledgers, self.registry, name, acks.mark_delete, tail=False
+            )
+            skipped = 0
+            async for message in scanner.messages():
+                if acks.is_acked(message.message_id):
+                    continue
+                acks.ack(message.previous, message.message_id)
+                skipped += 1
+                if skipped == count:
+                    break
+            await self.registry.write_cursor(name, subscription, ranges_to_state(acks), version)
+            return acks.mark_delete
+
+        await self.read(name)
+        return await retry_cas(f"stream {name!r}: skip", attempt)
+
+    async def peek(self, name: str, subscription: str, count: int) -> builtins.list[Message]:
+        """The next `count` messages the subscription would deliver (none acknowledged)."""
+        stored = await self.registry.read_cursor(name, subscription)
+        if stored is None:
+            raise NoSuchSubscriptionError(f"stream {name!r} has no subscription {subscription!r}")
+        acks = ranges_from_state(stored[0])
+        scanner = StreamScanner(self._ledgers, self.registry, name, acks.mark_delete, tail=False)
+        found: builtins.list[Message] = []
+        async for message in scanner.messages():
+            if not acks.is_acked(message.message_id):
+                found.append(message)
+                if len(found) >= count:
+                    break
+        return found
+
+    async def unsubscribe(self, name: str, subscription: str) -> None:
+        """Delete a subscription; ConsumerBusyError while a consumer is connected (as
+        Pulsar refuses), NoSuchSubscriptionError if there is none."""
+        await self.read(name)
+        if await self.registry.read_cursor(name, subscription) is None:
+            raise NoSuchSubscriptionError(f"stream {name!r} has no subscription {subscription!r}")
+        connected = await self.consumers(name, subscription)
+        if connected:
+            raise ConsumerBusyError(
+                f"subscription {subscription!r} has connected consumers ({', '.join(connected)}): "
+                f"close them first"
+            )
+        await self.registry.delete_cursor(name, subscription)
+
     async def cursors(self, name: str) -> dict[str, MessageId]:
         await self.read(name)
         result = {}
@@ -260,14 +368,19 @@ class StreamManager:
                  "created_time_ms": info.created_time_ms}
             )  # fmt: skip
         subscriptions = {}
-        for sub, mark in (await self.cursors(name)).items():
+        for sub, acks in (await self.cursor_states(name)).items():
+            mark = acks.mark_delete
             backlog = 0
             for ledger in ledgers:
                 if ledger["ledger_id"] > mark.ledger_id:
                     backlog += ledger["entries"]
                 elif ledger["ledger_id"] == mark.ledger_id:
                     backlog += max(0, ledger["entries"] - mark.entry_id - 1)
-            subscriptions[sub] = asdict(SubscriptionStats(str(mark), backlog))
+            messages = await self.backlog_messages(name, acks) if backlog else 0
+            consumers = await self.consumers(name, sub)
+            subscriptions[sub] = asdict(
+                SubscriptionStats(describe(mark), backlog, messages, consumers)
+            )
         return {
             "name": name,
             "ledgers": ledgers,

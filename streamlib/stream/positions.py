@@ -90,3 +90,15 @@ def position_before(position: MessageId) -> MessageId:
     if position.entry_id > 0:
         return MessageId(position.ledger_id, position.entry_id - 1, LATEST.batch_index)
     return MessageId(position.ledger_id - 1, LATEST.entry_id, LATEST.batch_index)
+
+
+def describe(position: MessageId) -> str:
+    """A position as people read it: "earliest" (nothing consumed yet), "latest",
+    "LEDGER:ENTRY" for a whole entry, else "LEDGER:ENTRY:INDEX" (no sentinel numbers)."""
+    if position == EARLIEST:
+        return "earliest"
+    if position == LATEST:
+        return "latest"
+    if position.batch_index in (-1, LATEST.batch_index):
+        return f"{position.ledger_id}:{position.entry_id}"
+    return str(position)

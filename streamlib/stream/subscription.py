@@ -151,7 +151,7 @@ class SubscriptionGate:
     async def _refuse_other_types(self) -> None:
         contenders = await self._lock.contenders()
         for raw in contenders[:1]:
-            holder = _describe(raw)
+            holder = describe_contender(raw)
             if holder.get("type") != self.kind.value:
                 raise ConsumerBusyError(
                     f"subscription {self._subscription()!r} has an active "
@@ -161,7 +161,7 @@ class SubscriptionGate:
 
     async def _busy_message(self) -> str:
         try:
-            holder = _describe((await self._lock.contenders())[0])
+            holder = describe_contender((await self._lock.contenders())[0])
         except (IndexError, MetadataError):
             holder = {}
         return (
@@ -263,7 +263,7 @@ class SubscriptionGate:
             log.warning("releasing %s: %s", self.path, exc)
 
 
-def _describe(identifier: str) -> dict[str, str]:
+def describe_contender(identifier: str) -> dict[str, str]:
     try:
         found = json.loads(identifier)
     except ValueError:

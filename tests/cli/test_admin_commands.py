@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import streamlib
 from metadata.services.underreplication import UnderReplicationManager
 from streamlib.client import Client
 from tests.cli.conftest import assert_one_line_error, run_cli
@@ -121,14 +122,18 @@ def test_cursors_list_and_reset(uri: str) -> None:
                        "-n", "2", metadata=uri)  # fmt: skip
     last_id = consumed.lines[-1].split()[0]
     subs = json.loads(run_cli("admin", "cursors", "list", "cursored", "--json", metadata=uri).out)
-    assert subs == {"billing": {"mark_delete": last_id, "backlog_entries": 0}}
+    assert subs == {
+        "billing": {
+            "mark_delete": last_id, "backlog_entries": 0, "backlog_messages": 0, "consumers": []
+        }
+    }  # fmt: skip
     table = run_cli("admin", "cursors", "list", "cursored", metadata=uri)
     assert "billing" in table.out and last_id in table.out
 
     reset = run_cli("admin", "cursors", "reset", "cursored", "billing", "earliest", metadata=uri)
     assert (
         reset.out.strip()
-        == "reset 'cursored' subscription 'billing' to earliest (mark-delete now -1:-1:-1)"
+        == "reset 'cursored' subscription 'billing' to earliest (mark-delete now earliest)"
     )
     replay = run_cli("consume", "cursored", "-s", "billing", "-n", "2", metadata=uri)
     assert [line.split("  ")[1] for line in replay.lines] == ["one", "two"]
@@ -143,6 +148,47 @@ def test_cursors_list_and_reset(uri: str) -> None:
     )  # fmt: skip
     listed = run_cli("admin", "cursors", "list", "cursored", "--json", metadata=uri)
     assert list(json.loads(listed.out)) == ["billing"]
+
+
+def test_cursor_operations_peek_skip_clear_and_unsubscribe(uri: str) -> None:
+    run_cli("produce", "ops", *[a for i in range(6) for a in ("-m", f"m{i}")], metadata=uri)
+    run_cli("consume", "ops", "-s", "s", "--initial-position", "earliest", "-n", "1",
+            metadata=uri)  # fmt: skip
+    listed = json.loads(run_cli("admin", "cursors", "list", "ops", "--json", metadata=uri).out)
+    assert listed["s"]["backlog_messages"] == 5  # messages, not entries
+    table = run_cli("admin", "cursors", "list", "ops", metadata=uri).out
+    assert "5 messages" in table and "2147483647" not in table and "-1:-1" not in table
+
+    peeked = run_cli("admin", "cursors", "peek", "ops", "s", "-n", "2", metadata=uri)
+    assert [line.split("  ")[1] for line in peeked.lines] == ["m1", "m2"]
+    again = run_cli("admin", "cursors", "peek", "ops", "s", metadata=uri)  # peeking acks nothing
+    assert again.lines[0].split("  ")[1] == "m1"
+
+    skipped = run_cli("admin", "cursors", "skip", "ops", "s", "2", metadata=uri)
+    assert skipped.code == 0 and "skipped 2 messages" in skipped.out, skipped
+    rest = run_cli("consume", "ops", "-s", "s", "-n", "1", metadata=uri)
+    assert rest.lines[0].split("  ")[1] == "m3"
+    cleared = run_cli("admin", "cursors", "clear-backlog", "ops", "s", metadata=uri)
+    assert cleared.code == 0, cleared
+    listed = json.loads(run_cli("admin", "cursors", "list", "ops", "--json", metadata=uri).out)
+    assert listed["s"]["backlog_messages"] == 0
+
+    client = streamlib.connect(uri)
+    try:
+        client.subscribe("ops", "s", consumer_name="worker")
+        busy = run_cli("admin", "cursors", "unsubscribe", "ops", "s", metadata=uri)
+        assert_one_line_error(busy, "ConsumerBusyError", "exclusive worker")
+        shown = json.loads(run_cli("admin", "cursors", "list", "ops", "--json", metadata=uri).out)
+        assert shown["s"]["consumers"] == ["exclusive worker"]
+    finally:
+        client.close()
+    gone = run_cli("admin", "cursors", "unsubscribe", "ops", "s", metadata=uri)
+    assert gone.code == 0, gone
+    assert json.loads(run_cli("admin", "cursors", "list", "ops", "--json", metadata=uri).out) == {}
+    assert_one_line_error(
+        run_cli("admin", "cursors", "skip", "ops", "s", "1", metadata=uri),
+        "NoSuchSubscriptionError",
+    )
 
 
 async def test_under_replicated_list(uri: str) -> None:
