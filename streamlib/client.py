@@ -107,6 +107,8 @@ class Client:
         format 2 remain; see streamlib.stream.batch), compression_type ("none", "lz4",
         "zlib", "zstd": per entry, format 3; upgrade readers first), chunking_enabled
         (messages over the 5 MiB entry limit go in pieces, format 4, up to 256 MiB),
+        initial_sequence_id (default: the stream's last message's; each send gets the
+        next, or the sequence_id it gives),
         schema (streamlib.schema: send() then takes its objects; checked against the
         stream's, IncompatibleSchemaError)."""
         Producer.check_options(**options)
@@ -117,6 +119,11 @@ class Client:
             self.ledgers, self.streams.registry, stream, on_roll=lambda: self._spawn_trim(stream)
         )
         await writer.start()
+        if options.get("initial_sequence_id") is None:
+            # Pulsar's: a new producer goes on after the stream's last sequence id (read
+            # after the takeover, so nothing can follow it any more).
+            scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
+            options["initial_sequence_id"] = await scanner.last_sequence_id()
         producer = Producer(writer, **options)
         self._open.append(producer)
         return producer

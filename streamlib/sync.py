@@ -120,7 +120,12 @@ class Producer:
         self._schema = target.schema
         # Messages handed over by send_async and not yet queued on the loop.
         self._outbox: collections.deque[
-            tuple[aproducer.Checked, concurrent.futures.Future[MessageId], SendCallback | None]
+            tuple[
+                aproducer.Checked,
+                int | None,
+                concurrent.futures.Future[MessageId],
+                SendCallback | None,
+            ]
         ] = collections.deque()
         self._outbox_lock = threading.Lock()
         self._drain_scheduled = False
@@ -133,6 +138,7 @@ class Producer:
         event_time: int | float | dt.datetime | None = None,
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
+        sequence_id: int | None = None,
     ) -> MessageId:
         """Send one message and wait until it is durable; its MessageId. deliver_after
         (ms or a timedelta) / deliver_at (epoch ms or a datetime): consumers hold it
@@ -145,6 +151,7 @@ class Producer:
                 event_time=event_time,
                 deliver_after=deliver_after,
                 deliver_at=deliver_at,
+                sequence_id=sequence_id,
             )
         )
 
@@ -157,6 +164,7 @@ class Producer:
         event_time: int | float | dt.datetime | None = None,
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
+        sequence_id: int | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message without waiting for it to be durable. The returned future
         resolves to its MessageId once it is (no flush() needed); callback, if given,
@@ -175,7 +183,7 @@ class Producer:
             if self._runner.closed:
                 self._room.release()
                 raise ClientClosedError("the client is closed")
-            self._outbox.append((checked, outcome, callback))
+            self._outbox.append((checked, sequence_id, outcome, callback))
             schedule, self._drain_scheduled = not self._drain_scheduled, True
         if schedule:  # one hop to the loop for however many sends gather meanwhile
             try:
@@ -193,9 +201,9 @@ class Producer:
             items = list(self._outbox)
             self._outbox.clear()
             self._drain_scheduled = False
-        for checked, outcome, callback in items:
+        for checked, sequence_id, outcome, callback in items:
             try:
-                durable = self._target.queue_checked(checked)
+                durable = self._target.queue_checked(checked, sequence_id)
             except BaseException as error:  # e.g. the producer was closed meanwhile
                 self._finish(outcome, callback, error, None)
                 continue
@@ -242,6 +250,11 @@ class Producer:
                 callback(error, message_id)
             except Exception:  # the caller's bug must not stop the loop's other work
                 log.exception("send_async callback of %r failed", self.stream)
+
+    @property
+    def last_sequence_id(self) -> int:
+        """The sequence id of the last message sent (-1: none yet on the stream)."""
+        return self._target.last_sequence_id
 
     def flush(self) -> None:
         """Send the open batch now and wait until everything sent so far is durable."""
@@ -445,6 +458,7 @@ class Client:
         compression_type: Compression | str = Compression.NONE,
         chunking_enabled: bool = False,
         schema: Schema[Any] | None = None,
+        initial_sequence_id: int | None = None,
     ) -> Producer:
         """A producer on `stream` (created with the cluster's defaults if missing). It
         takes the stream over before returning, fencing any previous producer.
@@ -466,6 +480,7 @@ class Client:
                 compression_type=compression_type,
                 chunking_enabled=chunking_enabled,
                 schema=schema,
+                initial_sequence_id=initial_sequence_id,
             )
         )
         return Producer(target, self._runner)

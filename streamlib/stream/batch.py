@@ -76,6 +76,7 @@ class DecodedBatch(NamedTuple):
     metadata: Sequence[KeyAndProperties] | None  # None: no message has a key or properties
     deliver_at: Sequence[int] | None = None  # None: no message is delayed
     chunk: envelope.Chunk | None = None  # a piece of a chunked message (format 4)
+    sequence_ids: Sequence[int] | None = None  # None: no message has one (-1: this one)
 
 
 def metadata_of(key: str | None, properties: Mapping[str, str] | None) -> envelope.Metadata | None:
@@ -92,6 +93,10 @@ def message_size(data: bytes, metadata: envelope.Metadata | None) -> int:
     return len(data) + MESSAGE_OVERHEAD + metadata.ByteSize() + 6
 
 
+def _consecutive(ids: list[int]) -> bool:
+    return all(b == a + 1 for a, b in itertools.pairwise(ids))
+
+
 class BatchBuilder:
     """A batch being filled (columns of plain Python values until it is encoded)."""
 
@@ -103,6 +108,7 @@ class BatchBuilder:
         "metadata",
         "payloads",
         "publish_times",
+        "sequence_ids",
         "size",
     )
 
@@ -114,6 +120,7 @@ class BatchBuilder:
         self.has_event_times = False
         self.deliver_at: list[int] = []
         self.has_deliver_at = False
+        self.sequence_ids: list[int] = []
         self.size = BATCH_OVERHEAD  # at least the encoded size
 
     def __len__(self) -> int:
@@ -126,7 +133,9 @@ class BatchBuilder:
         event_time_ms: int = 0,
         metadata: envelope.Metadata | None = None,
         deliver_at_ms: int = 0,
+        sequence_id: int = -1,
     ) -> None:
+        self.sequence_ids.append(sequence_id)
         self.payloads.append(data)
         self.publish_times.append(publish_time_ms)
         self.event_times.append(event_time_ms)
@@ -151,6 +160,11 @@ class BatchBuilder:
             batch.event_time_ms.extend(self.event_times)
         if self.has_deliver_at:
             batch.deliver_at_ms.extend(self.deliver_at)
+        ids = self.sequence_ids
+        if ids and ids[0] >= 0 and ids[-1] - ids[0] == len(ids) - 1 and _consecutive(ids):
+            batch.first_sequence_id = ids[0] + 1
+        elif any(i >= 0 for i in ids):
+            batch.sequence_ids.extend(ids)
         if any(m is not None for m in self.metadata):
             empty = envelope.Metadata()
             batch.metadata.extend(empty if m is None else m for m in self.metadata)
@@ -320,8 +334,14 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
         events = batch.event_time_ms[:] if batch.event_time_ms else None
         metadata = batch.metadata if batch.metadata else None
         deliver_at = batch.deliver_at_ms[:] if batch.deliver_at_ms else None
+        sequence_ids: Sequence[int] | None = None
+        if batch.first_sequence_id > 0:
+            sequence_ids = range(batch.first_sequence_id - 1, batch.first_sequence_id - 1 + count)
+        elif batch.sequence_ids:
+            sequence_ids = batch.sequence_ids[:]
         if (
-            ends[-1] != len(blob)
+            (sequence_ids is not None and len(sequence_ids) != count)
+            or ends[-1] != len(blob)
             or len(publish) != count
             or (events is not None and len(events) != count)
             or (metadata is not None and len(metadata) != count)
@@ -336,6 +356,8 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
             events,
             metadata,
             deliver_at,
+            None,
+            sequence_ids,
         )
     if version in (0, 1):
         messages = batch.messages

@@ -121,6 +121,7 @@ class Producer:
         compression_type: Compression | str = Compression.NONE,
         chunking_enabled: bool = False,
         schema: Any = None,
+        initial_sequence_id: int | None = None,
     ) -> None:
         self._compression = _check(
             batching_max_messages,
@@ -135,6 +136,15 @@ class Producer:
             raise BadRequestError("chunking needs batch_format 2")
         self._chunking = bool(chunking_enabled)
         self.schema = schema  # a streamlib.schema.Schema: send() takes its objects
+        if initial_sequence_id is not None and (
+            not isinstance(initial_sequence_id, int) or initial_sequence_id < -1
+        ):
+            raise BadRequestError(
+                f"initial_sequence_id must be an int >= -1: {initial_sequence_id!r}"
+            )
+        # The last sequence id given (Pulsar's: the next message gets one more). The
+        # client sets it from the stream's last message when the option is not given.
+        self.last_sequence_id = -1 if initial_sequence_id is None else initial_sequence_id
         self._writer = writer
         self.stream = writer.name
         self._max_messages = batching_max_messages
@@ -196,6 +206,7 @@ class Producer:
         event_time: int | float | dt.datetime | None = None,
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
+        sequence_id: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message (waiting for room if the queue is full and blocking is on);
         the returned future gives its MessageId once the entry holding it is durable.
@@ -206,10 +217,13 @@ class Producer:
         return await self.send_checked(
             self._checked(
                 data, key, properties, event_time, deliver_after, deliver_at, self._chunking
-            )
+            ),
+            sequence_id,
         )
 
-    async def send_checked(self, checked: Checked) -> asyncio.Future[MessageId]:
+    async def send_checked(
+        self, checked: Checked, sequence_id: int | None = None
+    ) -> asyncio.Future[MessageId]:
         """send_async of a message _checked() already."""
         while self._pending >= self._max_pending and not self._closed:
             if not self._block:
@@ -218,9 +232,11 @@ class Producer:
                 )
             self._room.clear()
             await self._room.wait()
-        return self.queue_checked(checked)
+        return self.queue_checked(checked, sequence_id)
 
-    def queue_checked(self, checked: Checked) -> asyncio.Future[MessageId]:
+    def queue_checked(
+        self, checked: Checked, sequence_id: int | None = None
+    ) -> asyncio.Future[MessageId]:
         """Add a _checked() message to the open batch now, room or not (the blocking API
         checks in the caller's thread and bounds what is pending there)."""
         if self._closed:
@@ -228,6 +244,15 @@ class Producer:
         data, event_ms, metadata, deliver_ms = checked
         if deliver_ms and self._format == 1:
             raise BadRequestError("delayed delivery needs batch_format 2")
+        if sequence_id is None:
+            sequence = self.last_sequence_id + 1
+        elif (
+            isinstance(sequence_id, int) and not isinstance(sequence_id, bool) and sequence_id >= 0
+        ):
+            sequence = sequence_id
+        else:
+            raise BadRequestError(f"sequence_id must be an int >= 0, got {sequence_id!r}")
+        self.last_sequence_id = max(self.last_sequence_id, sequence)
         size = message_size(data, metadata)
         if size > MAX_MESSAGE_BYTES:
             if not self._chunking:
@@ -235,14 +260,14 @@ class Producer:
                     f"message of {size} bytes is over the {MAX_MESSAGE_BYTES}-byte entry "
                     f"limit: create the producer with chunking_enabled=True to send it"
                 )
-            return self._send_chunked(data, event_ms, metadata, deliver_ms)
+            return self._send_chunked(data, event_ms, metadata, deliver_ms, sequence)
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         messages = self._batch.messages
         if not messages:
             self._batch.started = time.monotonic()
-        messages.add(data, now_ms(), event_ms, metadata, deliver_ms)
+        messages.add(data, now_ms(), event_ms, metadata, deliver_ms, sequence)
         self._batch.futures.append(future)
         self._pending += 1
         # Adaptive batching (Nagle / Kafka's linger, as the journal's group commit): with
@@ -267,10 +292,13 @@ class Producer:
         event_time: int | float | dt.datetime | None = None,
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
+        sequence_id: int | None = None,
     ) -> MessageId:
         """Send one message and wait until it is durable; its MessageId."""
         return await (
-            await self.send_async(data, key, properties, event_time, deliver_after, deliver_at)
+            await self.send_async(
+                data, key, properties, event_time, deliver_after, deliver_at, sequence_id
+            )
         )
 
     @staticmethod
@@ -343,7 +371,12 @@ class Producer:
         entry.add_done_callback(lambda done: self._settle(batch, done=done))
 
     def _send_chunked(
-        self, data: bytes, event_ms: int, metadata: envelope.Metadata | None, deliver_ms: int
+        self,
+        data: bytes,
+        event_ms: int,
+        metadata: envelope.Metadata | None,
+        deliver_ms: int,
+        sequence: int,
     ) -> asyncio.Future[MessageId]:
         """A message too large for one entry, as consecutive format 4 entries of at most
         CHUNK_BYTES of it each (what gathered before goes first). Its MessageId is the
@@ -358,7 +391,7 @@ class Producer:
         for index in range(count):
             piece = BatchBuilder()
             piece.add(data[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES], published,
-                      event_ms, metadata, deliver_ms)  # fmt: skip
+                      event_ms, metadata, deliver_ms, sequence)  # fmt: skip
             batch = _Batch(piece, [future] if index == count - 1 else [], time.monotonic())
             self._append(
                 batch,

@@ -121,6 +121,12 @@ class Message:
         return self.data if schema is None else schema.decode(self.data)
 
     @property
+    def sequence_id(self) -> int:
+        """The producer's sequence id of this message (-1: it has none)."""
+        ids = self._entry.sequence_ids
+        return -1 if ids is None else ids[self._index]
+
+    @property
     def deliver_at_ms(self) -> int:
         """When a subscription may deliver it (epoch ms); 0: at once."""
         deliver_at = self._entry.deliver_at
@@ -167,6 +173,7 @@ class EntryMessages:
         "previous",
         "publish_times",
         "schema",
+        "sequence_ids",
         "start",
         "stream",
     )
@@ -190,6 +197,7 @@ class EntryMessages:
             self.metadata,
             self.deliver_at,
             self.chunk,
+            self.sequence_ids,
         ) = batch
         self.previous = previous  # the position before message `start`
         self.start = start
@@ -281,8 +289,8 @@ class StreamScanner:
         end = await confirmed_stream_end(self._ledgers, [i.ledger_id for i in md.ledgers])
         return EARLIEST if end is None else MessageId(*end, LATEST.batch_index)
 
-    async def last_message(self) -> MessageId | None:
-        """The id of the last message confirmed now (None if none)."""
+    async def _last_entry(self) -> tuple[int, int, DecodedBatch] | None:
+        """The last entry confirmed now, decoded (None if none)."""
         md, _ = await self._registry.read(self.name)
         end = await confirmed_stream_end(self._ledgers, [i.ledger_id for i in md.ledgers])
         if end is None:
@@ -294,8 +302,22 @@ class StreamScanner:
             (payload,) = await handle.read(end[1], end[1])
         finally:
             await handle.close()
-        count = len(decode_batch(payload, f"ledger {end[0]} entry {end[1]}").payloads)
-        return MessageId(end[0], end[1], max(count - 1, 0))
+        return end[0], end[1], decode_batch(payload, f"ledger {end[0]} entry {end[1]}")
+
+    async def last_message(self) -> MessageId | None:
+        """The id of the last message confirmed now (None if none)."""
+        last = await self._last_entry()
+        if last is None:
+            return None
+        ledger_id, entry_id, batch = last
+        return MessageId(ledger_id, entry_id, max(len(batch.payloads) - 1, 0))
+
+    async def last_sequence_id(self) -> int:
+        """The sequence id of the last message confirmed now (-1: none, or it has none)."""
+        last = await self._last_entry()
+        if last is None or last[2].sequence_ids is None or not last[2].payloads:
+            return -1
+        return max(-1, last[2].sequence_ids[-1])
 
     async def start_position(self, start: MessageId | str, inclusive: bool) -> MessageId:
         """Where a reader from `start` starts (the position it starts after): after the
@@ -635,6 +657,8 @@ class EntryQueue:
             first_entry.event_times,
             first_entry.metadata,
             first_entry.deliver_at,
+            None,
+            first_entry.sequence_ids,
         )
         assembled = EntryMessages(
             item.stream, item.ledger_id, item.entry_id, whole, first_entry.previous

@@ -171,3 +171,27 @@ async def test_readers_start_inclusively_and_seek_by_time(cluster):
     consumer = await client.subscribe("seek", "sub", "earliest")
     await consumer.seek(ids[1])
     assert (await consumer.receive(timeout=30)).data == b"1"
+
+
+async def test_sequence_ids_count_on_across_producers(cluster):
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    first = await client.create_producer("seq", batching_max_messages=10)
+    assert first.last_sequence_id == -1  # a new stream
+    for i in range(3):
+        await first.send_async(b"%d" % i)  # 0, 1, 2: one batch, consecutive
+    await first.send_async(b"chosen", sequence_id=10)  # given: the next goes on from it
+    await first.send_async(b"next")  # 11
+    await first.flush()
+    await first.close()
+    second = await client.create_producer("seq")  # goes on after the stream's last: 12
+    assert second.last_sequence_id == 11
+    await second.send(b"twelve")
+    await second.close()
+    third = await client.create_producer("seq", initial_sequence_id=99)
+    await third.send(b"hundred")
+    reader = await client.create_reader("seq")
+    ids = [(await reader.read_next(timeout=30)).sequence_id for _ in range(7)]
+    assert ids == [0, 1, 2, 10, 11, 12, 100]
+    with pytest.raises(BadRequestError, match="sequence_id must be an int >= 0"):
+        await third.send(b"x", sequence_id=-5)
