@@ -25,4 +25,11 @@ def register(spark: Any) -> None:
     spark.dataSource.register(StreamlibDataSource)
 
 
-__all__ = ["register"]
+def value_schema(metadata: str, stream: str, **client_options: Any) -> Any:
+    """The Spark StructType of a JSON-schema stream's values (streamlib.spark.schemas)."""
+    from streamlib.spark.schemas import value_schema as read
+
+    return read(metadata, stream, **client_options)
+
+
+__all__ = ["register", "value_schema"]

@@ -3,6 +3,7 @@ as many partitions as asked (the cores by default), each a contiguous run of ent
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -148,3 +149,50 @@ def test_spark_reads_keys_properties_and_event_times_set_on_some_messages(
         for row in rows
     ]
     assert got == sent
+
+
+@dataclasses.dataclass
+class Item:
+    name: str
+    price: float
+
+
+@dataclasses.dataclass
+class Order:
+    id: int
+    items: list[Item]
+    note: str | None = None
+    paid: bool = False
+
+
+def test_spark_gets_the_columns_of_a_json_schema_stream(spark: SparkSession, uri: str) -> None:
+    from pyspark.sql.functions import col, from_json
+
+    import streamlib
+    from streamlib.errors import BadRequestError
+    from streamlib.schema import JsonSchema, StringSchema
+    from streamlib.spark import value_schema
+
+    orders = [Order(1, [Item("book", 9.5)]), Order(2, [], note="gift", paid=True)]
+    with streamlib.connect(uri) as client:
+        with client.create_producer("typed-orders", schema=JsonSchema(Order)) as producer:
+            for order in orders:
+                producer.send(order)
+        with client.create_producer("typed-text", schema=StringSchema()) as text:
+            text.send("x")
+    struct = value_schema(uri, "typed-orders")
+    assert [f.name for f in struct.fields] == ["id", "items", "note", "paid"]
+    df = spark.read.format("streamlib").option("metadata", uri).option("stream", "typed-orders")
+    rows = (
+        df.load()
+        .select(from_json(col("value").cast("string"), struct).alias("v"))
+        .select("v.*")
+        .orderBy("id")
+        .collect()
+    )
+    assert [r.asDict(recursive=True) for r in rows] == [
+        {"id": 1, "items": [{"name": "book", "price": 9.5}], "note": None, "paid": False},
+        {"id": 2, "items": [], "note": "gift", "paid": True},
+    ]
+    with pytest.raises(BadRequestError, match="a string schema"):
+        value_schema(uri, "typed-text")
