@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import metadata
@@ -34,6 +34,7 @@ from streamlib.stream.consumer import (
     ranges_from_state,
     ranges_to_state,
 )
+from streamlib.stream.multi import MultiStreamConsumer
 from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message, Reader, StreamScanner
@@ -139,7 +140,7 @@ class Client:
 
     async def subscribe(
         self,
-        stream: str,
+        stream: str | Sequence[str],
         subscription: str,
         initial_position: str = "latest",
         *,
@@ -154,7 +155,9 @@ class Client:
         schema: Any = None,
     ) -> Consumer:
         """A durable subscription. A new one starts at the `initial_position`
-        ("latest" or "earliest"); an existing one resumes from its cursor.
+        ("latest" or "earliest"); an existing one resumes from its cursor. Given a list
+        of streams: one consumer of the subscription on each, received from as one
+        (streamlib.stream.multi.MultiStreamConsumer).
 
         consumer_type (streamlib.ConsumerType or its name, Pulsar's spellings too):
         "exclusive" (the default: a second consumer gets ConsumerBusyError) or
@@ -172,6 +175,37 @@ class Client:
             raise BadRequestError(
                 f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
             )
+        if not isinstance(stream, str):  # several streams, one subscription
+            if message_listener is not None:
+                raise BadRequestError("a message listener takes one stream per consumer")
+            streams = list(stream)
+            if not streams or len(set(streams)) != len(streams):
+                raise BadRequestError(f"subscribe to distinct streams, got {streams!r}")
+            consumers: list[Consumer] = []
+            try:
+                for name in streams:
+                    consumers.append(
+                        await self.subscribe(
+                            name,
+                            subscription,
+                            initial_position,
+                            receiver_queue_size=receiver_queue_size,
+                            ack_timeout_ms=ack_timeout_ms,
+                            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                            cursor_persist_interval_ms=cursor_persist_interval_ms,
+                            consumer_type=consumer_type,
+                            consumer_name=consumer_name,
+                            dead_letter_policy=dead_letter_policy,
+                            schema=schema,
+                        )
+                    )
+            except BaseException:
+                for made in consumers:
+                    await made.close()
+                raise
+            multi = MultiStreamConsumer(consumers)
+            self._open.append(multi)  # closed first: its receives in flight end cleanly
+            return multi  # type: ignore[return-value]
         kind = parse_consumer_type(consumer_type)
         await self.streams.read(stream)
         registry = self.streams.registry

@@ -487,7 +487,7 @@ class Client:
 
     def subscribe(
         self,
-        stream: str,
+        stream: str | list[str],
         subscription: str,
         initial_position: str = "latest",
         *,

@@ -195,3 +195,28 @@ async def test_sequence_ids_count_on_across_producers(cluster):
     assert ids == [0, 1, 2, 10, 11, 12, 100]
     with pytest.raises(BadRequestError, match="sequence_id must be an int >= 0"):
         await third.send(b"x", sequence_id=-5)
+
+
+def test_one_subscription_on_several_streams(cluster):
+    cluster.start_bookies(3)
+    with streamlib.connect(cluster.metadata_uri) as client:
+        for stream in ("eu", "us"):
+            with client.create_producer(stream) as producer:
+                for i in range(3):
+                    producer.send(b"%s-%d" % (stream.encode(), i))
+        consumer = client.subscribe(["eu", "us"], "all", "earliest")
+        got = [consumer.receive(timeout=30) for _ in range(6)]
+        for stream in ("eu", "us"):  # each stream in its order, both interleaved
+            mine = [m.data for m in got if m.stream == stream]
+            assert mine == [b"%s-%d" % (stream.encode(), i) for i in range(3)]
+        for message in got[:4]:
+            consumer.acknowledge(message)
+        with pytest.raises(TimeoutError):
+            consumer.receive(timeout=0.3)
+        consumer.close()
+        # Each stream kept its own cursor: what was not acknowledged comes again.
+        again = client.subscribe(["eu", "us"], "all")
+        rest = sorted(again.receive(timeout=30).data for _ in range(2))
+        assert rest == sorted(m.data for m in got[4:])
+        with pytest.raises(BadRequestError, match="distinct streams"):
+            client.subscribe(["eu", "eu"], "x")
