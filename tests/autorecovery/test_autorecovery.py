@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from bookie.launcher import BookieProcess
+from bookie.wire import bookie_pb2 as pb
 from streamlib.client import Client
 from tests.autorecovery.conftest import (
     RecoveryCluster,
@@ -21,18 +22,34 @@ FAST = ["--lost-bookie-delay", "0.5", "--grace-period", "2", "--check-interval",
 async def write_ledger(
     client: Client, entries: int, *, e: int = 3, qw: int = 2, close: bool = True
 ) -> tuple[int, dict[int, bytes]]:
-    """A ledger of `entries` entries, each acknowledged by every bookie of its write set
-    (Qa = Qw): the tests start from a fully replicated ledger. (With Qa < Qw a bookie
-    that answers after the quorum did -- or times out, as a cold-started one may -- can
-    be left without entries the writer never needed again: BookKeeper's delayed write
-    failure, which the auditor finds, not a precondition these tests may assume.)"""
-    writer = await client.ledgers.create(e, qw, qw, password=b"secret")
+    """A ledger of `entries` entries (Qa 2), returned once every bookie of each entry's
+    write set holds it: the tests start from a fully replicated ledger. (An add is
+    acknowledged by two bookies; the third copy may still be on its way -- a bookie slow
+    to start takes seconds -- and the tests must not race it.)"""
+    writer = await client.ledgers.create(e, qw, min(2, qw), password=b"secret")
     payloads = [
         f"ledger {writer.ledger_id} entry {i} ".encode() * (1 + i % 7) for i in range(entries)
     ]
     ids = await writer.append_many(payloads)
     if close:
         await writer.close()
+    md = writer.metadata
+
+    async def missing() -> list[tuple[str, int]]:
+        await client.pool.prepare(md.bookies())
+        lacking = []
+        for entry_id in ids:
+            for bookie in md.write_set_bookies(entry_id):
+                answer = await client.pool.get(bookie).read(
+                    pb.ReadRequest(
+                        ledger_id=md.ledger_id, first_entry_id=entry_id, last_entry_id=entry_id
+                    )
+                )
+                if answer.status != pb.OK or answer.results[0].status != pb.OK:
+                    lacking.append((bookie, entry_id))
+        return lacking
+
+    await wait_for(lambda: is_empty(missing()), "every copy of every entry")
     return writer.ledger_id, dict(zip(ids, payloads, strict=True))
 
 
