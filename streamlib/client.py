@@ -27,7 +27,7 @@ from streamlib.ledger.pool import BookiePool
 from streamlib.protocol.errors import BadRequestError
 from streamlib.security import client_config
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.admin import StreamManager
+from streamlib.stream.admin import StreamManager, partition_name
 from streamlib.stream.consumer import (
     Consumer,
     DeadLetterPolicy,
@@ -35,6 +35,7 @@ from streamlib.stream.consumer import (
     ranges_to_state,
 )
 from streamlib.stream.multi import MultiStreamConsumer
+from streamlib.stream.partitioned import PartitionedProducer
 from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message, Reader, StreamScanner
@@ -114,6 +115,15 @@ class Client:
         stream's, IncompatibleSchemaError)."""
         Producer.check_options(**options)
         await self.streams.ensure(stream)
+        partitions = await self.streams.partitions(stream)
+        if partitions:  # one producer per partition, routed by key
+            parts = [
+                await self.create_producer(partition_name(stream, i), **options)
+                for i in range(partitions)
+            ]
+            routed = PartitionedProducer(stream, parts)
+            self._open.append(routed)
+            return routed  # type: ignore[return-value]
         if options.get("schema") is not None:  # before taking the stream over
             await self.streams.use_schema(stream, options["schema"])
         writer = StreamWriter(
@@ -175,6 +185,9 @@ class Client:
             raise BadRequestError(
                 f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
             )
+        if isinstance(stream, str) and await self.streams.partitions(stream):
+            count = await self.streams.partitions(stream)
+            stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
             if message_listener is not None:
                 raise BadRequestError("a message listener takes one stream per consumer")
@@ -262,7 +275,11 @@ class Client:
         begins with the message after it, or with it when start_message_id_inclusive --
         LATEST inclusive reads the last message first -- as Pulsar's readers)."""
         parse_start(start)  # bad input first, before any lookup
-        await self.streams.read(stream)
+        if await self.streams.partitions(stream):
+            raise BadRequestError(
+                f"stream {stream!r} is partitioned: read each partition "
+                f"({partition_name(stream, 0)}, ...), or subscribe to {stream!r}"
+            )
         scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
         scanner.start_after = await scanner.start_position(start, start_message_id_inclusive)
         reader = Reader(

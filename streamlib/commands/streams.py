@@ -37,6 +37,10 @@ def add_parsers(admin_commands: Subparsers) -> None:
     create.add_argument("stream", metavar="NAME")
     _policy_arguments(create)
     create.add_argument("--mode", choices=["managed", "unbounded"], default="managed")
+    create.add_argument(
+        "--partitions", type=non_negative_int, default=0, metavar="N",
+        help="N partition streams NAME-partition-0..N-1 behind NAME (0: not partitioned)",
+    )  # fmt: skip
     add_common(create)
     create.set_defaults(run=run_with_client(_create))
     defaults = actions.add_parser(
@@ -103,13 +107,17 @@ def _config_record(md: Any) -> dict[str, Any]:
 
 
 async def _create(client: Client, args: argparse.Namespace) -> int:
-    md = await client.streams.create(args.stream, mode=args.mode, **_policies(args))
-    record = {"name": md.name, "mode": args.mode, **_config_record(md)}
+    md = await client.streams.create(
+        args.stream, mode=args.mode, partitions=args.partitions, **_policies(args)
+    )
+    record = {"name": md.name, "mode": args.mode, "partitions": args.partitions,
+              **_config_record(md)}  # fmt: skip
     if args.json:
         print_json(record)
     else:
+        parts = f" in {args.partitions} partitions" if args.partitions else ""
         print(
-            f"created stream {md.name!r}: ensemble {record['ensemble']}, write quorum "
+            f"created stream {md.name!r}{parts}: ensemble {record['ensemble']}, write quorum "
             f"{record['write_quorum']}, ack quorum {record['ack_quorum']}"
         )
     return 0

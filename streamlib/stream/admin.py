@@ -72,6 +72,13 @@ def _policy(value: Any, cls: type) -> Any:
 
 
 DEFAULT_ENSEMBLE, DEFAULT_WRITE_QUORUM, DEFAULT_ACK_QUORUM = 3, 2, 2
+PARTITIONS = "partitions"  # the property of a partitioned stream's record
+MAX_PARTITIONS = 1024
+
+
+def partition_name(name: str, index: int) -> str:
+    """The stream holding one partition of a partitioned stream (Pulsar's naming)."""
+    return f"{name}-partition-{index}"
 
 
 def _fields(stored: Any, cls: type) -> dict[str, int]:
@@ -157,6 +164,7 @@ class StreamManager:
         *,
         mode: str = "managed",
         properties: Mapping[str, str] | None = None,
+        partitions: int = 0,
     ) -> StreamMetadata:
         """Create a stream. What is not given comes from the cluster's defaults
         (defaults()). rollover: max_entries / max_bytes / max_age_ms; retention:
@@ -189,8 +197,27 @@ class StreamManager:
             properties=dict(properties or {}),
             created_time_ms=now_ms(),
         )
+        if partitions:
+            # Pulsar's partitioned topic: streams NAME-partition-0..N-1 with these
+            # policies, and NAME itself a record of how many (never written to).
+            if not isinstance(partitions, int) or partitions < 1 or partitions > MAX_PARTITIONS:
+                raise BadRequestError(f"partitions is 1..{MAX_PARTITIONS}, got {partitions!r}")
+            for index in range(partitions):
+                part = StreamMetadata()
+                part.CopyFrom(md)
+                part.name = partition_name(name, index)
+                try:
+                    await self.registry.create(part)
+                except StreamExistsError:
+                    pass  # (an earlier attempt made it: the record below is what counts)
+            md.properties[PARTITIONS] = str(partitions)
         await self.registry.create(md)
         return md
+
+    async def partitions(self, name: str) -> int:
+        """How many partitions the stream has (0: it is not partitioned)."""
+        md, _ = await self.read(name)
+        return int(md.properties.get(PARTITIONS, "0"))
 
     async def use_schema(self, name: str, schema: Any) -> None:
         """Check a producer's schema against the stream's (streamlib.schema); the first
@@ -221,6 +248,11 @@ class StreamManager:
         leaks ledgers for the sweeper; it never leaves a stream without its data)."""
         md, version = await self.read(name)
         await self.registry.delete(name, version)
+        for index in range(int(md.properties.get(PARTITIONS, "0"))):
+            try:
+                await self.delete(partition_name(name, index))
+            except NoSuchStreamError:
+                pass
         for info in md.ledgers:
             try:
                 await self._ledgers.delete(info.ledger_id)

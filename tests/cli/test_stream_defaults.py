@@ -79,3 +79,15 @@ def test_create_takes_every_policy_and_defaults_are_set_for_the_cluster(uri: str
         "0",
         metadata=uri,
     )  # fmt: skip  (as the other tests of this sandbox expect)
+
+
+def test_create_a_partitioned_stream(uri: str) -> None:
+    made = run_cli("admin", "streams", "create", "sharded", "--partitions", "2", metadata=uri)
+    assert made.code == 0 and "in 2 partitions" in made.out, made
+    listed = run_cli("admin", "streams", "list", "--json", metadata=uri)
+    names = {r["name"] for r in json.loads(listed.out)}
+    assert {"sharded", "sharded-partition-0", "sharded-partition-1"} <= names
+    run_cli("produce", "sharded", "-m", "a", "-m", "b", "-k", "k1", metadata=uri)
+    consumed = run_cli("consume", "sharded", "-s", "s", "--initial-position", "earliest",
+                       "-n", "2", metadata=uri)  # fmt: skip
+    assert consumed.code == 0 and [line.split("  ")[1] for line in consumed.lines] == ["a", "b"]

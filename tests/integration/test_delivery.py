@@ -220,3 +220,30 @@ def test_one_subscription_on_several_streams(cluster):
         assert rest == sorted(m.data for m in got[4:])
         with pytest.raises(BadRequestError, match="distinct streams"):
             client.subscribe(["eu", "eu"], "x")
+
+
+def test_a_partitioned_stream_routes_by_key_and_is_consumed_whole(cluster):
+    cluster.start_bookies(3)
+    with streamlib.connect(cluster.metadata_uri) as client:
+        client.streams.create("parts", 3, 2, 2, partitions=3)
+        with client.create_producer("parts") as producer:
+            ids = {}
+            for i in range(30):
+                key = f"customer-{i % 5}"
+                ids.setdefault(key, []).append(producer.send(b"%d" % i, key=key))
+            for i in range(6):
+                producer.send(b"no key %d" % i)
+        # One key, one partition (its order kept); the keyless spread over several.
+        for key_ids in ids.values():
+            assert len({m.ledger_id for m in key_ids}) == 1
+        consumer = client.subscribe("parts", "all", "earliest")
+        got = [consumer.receive(timeout=30) for _ in range(36)]
+        streams = {m.stream for m in got}
+        assert streams <= {f"parts-partition-{i}" for i in range(3)} and len(streams) > 1
+        for key in ids:
+            mine = [int(m.data) for m in got if m.key == key]
+            assert mine == sorted(mine) and len(mine) == 6
+        with pytest.raises(BadRequestError, match="is partitioned"):
+            client.create_reader("parts")
+        client.streams.delete("parts")
+        assert not [s for s in client.streams.list() if s.startswith("parts")]
