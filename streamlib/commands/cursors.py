@@ -116,7 +116,7 @@ def _moved(args: argparse.Namespace, mark: Any, what: str) -> int:
         )
     else:
         print(
-            f"{what} of {args.stream!r} subscription {args.subscription!r} "
+            f"{args.stream!r} subscription {args.subscription!r}: {what} "
             f"(mark-delete now {describe(mark)})"
         )
     return 0
@@ -137,17 +137,4 @@ async def _unsubscribe(client: Client, args: argparse.Namespace) -> int:
 async def _reset(client: Client, args: argparse.Namespace) -> int:
     await client.streams.reset_cursor(args.stream, args.subscription, args.position)
     mark = (await client.streams.cursors(args.stream))[args.subscription]
-    if args.json:
-        print_json(
-            {
-                "stream": args.stream,
-                "subscription": args.subscription,
-                "mark_delete": describe(mark),
-            }
-        )
-    else:
-        print(
-            f"reset {args.stream!r} subscription {args.subscription!r} to {args.position} "
-            f"(mark-delete now {describe(mark)})"
-        )
-    return 0
+    return _moved(args, mark, f"reset to {args.position}")

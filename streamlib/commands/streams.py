@@ -130,26 +130,29 @@ async def _defaults(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(record)
         return 0
-    roll, keep = record["rollover"], record["retention"]
-    print_fields(
-        [
-            (
-                "quorums",
-                f"ensemble {record['ensemble']}, write quorum {record['write_quorum']}, "
-                f"ack quorum {record['ack_quorum']}",
-            ),
-            (
-                "rollover",
-                f"entries {_limit(roll['max_entries'])}, bytes {_limit(roll['max_bytes'])}, "
-                f"age {_limit(roll['max_age_ms'], ' ms')}",
-            ),
-            (
-                "retention",
-                f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}",
-            ),
-        ]
-    )
+    print_fields(policy_fields(record))
     return 0
+
+
+def policy_fields(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """A stream's (or the defaults') quorums, rollover and retention, as printed."""
+    roll, keep = config["rollover"], config["retention"]
+    return [
+        (
+            "quorums",
+            f"ensemble {config['ensemble']}, write quorum {config['write_quorum']}, "
+            f"ack quorum {config['ack_quorum']}",
+        ),
+        (
+            "rollover",
+            f"entries {_limit(roll['max_entries'])}, bytes {_limit(roll['max_bytes'])}, "
+            f"age {_limit(roll['max_age_ms'], ' ms')}",
+        ),
+        (
+            "retention",
+            f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}",
+        ),
+    ]
 
 
 async def stream_record(client: Client, name: str) -> dict[str, Any]:
@@ -208,25 +211,11 @@ async def _show(client: Client, args: argparse.Namespace) -> int:
         print_json(record)
         return 0
     config = record["config"]
-    roll, keep = config["rollover"], config["retention"]
     print_fields(
         [
             ("stream", record["name"]),
             ("created", ms_to_text(config["created_ms"])),
-            (
-                "quorums",
-                f"ensemble {config['ensemble']}, write quorum {config['write_quorum']}, "
-                f"ack quorum {config['ack_quorum']}",
-            ),
-            (
-                "rollover",
-                f"entries {_limit(roll['max_entries'])}, bytes {_limit(roll['max_bytes'])}, "
-                f"age {_limit(roll['max_age_ms'], ' ms')}",
-            ),
-            (
-                "retention",
-                f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}",
-            ),
+            *policy_fields(config),
             ("entries", record["entries"]),
             ("size", size_to_text(record["size_bytes"])),
         ]

@@ -74,6 +74,23 @@ def ranges_from_state(state: CursorState) -> AckRanges:
     )
 
 
+async def batch_receive(
+    receive: Callable[[float], Awaitable[Message]], max_num_messages: int, timeout_ms: int
+) -> list[Message]:
+    """Up to max_num_messages from receive(timeout), within timeout_ms in all."""
+    if max_num_messages < 1 or timeout_ms < 0:
+        raise BadRequestError("batch_receive needs max_num_messages >= 1, timeout_ms >= 0")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000.0
+    received: list[Message] = []
+    while len(received) < max_num_messages:
+        try:
+            received.append(await receive(max(0.0, deadline - loop.time())))
+        except TimeoutError:
+            break
+    return received
+
+
 # The most delayed messages a consumer holds before it stops reading ahead (until the
 # first of them is due): what deliver_at / deliver_after can make it keep in memory.
 MAX_HELD_MESSAGES = 100_000
@@ -320,17 +337,7 @@ class Consumer:
     ) -> list[Message]:
         """Up to max_num_messages, waiting at most timeout_ms for them to come (Pulsar's
         BatchReceivePolicy); fewer, or none, when the time is up."""
-        if max_num_messages < 1 or timeout_ms < 0:
-            raise BadRequestError("batch_receive needs max_num_messages >= 1, timeout_ms >= 0")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000.0
-        received: list[Message] = []
-        while len(received) < max_num_messages:
-            try:
-                received.append(await self.receive(max(0.0, deadline - loop.time())))
-            except TimeoutError:
-                break
-        return received
+        return await batch_receive(self.receive, max_num_messages, timeout_ms)
 
     # -- dead letters -------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamlib.protocol.errors import BadRequestError, TimeoutError
-from streamlib.stream.consumer import Consumer
+from streamlib.stream.consumer import Consumer, batch_receive
 from streamlib.stream.positions import MessageId
 from streamlib.stream.reader import Message
 
@@ -67,15 +67,7 @@ class MultiStreamConsumer:
     async def batch_receive(
         self, max_num_messages: int = 100, timeout_ms: int = 100
     ) -> list[Message]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000.0
-        received: list[Message] = []
-        while len(received) < max_num_messages:
-            try:
-                received.append(await self.receive(max(0.0, deadline - loop.time())))
-            except TimeoutError:
-                break
-        return received
+        return await batch_receive(self.receive, max_num_messages, timeout_ms)
 
     def acknowledge(self, message: Message) -> None:
         """Acknowledge a message (as received: its stream says whose it is)."""

@@ -133,7 +133,7 @@ def test_cursors_list_and_reset(uri: str) -> None:
     reset = run_cli("admin", "cursors", "reset", "cursored", "billing", "earliest", metadata=uri)
     assert (
         reset.out.strip()
-        == "reset 'cursored' subscription 'billing' to earliest (mark-delete now earliest)"
+        == "'cursored' subscription 'billing': reset to earliest (mark-delete now earliest)"
     )
     replay = run_cli("consume", "cursored", "-s", "billing", "-n", "2", metadata=uri)
     assert [line.split("  ")[1] for line in replay.lines] == ["one", "two"]
