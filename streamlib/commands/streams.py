@@ -158,19 +158,7 @@ def policy_fields(config: dict[str, Any]) -> list[tuple[str, str]]:
 async def stream_record(client: Client, name: str) -> dict[str, Any]:
     md, _ = await client.streams.read(name)
     stats = await client.streams.stats(name)
-    config = md.ledger_config
-    stats["config"] = {
-        "ensemble": config.ensemble_size,
-        "write_quorum": config.write_quorum,
-        "ack_quorum": config.ack_quorum,
-        "rollover": {
-            "max_entries": md.rollover.max_entries,
-            "max_bytes": md.rollover.max_bytes,
-            "max_age_ms": md.rollover.max_age_ms,
-        },
-        "retention": {"time_ms": md.retention.time_ms, "size_bytes": md.retention.size_bytes},
-        "created_ms": md.created_time_ms,
-    }
+    stats["config"] = {**_config_record(md), "created_ms": md.created_time_ms}
     return stats
 
 
