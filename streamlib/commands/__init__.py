@@ -34,3 +34,4 @@ def add_parsers(commands: Any, admin_commands: Any) -> None:
     security.add_parsers(commands, admin_commands)
     for module in (bookies, ledgers, streams, cursors, underreplicated, simpletest):
         module.add_parsers(admin_commands)
+    streams.add_parsers(commands)  # `streamlib streams ...` too, as pulsar-admin users type it

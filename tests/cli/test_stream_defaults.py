@@ -82,7 +82,8 @@ def test_create_takes_every_policy_and_defaults_are_set_for_the_cluster(uri: str
 
 
 def test_create_a_partitioned_stream(uri: str) -> None:
-    made = run_cli("admin", "streams", "create", "sharded", "--partitions", "2", metadata=uri)
+    # `streamlib streams` is `streamlib admin streams`.
+    made = run_cli("streams", "create", "sharded", "--partitions", "2", metadata=uri)
     assert made.code == 0 and "in 2 partitions" in made.out, made
     listed = run_cli("admin", "streams", "list", "--json", metadata=uri)
     names = {r["name"] for r in json.loads(listed.out)}
