@@ -245,6 +245,7 @@ def decode_entry(
     return [] if entry is None else list(entry)
 
 
+LOOK_BACK_ENTRIES = 8  # entries read at a time looking back past no-ops for the last message
 FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
 READ_BYTES = 4 << 20  # ... up to about this many bytes (measured: 2-4 MiB reads beat 16 MiB)
 READ_AHEAD = 3  # ranges in flight while one is consumed
@@ -290,19 +291,30 @@ class StreamScanner:
         return EARLIEST if end is None else MessageId(*end, LATEST.batch_index)
 
     async def _last_entry(self) -> tuple[int, int, DecodedBatch] | None:
-        """The last entry confirmed now, decoded (None if none)."""
+        """The last entry with messages confirmed now, decoded (None if none). The
+        entries at the end of an unbounded stream's ledger may be no-ops (every takeover
+        ends with one): it looks back past them, a few at a time."""
         md, _ = await self._registry.read(self.name)
         end = await confirmed_stream_end(self._ledgers, [i.ledger_id for i in md.ledgers])
         if end is None:
             return None
-        handle = await open_for_reading(self._ledgers, end[0])
+        ledger_id, last = end
+        handle = await open_for_reading(self._ledgers, ledger_id)
         if handle is None:
             return None
         try:
-            (payload,) = await handle.read(end[1], end[1])
+            first = handle.metadata.first_entry_id
+            while last >= first:
+                low = max(first, last - LOOK_BACK_ENTRIES + 1)
+                found = [e for e in await handle.read_entries(low, last) if not is_noop(e.flags)]
+                if found:
+                    entry = found[-1]
+                    where = f"ledger {ledger_id} entry {entry.entry_id}"
+                    return ledger_id, entry.entry_id, decode_batch(entry.payload, where)
+                last = low - 1
         finally:
             await handle.close()
-        return end[0], end[1], decode_batch(payload, f"ledger {end[0]} entry {end[1]}")
+        return None  # (only no-ops in this ledger: earlier ledgers are not looked at)
 
     async def last_message(self) -> MessageId | None:
         """The id of the last message confirmed now (None if none)."""

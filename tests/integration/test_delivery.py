@@ -247,3 +247,27 @@ def test_a_partitioned_stream_routes_by_key_and_is_consumed_whole(cluster):
             client.create_reader("parts")
         client.streams.delete("parts")
         assert not [s for s in client.streams.list() if s.startswith("parts")]
+
+
+async def test_a_takeover_of_an_unbounded_stream_goes_on_with_the_sequence_ids(cluster):
+    # In term mode a takeover writes a TRUNCATE no-op: the stream's last entry is no
+    # message, and the next producer must look past it (it crashed on it once).
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("terms", 3, 2, 2, mode="unbounded")
+    first = await client.create_producer("terms")
+    await first.send(b"a")
+    await first.send(b"b")
+    second = await client.create_producer("terms")  # fences the first, writes a no-op
+    assert second.last_sequence_id == 1
+    await second.send(b"c")
+    third = await client.create_producer("terms")
+    assert third.last_sequence_id == 2
+    # Takeovers with nothing sent between them: the entries at the end are no-ops only.
+    # (Releasing the stream publishes the LAC to every bookie: a no-op is confirmed.)
+    for _ in range(3):
+        quiet = await client.create_producer("terms")
+        assert quiet.last_sequence_id == 2
+        await quiet.close()
+    reader = await client.create_reader("terms", "latest", start_message_id_inclusive=True)
+    assert (await reader.read_next(timeout=30)).data == b"c"
