@@ -166,7 +166,8 @@ async def _list(client: Client, args: argparse.Namespace) -> int:
     records = []
     for name in sorted(await client.streams.list()):
         try:
-            records.append(await client.streams.stats(name))
+            # (A list shows no backlog: counting it would read every subscription's.)
+            records.append(await client.streams.stats(name, count_messages=False))
         except NoSuchStreamError:
             continue  # deleted while we listed
     if args.json:

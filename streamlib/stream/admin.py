@@ -381,7 +381,10 @@ class StreamManager:
 
     # -- stats --------------------------------------------------------------------------
 
-    async def stats(self, name: str) -> dict[str, Any]:
+    async def stats(self, name: str, *, count_messages: bool = True) -> dict[str, Any]:
+        """A stream's ledgers, size and subscriptions. count_messages: also each
+        subscription's backlog in messages, which reads the backlog (up to
+        BACKLOG_COUNT_LIMIT messages); without it backlog_messages is None."""
         md, _ = await self.read(name)
         ledgers = []
         for i, info in enumerate(md.ledgers):
@@ -408,7 +411,9 @@ class StreamManager:
                     backlog += ledger["entries"]
                 elif ledger["ledger_id"] == mark.ledger_id:
                     backlog += max(0, ledger["entries"] - mark.entry_id - 1)
-            messages = await self.backlog_messages(name, acks) if backlog else 0
+            messages: int | None = 0
+            if backlog:
+                messages = await self.backlog_messages(name, acks) if count_messages else None
             consumers = await self.consumers(name, sub)
             subscriptions[sub] = asdict(
                 SubscriptionStats(describe(mark), backlog, messages, consumers)
