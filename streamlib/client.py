@@ -185,8 +185,7 @@ class Client:
             raise BadRequestError(
                 f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
             )
-        if isinstance(stream, str) and await self.streams.partitions(stream):
-            count = await self.streams.partitions(stream)
+        if isinstance(stream, str) and (count := await self.streams.partitions(stream)):
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
             if message_listener is not None:

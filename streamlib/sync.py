@@ -256,22 +256,16 @@ class Producer:
         """The sequence id of the last message sent (-1: none yet on the stream)."""
         return self._target.last_sequence_id
 
+    # (send_async's drain was scheduled on the loop before these calls: it runs first.)
+
     def flush(self) -> None:
         """Send the open batch now and wait until everything sent so far is durable."""
-        self._runner.run(self._flush())
-
-    async def _flush(self) -> None:
-        await asyncio.sleep(0)  # send_async calls submitted before this one run first
-        await self._target.flush()
+        self._runner.run(self._target.flush())
 
     def close(self) -> None:
         """Flush and stop; the stream stays (another producer may take it over)."""
         if not self._runner.closed:
-            self._runner.run(self._close())
-
-    async def _close(self) -> None:
-        await asyncio.sleep(0)  # (as flush: earlier send_async calls are queued first)
-        await self._target.close()
+            self._runner.run(self._target.close())
 
     def __enter__(self) -> Producer:
         return self

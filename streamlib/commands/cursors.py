@@ -16,7 +16,6 @@ from streamlib.commands.common import (
     run_with_client,
 )
 from streamlib.commands.pubsub import print_message
-from streamlib.protocol.errors import NoSuchSubscriptionError
 from streamlib.stream.admin import BACKLOG_COUNT_LIMIT
 from streamlib.stream.positions import describe
 
@@ -96,10 +95,6 @@ async def _skip(client: Client, args: argparse.Namespace) -> int:
 
 
 async def _clear(client: Client, args: argparse.Namespace) -> int:
-    if await client.streams.registry.read_cursor(args.stream, args.subscription) is None:
-        raise NoSuchSubscriptionError(
-            f"stream {args.stream!r} has no subscription {args.subscription!r}"
-        )
     await client.streams.reset_cursor(args.stream, args.subscription, "latest")
     mark = (await client.streams.cursors(args.stream))[args.subscription]
     return _moved(args, mark, "cleared the backlog")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import builtins
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -42,7 +42,7 @@ from streamlib.protocol.stream_rules import (
 )
 from streamlib.retry import retry_cas
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.consumer import position_from_pb, ranges_from_state, ranges_to_state
+from streamlib.stream.consumer import ranges_from_state, ranges_to_state
 from streamlib.stream.positions import (
     EARLIEST,
     LATEST,
@@ -272,16 +272,30 @@ class StreamManager:
                 result[sub] = ranges_from_state(stored[0])
         return result
 
+    async def _unacknowledged(self, name: str, acks: AckRanges) -> AsyncIterator[Message]:
+        """The messages confirmed now that the cursor has not acknowledged, in order."""
+        scanner = StreamScanner(self._ledgers, self.registry, name, acks.mark_delete, tail=False)
+        async for message in scanner.messages():
+            if not acks.is_acked(message.message_id):
+                yield message
+
+    async def _cursor(self, name: str, subscription: str) -> tuple[AckRanges, int]:
+        """A subscription's cursor and its version; NoSuchSubscriptionError if none."""
+        stored = await self.registry.read_cursor(name, subscription)
+        if stored is None:  # a typo must not create a subscription that pins retention
+            raise NoSuchSubscriptionError(
+                f"stream {name!r} has no subscription {subscription!r} (subscribe to create one)"
+            )
+        return ranges_from_state(stored[0]), stored[1]
+
     async def backlog_messages(self, name: str, acks: AckRanges) -> int | None:
         """The messages confirmed now that the cursor has not acknowledged (None when
         more than BACKLOG_COUNT_LIMIT: counting reads them)."""
-        scanner = StreamScanner(self._ledgers, self.registry, name, acks.mark_delete, tail=False)
         count = 0
-        async for message in scanner.messages():
-            if not acks.is_acked(message.message_id):
-                count += 1
-                if count > BACKLOG_COUNT_LIMIT:
-                    return None
+        async for _ in self._unacknowledged(name, acks):
+            count += 1
+            if count > BACKLOG_COUNT_LIMIT:
+                return None
         return count
 
     async def consumers(self, name: str, subscription: str) -> builtins.list[str]:
@@ -301,19 +315,9 @@ class StreamManager:
             raise BadRequestError(f"skip needs a count >= 1, got {count}")
 
         async def attempt() -> MessageId:
-            stored = await self.registry.read_cursor(name, subscription)
-            if stored is None:
-                raise NoSuchSubscriptionError(
-                    f"stream {name!r} has no subscription {subscription!r}"
-                )
-            acks, version = ranges_from_state(stored[0]), stored[1]
-            scanner = StreamScanner(
-                self._ledgers, self.registry, name, acks.mark_delete, tail=False
-            )
+            acks, version = await self._cursor(name, subscription)
             skipped = 0
-            async for message in scanner.messages():
-                if acks.is_acked(message.message_id):
-                    continue
+            async for message in self._unacknowledged(name, acks):
                 acks.ack(message.previous, message.message_id)
                 skipped += 1
                 if skipped == count:
@@ -326,25 +330,19 @@ class StreamManager:
 
     async def peek(self, name: str, subscription: str, count: int) -> builtins.list[Message]:
         """The next `count` messages the subscription would deliver (none acknowledged)."""
-        stored = await self.registry.read_cursor(name, subscription)
-        if stored is None:
-            raise NoSuchSubscriptionError(f"stream {name!r} has no subscription {subscription!r}")
-        acks = ranges_from_state(stored[0])
-        scanner = StreamScanner(self._ledgers, self.registry, name, acks.mark_delete, tail=False)
+        acks, _ = await self._cursor(name, subscription)
         found: builtins.list[Message] = []
-        async for message in scanner.messages():
-            if not acks.is_acked(message.message_id):
-                found.append(message)
-                if len(found) >= count:
-                    break
+        async for message in self._unacknowledged(name, acks):
+            found.append(message)
+            if len(found) >= count:
+                break
         return found
 
     async def unsubscribe(self, name: str, subscription: str) -> None:
         """Delete a subscription; ConsumerBusyError while a consumer is connected (as
         Pulsar refuses), NoSuchSubscriptionError if there is none."""
         await self.read(name)
-        if await self.registry.read_cursor(name, subscription) is None:
-            raise NoSuchSubscriptionError(f"stream {name!r} has no subscription {subscription!r}")
+        await self._cursor(name, subscription)
         connected = await self.consumers(name, subscription)
         if connected:
             raise ConsumerBusyError(
@@ -354,13 +352,8 @@ class StreamManager:
         await self.registry.delete_cursor(name, subscription)
 
     async def cursors(self, name: str) -> dict[str, MessageId]:
-        await self.read(name)
-        result = {}
-        for sub in await self.registry.list_cursors(name):
-            stored = await self.registry.read_cursor(name, sub)
-            if stored is not None:
-                result[sub] = position_from_pb(stored[0].mark_delete)
-        return result
+        """Each subscription's mark-delete position."""
+        return {sub: acks.mark_delete for sub, acks in (await self.cursor_states(name)).items()}
 
     async def reset_cursor(self, name: str, subscription: str, position: MessageId | str) -> None:
         """Move a subscription so the message AT `position` is delivered next, as
@@ -370,13 +363,9 @@ class StreamManager:
         target = parse_start(position)
         if target not in (EARLIEST, LATEST):
             target = position_before(target)
-        stored = await self.registry.read_cursor(name, subscription)
-        if stored is None:  # a typo must not create a subscription that pins retention
-            raise NoSuchSubscriptionError(
-                f"stream {name!r} has no subscription {subscription!r} (subscribe to create one)"
-            )
+        _, version = await self._cursor(name, subscription)
         state = ranges_to_state(AckRanges(target))
-        await self.registry.write_cursor(name, subscription, state, stored[1])
+        await self.registry.write_cursor(name, subscription, state, version)
         await self.registry.cursor_moved_back(name)  # retention must now see it
 
     # -- stats --------------------------------------------------------------------------

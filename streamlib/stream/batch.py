@@ -93,10 +93,6 @@ def message_size(data: bytes, metadata: envelope.Metadata | None) -> int:
     return len(data) + MESSAGE_OVERHEAD + metadata.ByteSize() + 6
 
 
-def _consecutive(ids: list[int]) -> bool:
-    return all(b == a + 1 for a, b in itertools.pairwise(ids))
-
-
 class BatchBuilder:
     """A batch being filled (columns of plain Python values until it is encoded)."""
 
@@ -150,6 +146,10 @@ class BatchBuilder:
     def encode(self, version: int = FORMAT) -> bytes:
         if version == 1:
             return self._encode_format_1()
+        return self._columns().SerializeToString()
+
+    def _columns(self) -> envelope.Batch:
+        """The batch as format 2 columns."""
         batch = envelope.Batch(
             format_version=FORMAT,
             payload_sizes=[len(p) for p in self.payloads],
@@ -161,19 +161,19 @@ class BatchBuilder:
         if self.has_deliver_at:
             batch.deliver_at_ms.extend(self.deliver_at)
         ids = self.sequence_ids
-        if ids and ids[0] >= 0 and ids[-1] - ids[0] == len(ids) - 1 and _consecutive(ids):
+        if ids and ids[0] >= 0 and all(b == a + 1 for a, b in itertools.pairwise(ids)):
             batch.first_sequence_id = ids[0] + 1
         elif any(i >= 0 for i in ids):
             batch.sequence_ids.extend(ids)
         if any(m is not None for m in self.metadata):
             empty = envelope.Metadata()
             batch.metadata.extend(empty if m is None else m for m in self.metadata)
-        return batch.SerializeToString()
+        return batch
 
     def encode_chunk(self, uuid: str, index: int, count: int, total_size: int) -> bytes:
         """This batch -- one message's piece -- as a format 4 entry."""
         assert len(self.payloads) == 1
-        batch = envelope.Batch.FromString(self.encode())
+        batch = self._columns()
         batch.format_version = CHUNK_FORMAT
         batch.chunk.CopyFrom(
             envelope.Chunk(uuid=uuid, index=index, count=count, total_size=total_size)
@@ -302,6 +302,10 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
         batch = uncompressed(payload, envelope.Batch.FromString(payload), where)
     except DecodeError as error:
         raise MessageDecodeError(f"{where} is not a message batch") from error
+    return _decode(batch, where)
+
+
+def _decode(batch: envelope.Batch, where: str) -> DecodedBatch:
     version = batch.format_version
     if version == CHUNK_FORMAT:
         chunk = batch.chunk
@@ -312,9 +316,8 @@ def decode_batch(payload: bytes, where: str) -> DecodedBatch:
             or chunk.total_size > MAX_CHUNKED_MESSAGE_BYTES
         ):
             raise MessageDecodeError(f"{where}: not a well-formed piece of a chunked message")
-        batch.format_version = FORMAT
-        decoded = decode_batch(batch.SerializeToString(), where)
-        return decoded._replace(chunk=chunk)
+        batch.format_version = FORMAT  # (its columns are format 2's)
+        return _decode(batch, where)._replace(chunk=chunk)
     if version == 2:
         sizes = batch.payload_sizes
         count = len(sizes)

@@ -282,17 +282,13 @@ class Consumer:
         return None
 
     def _wake_when_due(self, due_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, (due_ms - now_ms()) / 1000.0)
         if self._held_timer is not None:
-            if self._held_timer.when() <= self._loop_time_at(due_ms):
+            if self._held_timer.when() <= when:
                 return
             self._held_timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._held_timer = loop.call_at(self._loop_time_at(due_ms), self._held_due)
-
-    @staticmethod
-    def _loop_time_at(epoch_ms: int) -> float:
-        loop = asyncio.get_running_loop()
-        return loop.time() + max(0.0, (epoch_ms - now_ms()) / 1000.0)
+        self._held_timer = loop.call_at(when, self._held_due)
 
     def _held_due(self) -> None:
         self._held_timer = None
@@ -402,15 +398,20 @@ class Consumer:
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (given as received, or its id)."""
-        if isinstance(message, MessageId):
-            entry = self._unacked.get(message)
-            if entry is None:
-                raise BadRequestError(f"message {message} was not received by this consumer")
-            message = entry[0]
+        message = self._received(message)
         self._unacked.pop(message.message_id, None)
         self._acks.ack(message.previous, message.message_id)
         self.acknowledged += 1
         self._changed()
+
+    def _received(self, message: Message | MessageId) -> Message:
+        """The message, given as received or by the id of one received (unacknowledged)."""
+        if not isinstance(message, MessageId):
+            return message
+        entry = self._unacked.get(message)
+        if entry is None:
+            raise BadRequestError(f"message {message} was not received by this consumer")
+        return entry[0]
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and everything before it."""
@@ -423,11 +424,7 @@ class Consumer:
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Have the message (given as received, or its id) delivered again after the
         redelivery delay."""
-        if isinstance(message, MessageId):
-            entry = self._unacked.get(message)
-            if entry is None:
-                raise BadRequestError(f"message {message} was not received by this consumer")
-            message = entry[0]
+        message = self._received(message)
         self._unacked.pop(message.message_id, None)
         self.negatively_acknowledged += 1
         again = message.redelivered()

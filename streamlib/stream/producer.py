@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import inspect
 import time
 import uuid
@@ -254,12 +255,7 @@ class Producer:
             raise BadRequestError(f"sequence_id must be an int >= 0, got {sequence_id!r}")
         self.last_sequence_id = max(self.last_sequence_id, sequence)
         size = message_size(data, metadata)
-        if size > MAX_MESSAGE_BYTES:
-            if not self._chunking:
-                raise TooLargeError(
-                    f"message of {size} bytes is over the {MAX_MESSAGE_BYTES}-byte entry "
-                    f"limit: create the producer with chunking_enabled=True to send it"
-                )
+        if size > MAX_MESSAGE_BYTES:  # (_checked let it through: this producer chunks)
             return self._send_chunked(data, event_ms, metadata, deliver_ms, sequence)
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
@@ -394,8 +390,7 @@ class Producer:
                       event_ms, metadata, deliver_ms, sequence)  # fmt: skip
             batch = _Batch(piece, [future] if index == count - 1 else [], time.monotonic())
             self._append(
-                batch,
-                lambda p=piece, i=index: p.encode_chunk(message_uuid, i, count, len(data)),  # type: ignore[misc]
+                batch, functools.partial(piece.encode_chunk, message_uuid, index, count, len(data))
             )
         return future
 
