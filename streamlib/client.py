@@ -27,7 +27,7 @@ from streamlib.ledger.pool import BookiePool
 from streamlib.protocol.errors import BadRequestError
 from streamlib.security import client_config
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.admin import StreamManager, partition_name
+from streamlib.stream.admin import StreamManager, partition_name, partitions_of
 from streamlib.stream.consumer import (
     Consumer,
     DeadLetterPolicy,
@@ -114,8 +114,7 @@ class Client:
         schema (streamlib.schema: send() then takes its objects; checked against the
         stream's, IncompatibleSchemaError)."""
         Producer.check_options(**options)
-        await self.streams.ensure(stream)
-        partitions = await self.streams.partitions(stream)
+        partitions = partitions_of(await self.streams.ensure(stream))
         if partitions:  # one producer per partition, routed by key
             parts = [
                 await self.create_producer(partition_name(stream, i), **options)

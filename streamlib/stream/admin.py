@@ -76,6 +76,11 @@ PARTITIONS = "partitions"  # the property of a partitioned stream's record
 MAX_PARTITIONS = 1024
 
 
+def partitions_of(md: StreamMetadata) -> int:
+    """How many partitions a stream's record names (0: it is not partitioned)."""
+    return int(md.properties.get(PARTITIONS, "0"))
+
+
 def partition_name(name: str, index: int) -> str:
     """The stream holding one partition of a partitioned stream (Pulsar's naming)."""
     return f"{name}-partition-{index}"
@@ -216,8 +221,7 @@ class StreamManager:
 
     async def partitions(self, name: str) -> int:
         """How many partitions the stream has (0: it is not partitioned)."""
-        md, _ = await self.read(name)
-        return int(md.properties.get(PARTITIONS, "0"))
+        return partitions_of((await self.read(name))[0])
 
     async def use_schema(self, name: str, schema: Any) -> None:
         """Check a producer's schema against the stream's (streamlib.schema); the first
@@ -233,12 +237,17 @@ class StreamManager:
 
         await retry_cas(f"stream {name!r}: schema", attempt)
 
-    async def ensure(self, name: str) -> None:
-        """Create the stream with defaults unless it exists (a producer's first send)."""
+    async def ensure(self, name: str) -> StreamMetadata:
+        """The stream's metadata, creating the stream with the defaults first if it does
+        not exist (a producer's first send)."""
         try:
-            await self.create(name)
-        except StreamExistsError:
+            return (await self.read(name))[0]
+        except NoSuchStreamError:
             pass
+        try:
+            return await self.create(name)
+        except StreamExistsError:  # (another producer made it meanwhile)
+            return (await self.read(name))[0]
 
     async def list(self) -> list[str]:
         return await self.registry.list()
@@ -248,7 +257,7 @@ class StreamManager:
         leaks ledgers for the sweeper; it never leaves a stream without its data)."""
         md, version = await self.read(name)
         await self.registry.delete(name, version)
-        for index in range(int(md.properties.get(PARTITIONS, "0"))):
+        for index in range(partitions_of(md)):
             try:
                 await self.delete(partition_name(name, index))
             except NoSuchStreamError:
