@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -117,6 +118,10 @@ async def zk_cluster(
         yield c
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.asynccontextmanager
 async def script_process(
     script: str, *argv: str, ready: str
@@ -128,6 +133,10 @@ async def script_process(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        # SIGINT as a terminal's program has it, even when this run inherited it ignored
+        # (a background job of a shell without job control): Python then keeps ignoring
+        # it, and a script could not show what Ctrl-C does.
+        preexec_fn=_default_sigint,
     )
     try:
         assert proc.stdout is not None
