@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -118,8 +117,12 @@ async def zk_cluster(
         yield c
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# SIGINT as a terminal's program has it, even when this run inherited it ignored (a
+# background job of a shell without job control): Python then keeps ignoring it, and a script
+# could not show what Ctrl-C does. Set by the script itself, not by a preexec_fn: Python code
+# between fork and exec in this process, whose gRPC threads are running, can crash the child
+# before exec (the child then vanished without a word, and the test read an empty line).
+_SIGINT_AT_DEFAULT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
 
 
 @contextlib.asynccontextmanager
@@ -129,14 +132,10 @@ async def script_process(
     """Run `python -c script argv...` until it prints the line `ready`; killed at the end
     of the block if still running. (Its stdin stays open: a script may wait on it.)"""
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, *argv],
+        [sys.executable, "-c", _SIGINT_AT_DEFAULT + script, *argv],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        # SIGINT as a terminal's program has it, even when this run inherited it ignored
-        # (a background job of a shell without job control): Python then keeps ignoring
-        # it, and a script could not show what Ctrl-C does.
-        preexec_fn=_default_sigint,
     )
     try:
         assert proc.stdout is not None
