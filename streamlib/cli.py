@@ -20,12 +20,14 @@ def _build_parser() -> argparse.ArgumentParser:
     from streamlib import bench, chaos, sandbox
     from streamlib import commands as everyday
     from streamlib.autorecovery import cli as autorecovery_cli
+    from streamlib.broker import cli as broker_cli
 
     sandbox.add_parser(commands)
     admin = commands.add_parser("admin", help="administer bookies, ledgers, streams, recovery")
     admin_commands = admin.add_subparsers(dest="admin", metavar="ADMIN", required=True)
     autorecovery_cli.add_parsers(commands, admin_commands)
     everyday.add_parsers(commands, admin_commands)
+    broker_cli.add_parsers(commands, admin_commands)
     bench.add_parser(commands)
     chaos.add_parser(commands)
     return parser

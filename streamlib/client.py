@@ -81,7 +81,9 @@ class Client:
 
     @classmethod
     async def connect(cls, uri: str, **options: Any) -> Client:
-        """Connect to the metadata store at uri (zk://, sqlite://, memory://).
+        """Connect to the metadata store at uri (zk://, sqlite://, memory://), or to the
+        stream service's brokers (streamlib://HOST:PORT[,HOST:PORT...]: a
+        streamlib.broker.client.ServiceClient with the same producer / consumer / reader API).
 
         Options: session_timeout_s, rack_aware, bookie_config (a BookieClientConfig),
         tls_ca / tls_cert / tls_key: PEM file paths to dial bookies over TLS (tls_ca) with
@@ -91,6 +93,10 @@ class Client:
         and $STREAMLIB_TOKEN (or the file $STREAMLIB_TOKEN_FILE names); see
         streamlib/security.py.
         """
+        if uri.startswith("streamlib://"):  # the stream service (streamlib/broker/client.py)
+            from streamlib.broker.client import ServiceClient
+
+            return await ServiceClient.connect(uri, **options)  # type: ignore[return-value]
         store_options = {k: options.pop(k) for k in ("session_timeout_s",) if k in options}
         store = await metadata.connect(uri, **store_options)
         try:
@@ -112,7 +118,15 @@ class Client:
         initial_sequence_id (default: the stream's last message's; each send gets the
         next, or the sequence_id it gives),
         schema (streamlib.schema: send() then takes its objects; checked against the
-        stream's, IncompatibleSchemaError)."""
+        stream's, IncompatibleSchemaError), producer_name (stored with each message),
+        access_mode: a direct-mode producer is always "exclusive_with_fencing" (the other
+        modes need the stream service: BadRequestError)."""
+        access_mode = options.pop("access_mode", "exclusive_with_fencing")
+        if access_mode != "exclusive_with_fencing":
+            raise BadRequestError(
+                f"access_mode {access_mode!r} needs the stream service (streamlib://...); "
+                "a direct-mode producer takes the stream over: 'exclusive_with_fencing'"
+            )
         Producer.check_options(**options)
         partitions = partitions_of(await self.streams.ensure(stream))
         if partitions:  # one producer per partition, routed by key

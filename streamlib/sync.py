@@ -432,12 +432,14 @@ class Client:
     def __init__(self, target: Any, runner: _LoopThread) -> None:
         self._target = target
         self._runner = runner
+        # (A client of the stream service, streamlib://, has none of these three.)
+        direct = hasattr(target, "ledgers")
         #: The ledger API (streamlib.ledger.manager.LedgerManager, blocking).
-        self.ledgers: Any = SyncProxy(target.ledgers, runner)
+        self.ledgers: Any = SyncProxy(target.ledgers, runner) if direct else None
         #: Stream administration (streamlib.stream.admin.StreamManager, blocking).
-        self.streams: Any = SyncProxy(target.streams, runner)
+        self.streams: Any = SyncProxy(target.streams, runner) if direct else None
         #: The bookies registered now (metadata.services.bookies.BookieRegistry, blocking).
-        self.registry: Any = SyncProxy(target.registry, runner)
+        self.registry: Any = SyncProxy(target.registry, runner) if direct else None
 
     def create_producer(
         self,
@@ -453,6 +455,8 @@ class Client:
         chunking_enabled: bool = False,
         schema: Schema[Any] | None = None,
         initial_sequence_id: int | None = None,
+        producer_name: str | None = None,
+        access_mode: str | None = None,
     ) -> Producer:
         """A producer on `stream` (created with the cluster's defaults if missing). It
         takes the stream over before returning, fencing any previous producer.
@@ -461,7 +465,14 @@ class Client:
         chunking_enabled: a message over the entry limit (5 MiB) goes in pieces that
         consumers and readers put together (up to 256 MiB; readers must know format 4).
         schema (streamlib.schema): send() takes its objects; the stream keeps it and a
-        producer with an incompatible one gets IncompatibleSchemaError."""
+        producer with an incompatible one gets IncompatibleSchemaError.
+        producer_name and access_mode: see the stream service (streamlib://) in the
+        README; a direct-mode producer is "exclusive_with_fencing"."""
+        named: dict[str, Any] = {}
+        if producer_name is not None:
+            named["producer_name"] = producer_name
+        if access_mode is not None:
+            named["access_mode"] = access_mode
         target = self._runner.run(
             self._target.create_producer(
                 stream,
@@ -475,6 +486,7 @@ class Client:
                 chunking_enabled=chunking_enabled,
                 schema=schema,
                 initial_sequence_id=initial_sequence_id,
+                **named,
             )
         )
         return Producer(target, self._runner)
@@ -580,7 +592,8 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<streamlib.sync.Client {self._target.store.uri!r}>"
+        uri = getattr(self._target, "uri", None) or self._target.store.uri
+        return f"<streamlib.sync.Client {uri!r}>"
 
 
 # -- the generic proxy, for the ledger and admin APIs -----------------------------------

@@ -182,6 +182,19 @@ class UnsupportedConsumerTypeError(BadRequestError):
     """A consumer type that direct mode (clients talking to bookies) cannot deliver."""
 
 
+class ProducerBusyError(StreamlibError):
+    """The stream service refuses this producer: an exclusive producer holds the stream,
+    exclusive access was asked while others publish, or its name is connected already."""
+
+
+class ProducerFencedError(StreamlibError):
+    """An exclusive_with_fencing producer took the stream: this one may not send."""
+
+
+class BrokerUnavailableError(StreamlibError):
+    """No broker of the stream service could be reached (or none serves the stream)."""
+
+
 class TimeoutError(StreamlibError, builtins.TimeoutError):
     """Nothing came within the timeout the caller gave; also the builtin TimeoutError,
     so ``except TimeoutError`` catches it either way."""

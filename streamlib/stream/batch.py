@@ -77,6 +77,7 @@ class DecodedBatch(NamedTuple):
     deliver_at: Sequence[int] | None = None  # None: no message is delayed
     chunk: envelope.Chunk | None = None  # a piece of a chunked message (format 4)
     sequence_ids: Sequence[int] | None = None  # None: no message has one (-1: this one)
+    producers: Sequence[str] | None = None  # None: no message names its producer
 
 
 def metadata_of(key: str | None, properties: Mapping[str, str] | None) -> envelope.Metadata | None:
@@ -103,6 +104,8 @@ class BatchBuilder:
         "has_event_times",
         "metadata",
         "payloads",
+        "producer_index",
+        "producers",
         "publish_times",
         "sequence_ids",
         "size",
@@ -117,6 +120,10 @@ class BatchBuilder:
         self.deliver_at: list[int] = []
         self.has_deliver_at = False
         self.sequence_ids: list[int] = []
+        # A broker's batch names each message's producer (deduplication, by name and
+        # sequence id): the distinct names, and each message's index among them.
+        self.producers: dict[str, int] = {}
+        self.producer_index: list[int] = []
         self.size = BATCH_OVERHEAD  # at least the encoded size
 
     def __len__(self) -> int:
@@ -130,7 +137,18 @@ class BatchBuilder:
         metadata: envelope.Metadata | None = None,
         deliver_at_ms: int = 0,
         sequence_id: int = -1,
+        producer: str = "",
     ) -> None:
+        if producer or self.producer_index:
+            if not self.producer_index and self.payloads:  # the earlier ones had none
+                self.producers[""] = 0
+                self.producer_index.extend([0] * len(self.payloads))
+            known = len(self.producers)
+            index = self.producers.setdefault(producer, known)
+            self.producer_index.append(index)
+            # (an index is a varint of at most 2 bytes below 2**14; a new name adds its
+            # bytes, a tag and a length)
+            self.size += 2 + (len(producer.encode()) + 4 if index == known else 0)
         self.sequence_ids.append(sequence_id)
         self.payloads.append(data)
         self.publish_times.append(publish_time_ms)
@@ -168,6 +186,9 @@ class BatchBuilder:
         if any(m is not None for m in self.metadata):
             empty = envelope.Metadata()
             batch.metadata.extend(empty if m is None else m for m in self.metadata)
+        if self.producer_index:
+            batch.producers.extend(self.producers)  # (a dict keeps insertion order)
+            batch.producer_index.extend(self.producer_index)
         return batch
 
     def encode_chunk(self, uuid: str, index: int, count: int, total_size: int) -> bytes:
@@ -342,8 +363,16 @@ def _decode(batch: envelope.Batch, where: str) -> DecodedBatch:
             sequence_ids = range(batch.first_sequence_id - 1, batch.first_sequence_id - 1 + count)
         elif batch.sequence_ids:
             sequence_ids = batch.sequence_ids[:]
+        producers: list[str] | None = None
+        if batch.producer_index:
+            names = batch.producers
+            try:
+                producers = [names[i] for i in batch.producer_index]
+            except IndexError:
+                raise MessageDecodeError(f"{where}: a producer index is out of range") from None
         if (
             (sequence_ids is not None and len(sequence_ids) != count)
+            or (producers is not None and len(producers) != count)
             or ends[-1] != len(blob)
             or len(publish) != count
             or (events is not None and len(events) != count)
@@ -361,6 +390,7 @@ def _decode(batch: envelope.Batch, where: str) -> DecodedBatch:
             deliver_at,
             None,
             sequence_ids,
+            producers,
         )
     if version in (0, 1):
         messages = batch.messages

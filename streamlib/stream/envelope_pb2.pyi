@@ -43,7 +43,7 @@ class Metadata(_message.Message):
     def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "deliver_at_ms", "compression", "uncompressed_size", "compressed", "chunk", "first_sequence_id", "sequence_ids")
+    __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "deliver_at_ms", "compression", "uncompressed_size", "compressed", "chunk", "first_sequence_id", "sequence_ids", "producers", "producer_index")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,8 @@ class Batch(_message.Message):
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_INDEX_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     payload_sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -72,7 +74,9 @@ class Batch(_message.Message):
     chunk: Chunk
     first_sequence_id: int
     sequence_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., first_sequence_id: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    producers: _containers.RepeatedScalarFieldContainer[str]
+    producer_index: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., first_sequence_id: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[int]] = ..., producers: _Optional[_Iterable[str]] = ..., producer_index: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("uuid", "index", "count", "total_size")

@@ -123,7 +123,11 @@ class Producer:
         chunking_enabled: bool = False,
         schema: Any = None,
         initial_sequence_id: int | None = None,
+        producer_name: str = "",
     ) -> None:
+        if not isinstance(producer_name, str):
+            raise BadRequestError(f"producer_name must be a str, got {producer_name!r}")
+        self.producer_name = producer_name  # stored with each message when given
         self._compression = _check(
             batching_max_messages,
             batching_max_bytes,
@@ -236,10 +240,11 @@ class Producer:
         return self.queue_checked(checked, sequence_id)
 
     def queue_checked(
-        self, checked: Checked, sequence_id: int | None = None
+        self, checked: Checked, sequence_id: int | None = None, producer: str = ""
     ) -> asyncio.Future[MessageId]:
         """Add a _checked() message to the open batch now, room or not (the blocking API
-        checks in the caller's thread and bounds what is pending there)."""
+        checks in the caller's thread and bounds what is pending there). producer: the
+        name of the producer it came from, stored with it (a broker's, for dedup)."""
         if self._closed:
             raise ClientClosedError(f"producer of {self.stream!r} is closed")
         data, event_ms, metadata, deliver_ms = checked
@@ -263,7 +268,9 @@ class Producer:
         messages = self._batch.messages
         if not messages:
             self._batch.started = time.monotonic()
-        messages.add(data, now_ms(), event_ms, metadata, deliver_ms, sequence)
+        messages.add(
+            data, now_ms(), event_ms, metadata, deliver_ms, sequence, producer or self.producer_name
+        )
         self._batch.futures.append(future)
         self._pending += 1
         # Adaptive batching (Nagle / Kafka's linger, as the journal's group commit): with

@@ -127,6 +127,12 @@ class Message:
         return -1 if ids is None else ids[self._index]
 
     @property
+    def producer_name(self) -> str:
+        """The name of the producer that sent it through a broker ("": not named)."""
+        producers = self._entry.producers
+        return "" if producers is None else producers[self._index]
+
+    @property
     def deliver_at_ms(self) -> int:
         """When a subscription may deliver it (epoch ms); 0: at once."""
         deliver_at = self._entry.deliver_at
@@ -171,6 +177,7 @@ class EntryMessages:
         "metadata",
         "payloads",
         "previous",
+        "producers",
         "publish_times",
         "schema",
         "sequence_ids",
@@ -198,6 +205,7 @@ class EntryMessages:
             self.deliver_at,
             self.chunk,
             self.sequence_ids,
+            self.producers,
         ) = batch
         self.previous = previous  # the position before message `start`
         self.start = start
@@ -671,6 +679,7 @@ class EntryQueue:
             first_entry.deliver_at,
             None,
             first_entry.sequence_ids,
+            first_entry.producers,
         )
         assembled = EntryMessages(
             item.stream, item.ledger_id, item.entry_id, whole, first_entry.previous

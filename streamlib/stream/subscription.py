@@ -65,9 +65,10 @@ _SPELLINGS = {
 }
 
 
-def parse_consumer_type(value: object) -> ConsumerType:
+def parse_consumer_type(value: object, *, service: bool = False) -> ConsumerType:
     """A ConsumerType from ours, a string ("exclusive", "Failover", "key_shared",
-    "KeyShared") or anything with such a ``name`` (pulsar-client's enum)."""
+    "KeyShared") or anything with such a ``name`` (pulsar-client's enum). Shared and
+    Key_Shared only through the stream service (service=True)."""
     text = value if isinstance(value, str) else getattr(value, "name", None)
     found = _SPELLINGS.get(text.lower().replace("-", "_")) if isinstance(text, str) else None
     if found is None:
@@ -75,7 +76,7 @@ def parse_consumer_type(value: object) -> ConsumerType:
             f"consumer_type is one of exclusive, failover, shared, key_shared "
             f"(or streamlib.ConsumerType), got {value!r}"
         )
-    if found in (ConsumerType.Shared, ConsumerType.KeyShared):
+    if found in (ConsumerType.Shared, ConsumerType.KeyShared) and not service:
         raise UnsupportedConsumerTypeError(
             f"consumer_type {found.value!r} splits a subscription's messages between "
             f"consumers, which needs the stream service (a broker dispatching them); "

@@ -10,10 +10,12 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bookie.launcher import BookieProcess
+from streamlib.broker.launcher import BrokerProcess
 from streamlib.client import Client
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.stream.admin import StreamManager
@@ -31,7 +33,8 @@ class LedgerCluster:
         self.root = root
         self.metadata_uri = metadata_uri
         self.bookies: list[BookieProcess] = []
-        self.clients: list[Client] = []
+        self.brokers: list[BrokerProcess] = []
+        self.clients: list[Any] = []
 
     def start_bookies(self, count: int, extra: list[str] | None = None) -> list[BookieProcess]:
         """Start count bookies; extra: more `bookie serve` flags (e.g. --tls-cert ...)."""
@@ -45,6 +48,31 @@ class LedgerCluster:
             self.bookies.append(b)
             started.append(b.start())
         return started
+
+    def start_brokers(self, count: int, extra: list[str] | None = None) -> list[BrokerProcess]:
+        """Start count brokers of the stream service (a 2 s metadata session)."""
+        started = []
+        for _ in range(count):
+            b = BrokerProcess(
+                self.root,
+                self.metadata_uri,
+                name=f"broker{len(self.brokers)}",
+                extra=["--port", "0", "--session-timeout", "2", "--log-level", "INFO",
+                       *(extra or [])],
+            )  # fmt: skip
+            self.brokers.append(b)
+            started.append(b.start(port=0))
+        return started
+
+    @property
+    def service_url(self) -> str:
+        return "streamlib://" + ",".join(b.address for b in self.brokers if b.address)
+
+    async def service_client(self, **options: object) -> Any:
+        """A client of the stream service (every broker started so far as a seed)."""
+        client = await Client.connect(self.service_url, **options)
+        self.clients.append(client)
+        return client
 
     def by_id(self, bookie_id: str) -> BookieProcess:
         return next(b for b in self.bookies if b.bookie_id == bookie_id)
@@ -63,6 +91,8 @@ class LedgerCluster:
     async def close(self) -> None:
         for client in self.clients:
             await client.close()
+        for broker in self.brokers:
+            broker.kill()
         for b in self.bookies:
             b.kill()
 

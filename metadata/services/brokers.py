@@ -1,0 +1,109 @@
+"""Brokers (the stream service): each live broker's registration, and who owns a stream.
+
+A live broker holds an ephemeral node with its address and load; ownership of a stream
+is an ephemeral node too (the lease): it belongs to the owner's session, so a broker
+that dies or loses its session loses its streams, and another may take them. A lease
+is only "leader suggestion" (protocol.txt, "Ledgers to logs"): the broker that acquires
+one must still take the stream over by fencing before it serves it, which is what keeps
+a deposed owner that still runs from acknowledging anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from metadata.errors import InvalidValueError, NodeExistsError, NoNodeError
+from metadata.services._base import Service, validate_name
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    broker_id: str
+    address: str  # host:port clients dial (the advertised address)
+    owned: int = 0  # streams it owns: what lookup balances on
+    pid: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> BrokerInfo:
+        try:
+            raw = json.loads(data)
+            return cls(str(raw["broker_id"]), str(raw["address"]), int(raw["owned"]),
+                       int(raw.get("pid", 0)))  # fmt: skip
+        except (ValueError, KeyError, TypeError) as error:
+            raise InvalidValueError(f"not a broker registration: {data[:80]!r}") from error
+
+
+class BrokerRegistry(Service):
+    def _live_path(self, broker_id: str) -> str:
+        return self.path("brokers", "available", validate_name("broker", broker_id))
+
+    def owner_path(self, stream: str) -> str:
+        return self.path("brokers", "owners", validate_name("stream", stream))
+
+    async def register(self, info: BrokerInfo) -> None:
+        """Announce a live broker (NodeExistsError while another session holds the id)."""
+        await self.ensure(self.path("brokers", "available"))
+        try:
+            await self.store.create(self._live_path(info.broker_id), info.encode(), ephemeral=True)
+        except NodeExistsError:
+            raise NodeExistsError(
+                f"broker {info.broker_id} is registered by another live session; "
+                "wait for it to expire or stop the other process"
+            ) from None
+
+    async def update(self, info: BrokerInfo) -> None:
+        await self.store.set(self._live_path(info.broker_id), info.encode())
+
+    async def unregister(self, broker_id: str) -> None:
+        try:
+            await self.store.delete(self._live_path(broker_id))
+        except NoNodeError:
+            pass
+
+    async def live(self) -> list[BrokerInfo]:
+        """Every live broker, by id."""
+        try:
+            ids = await self.store.children(self.path("brokers", "available"))
+        except NoNodeError:
+            return []
+        found: list[BrokerInfo] = []
+        for broker_id in sorted(ids):
+            try:
+                found.append(
+                    BrokerInfo.decode((await self.store.get(self._live_path(broker_id))).data)
+                )
+            except NoNodeError:
+                continue  # gone meanwhile
+        return found
+
+    async def try_own(self, stream: str, info: BrokerInfo) -> bool:
+        """Take the lease on `stream` for this session's broker; False if another holds it."""
+        await self.ensure(self.path("brokers", "owners"))
+        try:
+            await self.store.create(self.owner_path(stream), info.encode(), ephemeral=True)
+        except NodeExistsError:
+            return False
+        return True
+
+    async def owner(self, stream: str) -> BrokerInfo | None:
+        try:
+            return BrokerInfo.decode((await self.store.get(self.owner_path(stream))).data)
+        except NoNodeError:
+            return None
+
+    async def release(self, stream: str, broker_id: str) -> None:
+        """Give up the lease, if `broker_id` holds it."""
+        try:
+            node = await self.store.get(self.owner_path(stream))
+        except NoNodeError:
+            return
+        if BrokerInfo.decode(node.data).broker_id != broker_id:
+            return
+        try:
+            await self.store.delete(self.owner_path(stream), version=node.version)
+        except NoNodeError:
+            pass

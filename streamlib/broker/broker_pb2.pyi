@@ -1,0 +1,251 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LookupRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("broker_id", "address")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    address: str
+    def __init__(self, broker_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class UnloadRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class UnloadResponse(_message.Message):
+    __slots__ = ("unloaded",)
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    unloaded: bool
+    def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class MessageIdPb(_message.Message):
+    __slots__ = ("ledger_id", "entry_id", "batch_index")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    entry_id: int
+    batch_index: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., batch_index: _Optional[int] = ...) -> None: ...
+
+class ProducerOpen(_message.Message):
+    __slots__ = ("stream", "producer_name", "access_mode")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    producer_name: str
+    access_mode: str
+    def __init__(self, stream: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[str] = ...) -> None: ...
+
+class Send(_message.Message):
+    __slots__ = ("sequence_id", "payload", "key", "properties", "event_time_ms", "deliver_at_ms")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    sequence_id: int
+    payload: bytes
+    key: str
+    properties: _containers.ScalarMap[str, str]
+    event_time_ms: int
+    deliver_at_ms: int
+    def __init__(self, sequence_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., event_time_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
+class ProduceRequest(_message.Message):
+    __slots__ = ("open", "send")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    SEND_FIELD_NUMBER: _ClassVar[int]
+    open: ProducerOpen
+    send: SendBatch
+    def __init__(self, open: _Optional[_Union[ProducerOpen, _Mapping]] = ..., send: _Optional[_Union[SendBatch, _Mapping]] = ...) -> None: ...
+
+class SendBatch(_message.Message):
+    __slots__ = ("sends",)
+    SENDS_FIELD_NUMBER: _ClassVar[int]
+    sends: _containers.RepeatedCompositeFieldContainer[Send]
+    def __init__(self, sends: _Optional[_Iterable[_Union[Send, _Mapping]]] = ...) -> None: ...
+
+class ProducerReady(_message.Message):
+    __slots__ = ("producer_name", "last_sequence_id")
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    producer_name: str
+    last_sequence_id: int
+    def __init__(self, producer_name: _Optional[str] = ..., last_sequence_id: _Optional[int] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("sequence_id", "message_id", "duplicate")
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    sequence_id: int
+    message_id: MessageIdPb
+    duplicate: bool
+    def __init__(self, sequence_id: _Optional[int] = ..., message_id: _Optional[_Union[MessageIdPb, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class ReceiptBatch(_message.Message):
+    __slots__ = ("receipts",)
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
+    def __init__(self, receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
+
+class ProduceResponse(_message.Message):
+    __slots__ = ("ready", "receipts", "error", "failed")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ready: ProducerReady
+    receipts: ReceiptBatch
+    error: Error
+    failed: SendFailed
+    def __init__(self, ready: _Optional[_Union[ProducerReady, _Mapping]] = ..., receipts: _Optional[_Union[ReceiptBatch, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., failed: _Optional[_Union[SendFailed, _Mapping]] = ...) -> None: ...
+
+class SendFailed(_message.Message):
+    __slots__ = ("sequence_ids", "error")
+    SEQUENCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sequence_ids: _containers.RepeatedScalarFieldContainer[int]
+    error: Error
+    def __init__(self, sequence_ids: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class ConsumerOpen(_message.Message):
+    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_ACK_REDELIVERY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    ACK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    START_LATEST_FIELD_NUMBER: _ClassVar[int]
+    START_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    subscription: str
+    consumer_type: str
+    consumer_name: str
+    initial_position: str
+    negative_ack_redelivery_delay_ms: int
+    ack_timeout_ms: int
+    start: MessageIdPb
+    start_latest: bool
+    start_inclusive: bool
+    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ...) -> None: ...
+
+class Flow(_message.Message):
+    __slots__ = ("permits",)
+    PERMITS_FIELD_NUMBER: _ClassVar[int]
+    permits: int
+    def __init__(self, permits: _Optional[int] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("ids", "cumulative", "negative")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    CUMULATIVE_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedCompositeFieldContainer[MessageIdPb]
+    cumulative: bool
+    negative: bool
+    def __init__(self, ids: _Optional[_Iterable[_Union[MessageIdPb, _Mapping]]] = ..., cumulative: _Optional[bool] = ..., negative: _Optional[bool] = ...) -> None: ...
+
+class ConsumeRequest(_message.Message):
+    __slots__ = ("open", "flow", "ack")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    open: ConsumerOpen
+    flow: Flow
+    ack: AckRequest
+    def __init__(self, open: _Optional[_Union[ConsumerOpen, _Mapping]] = ..., flow: _Optional[_Union[Flow, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ...) -> None: ...
+
+class Delivered(_message.Message):
+    __slots__ = ("id", "payload", "key", "properties", "publish_time_ms", "event_time_ms", "sequence_id", "producer_name", "redelivery_count")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    id: MessageIdPb
+    payload: bytes
+    key: str
+    properties: _containers.ScalarMap[str, str]
+    publish_time_ms: int
+    event_time_ms: int
+    sequence_id: int
+    producer_name: str
+    redelivery_count: int
+    def __init__(self, id: _Optional[_Union[MessageIdPb, _Mapping]] = ..., payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., sequence_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+
+class Deliveries(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Delivered]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Delivered, _Mapping]]] = ...) -> None: ...
+
+class ConsumerReady(_message.Message):
+    __slots__ = ("active",)
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    active: bool
+    def __init__(self, active: _Optional[bool] = ...) -> None: ...
+
+class ActiveChange(_message.Message):
+    __slots__ = ("active",)
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    active: bool
+    def __init__(self, active: _Optional[bool] = ...) -> None: ...
+
+class ConsumeResponse(_message.Message):
+    __slots__ = ("ready", "deliveries", "active", "error")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ready: ConsumerReady
+    deliveries: Deliveries
+    active: ActiveChange
+    error: Error
+    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,167 @@
+"""`streamlib broker`: run a broker of the stream service; `streamlib admin broker
+list | unload STREAM`.
+
+The broker prints one line when it serves: ``broker ID listening on HOST:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+Subparsers = Any
+
+
+def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
+    serve = commands.add_parser("broker", help="run a broker of the stream service (daemon)")
+    serve.add_argument("--metadata", required=True, help="metadata store URI (zk://, sqlite://)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=6650, help="port (0: any free one)")
+    serve.add_argument(
+        "--advertised-address",
+        help="HOST[:PORT] clients dial (default: the bind host; with a wildcard bind, the "
+        "host's primary address)",
+    )
+    serve.add_argument("--broker-id", help="a stable name (default: the advertised address)")
+    serve.add_argument("--session-timeout", type=float, default=10.0)
+    serve.add_argument("--tls-cert", help="PEM certificate: serve over TLS")
+    serve.add_argument("--tls-key", help="PEM key of --tls-cert")
+    serve.add_argument("--tls-ca", help="PEM CA: bookies' (and, with --tls-client-auth, clients')")
+    serve.add_argument("--tls-client-auth", action="store_true", help="require client certificates")
+    serve.add_argument("--token", help="JWT the broker presents to bookies ($STREAMLIB_TOKEN)")
+    serve.add_argument("--log-level", default="WARNING")
+    serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
+    serve.set_defaults(run=_run_broker)
+
+    admin = admin_commands.add_parser("broker", help="the stream service's brokers")
+    admin.add_argument("action", choices=["list", "unload", "owner"])
+    admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
+    admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
+    admin.set_defaults(run=_run_admin)
+
+
+def _fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 1
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    import logging
+
+    from metadata.errors import MetadataError
+    from streamlib.protocol.errors import StreamlibError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        return asyncio.run(_serve(args))
+    except (StreamlibError, MetadataError, ValueError, OSError) as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import grpc
+
+    from bookie.addresses import advertised_address
+    from bookie.tls import TlsFiles
+    from streamlib.broker import broker_pb2_grpc as pb_grpc
+    from streamlib.broker.server import Broker, BrokerService, server_options
+    from streamlib.client import Client
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    server = grpc.aio.server(options=server_options())
+    bind = f"{args.host}:{args.port}"
+    if args.tls_cert:
+        from pathlib import Path
+
+        tls = TlsFiles(
+            Path(args.tls_cert),
+            Path(args.tls_key),
+            Path(args.tls_ca) if args.tls_ca else None,
+            args.tls_client_auth,
+        )
+        port = server.add_secure_port(bind, tls.grpc_credentials())
+    else:
+        port = server.add_insecure_port(bind)
+    if not port:
+        raise OSError(f"cannot bind {bind}")
+    address = advertised_address(args.host, port, args.advertised_address, args.metadata)
+    client = await Client.connect(
+        args.metadata,
+        session_timeout_s=args.session_timeout,
+        **({"tls_ca": args.tls_ca} if args.tls_ca else {}),
+        **({"token": args.token} if args.token else {}),
+    )
+    broker = Broker(client, args.broker_id or address, address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if args.exit_with_stdin:
+        stdin = sys.stdin.fileno()
+
+        def on_stdin() -> None:
+            if not os.read(stdin, 4096):  # EOF: the parent is gone
+                loop.remove_reader(stdin)
+                stop.set()
+
+        loop.add_reader(stdin, on_stdin)
+    try:
+        await broker.start()
+        pb_grpc.add_BrokerServicer_to_server(BrokerService(broker), server)
+        await server.start()
+        print(f"broker {broker.broker_id} listening on {address}", flush=True)
+        await stop.wait()
+    finally:
+        await broker.close()
+        await server.stop(grace=1.0)
+        await client.close()
+    return 0
+
+
+def _run_admin(args: argparse.Namespace) -> int:
+    from metadata.errors import MetadataError
+    from streamlib.protocol.errors import StreamlibError
+
+    if not args.metadata:
+        return _fail("give --metadata URI (or set STREAMLIB_METADATA)")
+    if args.action in ("unload", "owner") and not args.stream:
+        return _fail(f"admin broker {args.action} needs a STREAM")
+    try:
+        return asyncio.run(_admin(args))
+    except (StreamlibError, MetadataError, ValueError, OSError) as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+
+
+async def _admin(args: argparse.Namespace) -> int:
+    import json
+
+    import metadata
+    from metadata.services.brokers import BrokerRegistry
+
+    store = await metadata.connect(args.metadata)
+    try:
+        registry = BrokerRegistry(store)
+        if args.action == "list":
+            for info in await registry.live():
+                print(json.dumps({"broker_id": info.broker_id, "address": info.address,
+                                  "owned": info.owned, "pid": info.pid}))  # fmt: skip
+            return 0
+        owner = await registry.owner(args.stream)
+        if args.action == "owner":
+            print(owner.broker_id + " " + owner.address if owner else "none")
+            return 0
+        if owner is None:
+            print(f"{args.stream}: no broker owns it")
+            return 0
+    finally:
+        await store.close()
+    from streamlib.broker.client import unload
+
+    await unload(owner.address, args.stream)
+    print(f"{args.stream}: unloaded from {owner.broker_id}")
+    return 0

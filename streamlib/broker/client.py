@@ -1,0 +1,897 @@
+"""The client of the stream service: ``streamlib.connect("streamlib://HOST:PORT,...")``.
+
+The same Producer / Consumer / Reader API as direct mode, over the brokers
+(streamlib/broker/server.py). Each producer and consumer looks its stream up, holds one
+gRPC stream to the owner and, when that breaks (the broker died, lost the stream or
+unloaded it), looks the stream up again and reconnects on its own with bounded backoff.
+
+- A producer resends what was not acknowledged, in order, with the same sequence ids:
+  the owner's deduplication drops what the old owner had written, so a send is
+  published exactly once across a failover. A producer has a name (given, or chosen by
+  the broker) and numbers its messages from that name's last sequence id.
+- A consumer receives within flow-control permits (receiver_queue_size); a message it
+  did not acknowledge before its connection broke is delivered again (at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import grpc
+
+from streamlib.broker import broker_pb2 as pb
+from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.protocol import errors as error_types
+from streamlib.protocol.errors import (
+    BadRequestError,
+    BrokerUnavailableError,
+    ClientClosedError,
+    StreamlibError,
+    TimeoutError,
+)
+from streamlib.stream.batch import Compression
+from streamlib.stream.consumer import batch_receive
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
+from streamlib.stream.producer import Checked, Producer, ProducerQueueIsFullError
+from streamlib.stream.reader import Message
+from streamlib.stream.subscription import parse_consumer_type
+
+log = logging.getLogger(__name__)
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (what read() gives at the end)
+
+SCHEME = "streamlib://"
+LOOKUP_TIMEOUT_S = 5.0
+OPEN_TIMEOUT_S = 60.0  # a takeover fences and recovers: it can take a while
+BACKOFF_MAX_S = 2.0
+SEND_BATCH_BYTES = 1 << 20
+SEND_BATCH_MESSAGES = 1000
+# A broken connection's errors that another lookup may cure.
+RETRYABLE = {"StreamGone", "NotOwnerError", "StreamFencedError", "BrokerUnavailableError",
+             "LedgerFencedError", "NotEnoughBookiesError", "BookieUnavailableError",
+             "StreamlibError", "ClientClosedError", "LedgerClosedError"}  # fmt: skip
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        # A broker that stops answering (SIGSTOP, a partition) is noticed within seconds.
+        ("grpc.keepalive_time_ms", 2_000),
+        ("grpc.keepalive_timeout_ms", 2_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def error_from_pb(error: pb.Error) -> StreamlibError:
+    cls = getattr(error_types, error.code, None)
+    if isinstance(cls, type) and issubclass(cls, StreamlibError):
+        return cls(error.message)
+    if error.code == "IncompatibleSchemaError":
+        from streamlib.schema import IncompatibleSchemaError
+
+        return IncompatibleSchemaError(error.message)
+    if error.code in ("InvalidNameError", "ValueError"):
+        return BadRequestError(error.message)
+    failure = StreamlibError(f"{error.code}: {error.message}")
+    failure.remote_code = error.code  # type: ignore[attr-defined]
+    return failure
+
+
+def _code(error: BaseException) -> str:
+    return getattr(error, "remote_code", None) or type(error).__name__
+
+
+def parse_service_uri(uri: str) -> list[str]:
+    if not uri.startswith(SCHEME):
+        raise BadRequestError(f"a service URI is {SCHEME}HOST:PORT[,HOST:PORT...]: {uri!r}")
+    hosts = [h.strip() for h in uri[len(SCHEME) :].strip("/").split(",") if h.strip()]
+    if not hosts or any(":" not in h for h in hosts):
+        raise BadRequestError(f"a service URI is {SCHEME}HOST:PORT[,HOST:PORT...]: {uri!r}")
+    return hosts
+
+
+class ServiceClient:
+    """Producers, consumers and readers through the brokers (see the module doc)."""
+
+    def __init__(self, uri: str, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.uri = uri
+        self.seeds = parse_service_uri(uri)
+        self._credentials = credentials
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._open: list[Any] = []
+        self.closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        uri: str,
+        *,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        **_ignored: Any,
+    ) -> ServiceClient:
+        """A client of the brokers at uri (streamlib://HOST:PORT[,HOST:PORT...]); TLS to
+        them with tls_ca (and tls_cert + tls_key for mutual TLS)."""
+        credentials = None
+        if tls_ca is not None:
+            from pathlib import Path
+
+            from bookie.tls import read_pem
+
+            credentials = grpc.ssl_channel_credentials(
+                read_pem(Path(tls_ca), "CA certificate"),
+                read_pem(Path(tls_key), "key") if tls_key else None,
+                read_pem(Path(tls_cert), "certificate") if tls_cert else None,
+            )
+        client = cls(uri, credentials)
+        await client.lookup_any()  # fail now when no broker answers
+        return client
+
+    def stub(self, address: str) -> pb_grpc.BrokerStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=channel_options())
+            else:
+                channel = grpc.aio.secure_channel(
+                    address, self._credentials, options=channel_options()
+                )
+            self._channels[address] = channel
+        return pb_grpc.BrokerStub(channel)
+
+    async def lookup_any(self) -> None:
+        await self._ask_seeds(
+            lambda stub: stub.Lookup(pb.LookupRequest(stream="__probe__"), timeout=LOOKUP_TIMEOUT_S)
+        )
+
+    async def _ask_seeds(self, call: Callable[[pb_grpc.BrokerStub], Any]) -> Any:
+        last: BaseException | None = None
+        for address in self.seeds:
+            try:
+                return await call(self.stub(address))
+            except grpc.aio.AioRpcError as error:
+                if error.code() in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                ):
+                    raise BadRequestError(error.details() or "bad request") from None
+                last = error
+        raise BrokerUnavailableError(
+            f"no broker of {self.uri} answered: {getattr(last, 'details', lambda: last)()}"
+        )
+
+    async def lookup(self, stream: str) -> str:
+        """The address of the broker serving `stream`."""
+        answer = await self._ask_seeds(
+            lambda stub: stub.Lookup(pb.LookupRequest(stream=stream), timeout=LOOKUP_TIMEOUT_S)
+        )
+        return str(answer.address)
+
+    # -- the API ------------------------------------------------------------------------
+
+    async def create_producer(
+        self,
+        stream: str,
+        *,
+        producer_name: str | None = None,
+        access_mode: str = "shared",
+        max_pending_messages: int = 20_000,
+        block_if_queue_full: bool = True,
+        schema: Any = None,
+        initial_sequence_id: int | None = None,
+        chunking_enabled: bool = False,
+        compression_type: Compression | str = Compression.NONE,
+        **batching: Any,
+    ) -> ServiceProducer:
+        """A producer through the owning broker. access_mode: "shared" (default: many
+        producers; the broker batches them into entries), "exclusive" (ProducerBusyError
+        while others publish), "exclusive_with_fencing" (the others get
+        ProducerFencedError), "wait_for_exclusive" (waits for the others to go).
+        Batching options are the broker's business here (accepted, not used); chunking
+        and compression are not offered through the service (BadRequestError)."""
+        if chunking_enabled:
+            raise BadRequestError("chunking is not offered through the stream service")
+        if Compression.NONE is not compression_type and str(compression_type).lower() not in (
+            "none",
+            "compression.none",
+        ):
+            raise BadRequestError("compression is not offered through the stream service")
+        if max_pending_messages < 1:
+            raise BadRequestError("max_pending_messages must be >= 1")
+        producer = ServiceProducer(
+            self, stream, producer_name or "", access_mode, max_pending_messages,
+            block_if_queue_full, schema, initial_sequence_id,
+        )  # fmt: skip
+        await producer.start()
+        self._open.append(producer)
+        return producer
+
+    async def subscribe(
+        self,
+        stream: str,
+        subscription: str,
+        initial_position: str = "latest",
+        *,
+        consumer_type: Any = "exclusive",
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+        negative_ack_redelivery_delay_ms: int = 1000,
+        schema: Any = None,
+        message_listener: Callable[..., object] | None = None,
+        dead_letter_policy: Any = None,
+        ack_timeout_ms: int = 0,
+        cursor_persist_interval_ms: int = 100,
+    ) -> ServiceConsumer:
+        """A consumer of a durable subscription through its stream's owner:
+        consumer_type "exclusive", "failover", "shared" or "key_shared"."""
+        if not isinstance(stream, str):
+            raise BadRequestError("through the stream service, subscribe to one stream at a time")
+        if dead_letter_policy is not None or ack_timeout_ms:
+            raise BadRequestError(
+                "dead-letter policies and ack timeouts: direct mode only, for now"
+            )
+        kind = parse_consumer_type(consumer_type, service=True)
+        if initial_position not in ("latest", "earliest"):
+            raise BadRequestError(
+                f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
+            )
+        if receiver_queue_size < 1:
+            raise BadRequestError("receiver_queue_size must be >= 1")
+        open_pb = pb.ConsumerOpen(
+            stream=stream,
+            subscription=subscription,
+            consumer_type=kind.value,
+            consumer_name=consumer_name or "",
+            initial_position=initial_position,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+        )
+        consumer = ServiceConsumer(self, open_pb, receiver_queue_size, schema)
+        await consumer.start()
+        self._open.append(consumer)
+        if message_listener is not None:
+            consumer.listen(message_listener)
+        return consumer
+
+    async def create_reader(
+        self,
+        stream: str,
+        start: MessageId | str = EARLIEST,
+        *,
+        receiver_queue_size: int = 1000,
+        start_message_id_inclusive: bool = False,
+        schema: Any = None,
+    ) -> ServiceConsumer:
+        """A non-durable reader through any broker (readers fence nothing)."""
+        begin = parse_start(start)
+        open_pb = pb.ConsumerOpen(stream=stream, start_inclusive=start_message_id_inclusive)
+        if begin == LATEST:
+            open_pb.start_latest = True
+        elif begin != EARLIEST:
+            open_pb.start.CopyFrom(
+                pb.MessageIdPb(
+                    ledger_id=begin.ledger_id,
+                    entry_id=begin.entry_id,
+                    batch_index=begin.batch_index,
+                )
+            )
+        reader = ServiceConsumer(self, open_pb, receiver_queue_size, schema, reader=True)
+        await reader.start()
+        self._open.append(reader)
+        return reader
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "producers": {
+                p.stream: {"sent": p.sent, "pending": p.pending_messages}
+                for p in self._open
+                if isinstance(p, ServiceProducer)
+            },
+            "consumers": {
+                f"{c.stream}/{c.subscription}": {"received": c.received}
+                for c in self._open
+                if isinstance(c, ServiceConsumer)
+            },
+        }
+
+    async def close(self) -> None:
+        self.closed = True
+        for thing in reversed(self._open):
+            with contextlib.suppress(Exception):
+                await thing.close()
+        self._open.clear()
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
+
+    async def __aenter__(self) -> ServiceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def _backoff(attempt: int) -> None:
+    await asyncio.sleep(min(BACKOFF_MAX_S, 0.05 * (2 ** min(attempt, 6))))
+
+
+class _Connection:
+    """Shared by producers and consumers: a lookup, then one bidirectional call."""
+
+    def __init__(self, client: ServiceClient, stream: str) -> None:
+        self.client = client
+        self.stream = stream
+        self.closed = False
+        self.ready = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self.reconnects = 0
+
+    def begin(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def start(self) -> None:
+        """The first connection (its refusal raises here)."""
+        self.begin()
+        await self.ready
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self.closed:
+            try:
+                address = await self.client.lookup(self.stream)
+                await self.session(self.client.stub(address))
+                attempt = 0
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as error:
+                self.reconnects += 1
+                log.info(
+                    "%s: connection broke (%s); looking it up again", self.stream, error.code()
+                )
+            except StreamlibError as error:
+                if not self.ready.done():
+                    self.ready.set_exception(error)
+                    self.closed = True
+                    return
+                if _code(error) not in RETRYABLE:
+                    self.fail(error)
+                    return
+                self.reconnects += 1
+                log.info("%s: %s; looking it up again", self.stream, error)
+            if not self.closed:
+                attempt += 1
+                await _backoff(attempt)
+
+    async def session(self, stub: pb_grpc.BrokerStub) -> None:
+        raise NotImplementedError
+
+    def fail(self, error: BaseException) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+class ServiceProducer(_Connection):
+    def __init__(
+        self,
+        client: ServiceClient,
+        stream: str,
+        name: str,
+        access_mode: str,
+        max_pending: int,
+        block: bool,
+        schema: Any,
+        initial_sequence_id: int | None,
+    ) -> None:
+        super().__init__(client, stream)
+        self.producer_name = name
+        self.access_mode = access_mode
+        self._max_pending = max_pending
+        self._block = block
+        self.schema = schema
+        self._initial = initial_sequence_id
+        self.last_sequence_id = -1
+        # Sent and not yet acknowledged, by sequence id, in order; the first `_sent` of
+        # them went on this connection, the rest wait.
+        self._pending: collections.OrderedDict[
+            int, tuple[pb.Send, asyncio.Future[MessageId], float]
+        ] = collections.OrderedDict()
+        self._unsent: collections.deque[int] = collections.deque()
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._error: BaseException | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self.sent = 0
+        self.send_errors = 0
+        self.latency_sum_s = 0.0
+        self.duplicates = 0
+
+    # (what the blocking facade reads)
+    chunking_enabled = False
+
+    @property
+    def max_pending_messages(self) -> int:
+        return self._max_pending
+
+    @property
+    def block_if_queue_full(self) -> bool:
+        return self._block
+
+    @property
+    def pending_messages(self) -> int:
+        return len(self._pending)
+
+    async def session(self, stub: pb_grpc.BrokerStub) -> None:
+        call = stub.Produce()
+        try:
+            await call.write(pb.ProduceRequest(open=pb.ProducerOpen(
+                stream=self.stream, producer_name=self.producer_name, access_mode=self.access_mode)))  # fmt: skip
+            first = await asyncio.wait_for(call.read(), OPEN_TIMEOUT_S)
+            if first is _EOF:
+                raise BrokerUnavailableError("the broker closed the producer's stream")
+            if first.WhichOneof("kind") == "error":
+                raise error_from_pb(first.error)
+            ready = first.ready
+            self.producer_name = ready.producer_name
+            if not self.ready.done():
+                last = ready.last_sequence_id
+                self.last_sequence_id = last if self._initial is None else max(self._initial, last)
+                self.ready.set_result(None)
+            # Everything unacknowledged goes again, in order, on this connection.
+            self._unsent = collections.deque(self._pending)
+            self._wake.set()
+            sender = asyncio.get_running_loop().create_task(self._send_loop(call))
+            try:
+                await self._receive_loop(call)
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+        finally:
+            call.cancel()
+
+    async def _send_loop(self, call: Any) -> None:
+        while True:
+            if not self._unsent:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = pb.SendBatch()
+            size = 0
+            while (
+                self._unsent and len(batch.sends) < SEND_BATCH_MESSAGES and size < SEND_BATCH_BYTES
+            ):
+                sequence_id = self._unsent.popleft()
+                found = self._pending.get(sequence_id)
+                if found is None:
+                    continue
+                batch.sends.append(found[0])
+                size += len(found[0].payload) + 32
+            if batch.sends:
+                await call.write(pb.ProduceRequest(send=batch))
+
+    async def _receive_loop(self, call: Any) -> None:
+        while True:
+            response = await call.read()
+            if response is _EOF:
+                raise BrokerUnavailableError("the broker ended the producer's stream")
+            which = response.WhichOneof("kind")
+            if which == "receipts":
+                now = time.monotonic()
+                for receipt in response.receipts.receipts:
+                    found = self._pending.pop(receipt.sequence_id, None)
+                    if found is None:
+                        continue
+                    future = found[1]
+                    if receipt.duplicate:
+                        self.duplicates += 1
+                    if not future.done():
+                        m = receipt.message_id
+                        future.set_result(MessageId(m.ledger_id, m.entry_id, m.batch_index))
+                    self.sent += 1
+                    self.latency_sum_s += now - found[2]
+                self._after_settle()
+            elif which == "failed":
+                error = error_from_pb(response.failed.error)
+                for sequence_id in response.failed.sequence_ids:
+                    found = self._pending.pop(sequence_id, None)
+                    if found is not None and not found[1].done():
+                        found[1].set_exception(error)
+                        self.send_errors += 1
+                self._after_settle()
+            elif which == "error":
+                raise error_from_pb(response.error)
+
+    def _after_settle(self) -> None:
+        self._room.set()
+        if not self._pending:
+            self._drained.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        for _send, future, _t in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+                self.send_errors += 1
+        self._pending.clear()
+        self._unsent.clear()
+        self._after_settle()
+
+    # -- sending ------------------------------------------------------------------------
+
+    def queue_checked(
+        self, checked: Checked, sequence_id: int | None = None
+    ) -> asyncio.Future[MessageId]:
+        if self.closed or self._error is not None:
+            raise self._error or ClientClosedError(f"producer of {self.stream!r} is closed")
+        data, event_ms, metadata, deliver_ms = checked
+        if sequence_id is None:
+            sequence = self.last_sequence_id + 1
+        elif (
+            isinstance(sequence_id, int)
+            and not isinstance(sequence_id, bool)
+            and sequence_id > self.last_sequence_id
+        ):
+            sequence = sequence_id
+        else:
+            raise BadRequestError(
+                f"sequence_id must be an int above the last one ({self.last_sequence_id}), got {sequence_id!r}"
+            )
+        self.last_sequence_id = sequence
+        send = pb.Send(
+            sequence_id=sequence, payload=data, event_time_ms=event_ms, deliver_at_ms=deliver_ms
+        )
+        if metadata is not None:
+            if metadata.HasField("key"):
+                send.key = metadata.key
+            send.properties.update(metadata.properties)
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        self._pending[sequence] = (send, future, time.monotonic())
+        self._unsent.append(sequence)
+        self._drained.clear()
+        self._wake.set()
+        return future
+
+    async def send_checked(
+        self, checked: Checked, sequence_id: int | None = None
+    ) -> asyncio.Future[MessageId]:
+        while len(self._pending) >= self._max_pending and not self.closed:
+            if not self._block:
+                raise ProducerQueueIsFullError(
+                    f"{len(self._pending)} messages pending on {self.stream!r}"
+                )
+            self._room.clear()
+            await self._room.wait()
+        return self.queue_checked(checked, sequence_id)
+
+    async def send_async(
+        self,
+        data: Any,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: Any = None,
+        deliver_after: Any = None,
+        deliver_at: Any = None,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        if self.schema is not None:
+            data = self.schema.encode(data)
+        checked = Producer._checked(data, key, properties, event_time, deliver_after, deliver_at)
+        return await self.send_checked(checked, sequence_id)
+
+    async def send(self, data: Any, key: str | None = None, properties: Mapping[str, str] | None = None, event_time: Any = None,
+                   deliver_after: Any = None, deliver_at: Any = None, sequence_id: int | None = None) -> MessageId:  # fmt: skip
+        return await (
+            await self.send_async(
+                data, key, properties, event_time, deliver_after, deliver_at, sequence_id
+            )
+        )
+
+    async def flush(self) -> None:
+        """Wait until everything sent is acknowledged (or failed)."""
+        await self._drained.wait()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        if self._error is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.flush(), 30)
+        await self.stop()
+        self.fail(ClientClosedError(f"producer of {self.stream!r} is closed"))
+
+
+class ServiceMessage(Message):
+    """A message delivered by a broker."""
+
+    __slots__ = ("_mid", "_pb", "_schema", "_stream")
+
+    def __init__(self, delivered: pb.Delivered, stream: str, schema: Any) -> None:
+        self._pb = delivered
+        self._stream = stream
+        self._schema = schema
+        i = delivered.id
+        self._mid = MessageId(i.ledger_id, i.entry_id, i.batch_index)
+
+    @property
+    def stream(self) -> str:
+        return self._stream
+
+    @property
+    def message_id(self) -> MessageId:
+        return self._mid
+
+    @property
+    def data(self) -> bytes:
+        return self._pb.payload
+
+    @property
+    def key(self) -> str | None:
+        return self._pb.key if self._pb.HasField("key") else None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self._pb.properties)
+
+    @property
+    def publish_time_ms(self) -> int:
+        return self._pb.publish_time_ms
+
+    @property
+    def event_time_ms(self) -> int:
+        return self._pb.event_time_ms
+
+    @property
+    def sequence_id(self) -> int:
+        return self._pb.sequence_id
+
+    @property
+    def producer_name(self) -> str:
+        return self._pb.producer_name
+
+    @property
+    def redelivery_count(self) -> int:
+        return self._pb.redelivery_count
+
+    @property
+    def deliver_at_ms(self) -> int:
+        return 0
+
+    def value(self) -> Any:
+        return self.data if self._schema is None else self._schema.decode(self.data)
+
+    def __repr__(self) -> str:
+        return f"Message({self._stream!r}, {self._mid}, {self.data[:40]!r})"
+
+
+class ServiceConsumer(_Connection):
+    """A consumer (or, reader=True, a reader) through a broker."""
+
+    def __init__(
+        self,
+        client: ServiceClient,
+        opened: pb.ConsumerOpen,
+        queue_size: int,
+        schema: Any,
+        *,
+        reader: bool = False,
+    ) -> None:
+        super().__init__(client, opened.stream)
+        self._open_pb = opened
+        self.subscription = opened.subscription
+        self._reader = reader
+        self._queue_size = queue_size
+        self._schema = schema
+        self._messages: asyncio.Queue[ServiceMessage | BaseException] = asyncio.Queue()
+        self._taken = 0  # received since permits were last given back
+        self._acks: list[tuple[MessageId, bool, bool]] = []  # (id, cumulative, negative)
+        self._call: Any = None
+        self._flush = asyncio.Event()
+        self._active = asyncio.Event()
+        self._last: MessageId | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self.received = 0
+        self.acknowledged = 0
+        self.negatively_acknowledged = 0
+
+    @property
+    def consumer_type(self) -> str:
+        return self._open_pb.consumer_type or "exclusive"
+
+    @property
+    def is_active(self) -> bool:
+        return self._active.is_set()
+
+    @property
+    def mark_delete_position(self) -> MessageId:
+        return self._last or EARLIEST
+
+    async def session(self, stub: pb_grpc.BrokerStub) -> None:
+        call = stub.Consume()
+        try:
+            await call.write(pb.ConsumeRequest(open=self._open_pb))
+            first = await asyncio.wait_for(call.read(), OPEN_TIMEOUT_S)
+            if first is _EOF:
+                raise BrokerUnavailableError("the broker closed the consumer's stream")
+            if first.WhichOneof("kind") == "error":
+                raise error_from_pb(first.error)
+            self._set_active(first.ready.active)
+            # What this connection delivers is new: drop what the last one left unread
+            # (the broker delivers it again).
+            while not self._messages.empty():
+                self._messages.get_nowait()
+            self._taken = 0
+            self._call = call
+            await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=self._queue_size)))
+            if not self.ready.done():
+                self.ready.set_result(None)
+            sender = asyncio.get_running_loop().create_task(self._ack_loop(call))
+            try:
+                while True:
+                    response = await call.read()
+                    if response is _EOF:
+                        raise BrokerUnavailableError("the broker ended the consumer's stream")
+                    which = response.WhichOneof("kind")
+                    if which == "deliveries":
+                        for one in response.deliveries.messages:
+                            self._messages.put_nowait(
+                                ServiceMessage(one, self.stream, self._schema)
+                            )
+                    elif which == "active":
+                        self._set_active(response.active.active)
+                    elif which == "error":
+                        raise error_from_pb(response.error)
+            finally:
+                self._call = None
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+        finally:
+            call.cancel()
+
+    def _set_active(self, active: bool) -> None:
+        if active:
+            self._active.set()
+        else:
+            self._active.clear()
+
+    async def _ack_loop(self, call: Any) -> None:
+        """Acks and permits, gathered: one write for however many came meanwhile."""
+        while True:
+            self._flush.clear()
+            if self._taken >= max(1, self._queue_size // 2):
+                permits, self._taken = self._taken, 0
+                await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))
+            acks, self._acks = self._acks, []
+            for (cumulative, negative), group in _grouped(acks).items():
+                await call.write(pb.ConsumeRequest(ack=pb.AckRequest(
+                    ids=[pb.MessageIdPb(ledger_id=m.ledger_id, entry_id=m.entry_id, batch_index=m.batch_index) for m in group],
+                    cumulative=cumulative, negative=negative)))  # fmt: skip
+            if not self._acks and self._taken < max(1, self._queue_size // 2):
+                await self._flush.wait()
+
+    def fail(self, error: BaseException) -> None:
+        self._messages.put_nowait(error)
+
+    # -- receiving ----------------------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> ServiceMessage:
+        if self.closed:
+            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
+        try:
+            async with asyncio.timeout(timeout):
+                item = await self._messages.get()
+        except builtins.TimeoutError:
+            raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
+        if isinstance(item, BaseException):
+            self._messages.put_nowait(item)
+            raise item
+        self._taken += 1
+        self._flush.set()
+        self.received += 1
+        return item
+
+    async def read_next(self, timeout: float | None = None) -> ServiceMessage:
+        return await self.receive(timeout)
+
+    async def batch_receive(
+        self, max_num_messages: int = 100, timeout_ms: int = 100
+    ) -> list[Message]:
+        return await batch_receive(self.receive, max_num_messages, timeout_ms)
+
+    def _ack(self, message: Message | MessageId, cumulative: bool, negative: bool) -> None:
+        if self._reader:
+            raise BadRequestError("a reader does not acknowledge")
+        position = message if isinstance(message, MessageId) else message.message_id
+        self._acks.append((position, cumulative, negative))
+        self._flush.set()
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        self._ack(message, False, False)
+        self.acknowledged += 1
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        self._ack(message, True, False)
+        self.acknowledged += 1
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        self._ack(message, False, True)
+        self.negatively_acknowledged += 1
+
+    def listen(self, listener: Callable[..., object]) -> None:
+        async def run() -> None:
+            while not self.closed:
+                message = await self.receive()
+                outcome = listener(self, message)
+                if asyncio.iscoroutine(outcome):
+                    await outcome
+
+        self._listener = asyncio.get_running_loop().create_task(run())
+
+    async def persist(self) -> None:
+        """Wait until the acknowledgements given so far went to the broker (which keeps
+        the cursor)."""
+        self._flush.set()
+        for _ in range(200):
+            if not self._acks:
+                return
+            await asyncio.sleep(0.005)
+
+    async def seek(self, target: Any) -> None:
+        raise BadRequestError("seek through the stream service is not offered yet: use direct mode")
+
+    async def has_message_available(self) -> bool:
+        raise BadRequestError("has_message_available through the stream service is not offered yet")
+
+    async def unsubscribe(self) -> None:
+        raise BadRequestError(
+            "unsubscribe through the stream service is not offered yet: use admin"
+        )
+
+    async def close(self, persist: bool = True) -> None:
+        if self.closed:
+            return
+        if persist:
+            await self.persist()
+        if self._listener is not None:
+            self._listener.cancel()
+        await self.stop()
+        self.fail(ClientClosedError(f"consumer {self.subscription!r} is closed"))
+
+    def __aiter__(self) -> ServiceConsumer:
+        return self
+
+    async def __anext__(self) -> ServiceMessage:
+        return await self.receive()
+
+    async def stream_messages(self) -> AsyncIterator[ServiceMessage]:
+        while True:
+            yield await self.receive()
+
+
+def _grouped(acks: list[tuple[MessageId, bool, bool]]) -> dict[tuple[bool, bool], list[MessageId]]:
+    out: dict[tuple[bool, bool], list[MessageId]] = {}
+    for position, cumulative, negative in acks:
+        out.setdefault((cumulative, negative), []).append(position)
+    return out
+
+
+async def unload(address: str, stream: str) -> bool:
+    """Ask the broker at address to give up `stream` (admin)."""
+    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+        answer = await pb_grpc.BrokerStub(channel).Unload(
+            pb.UnloadRequest(stream=stream), timeout=30
+        )
+    return bool(answer.unloaded)

@@ -1,0 +1,509 @@
+"""The broker: a gRPC service that owns streams and serves their producers and
+consumers (architecture 4a; the client side is streamlib/broker/client.py).
+
+    streamlib broker --metadata URI [--host H --port P --advertised-address A]
+                     [--broker-id ID] [--tls-cert F --tls-key F [--tls-ca F]]
+
+Ownership: a lease per stream in the metadata store (metadata/services/brokers.py). A
+stream nobody owns goes to the live broker owning the fewest (lookup); that broker
+takes the lease, then the stream over by fencing, and only then serves it. A broker
+whose session expires loses its leases and stops serving; if it still runs unaware
+(SIGSTOP, a partition), the next owner's fencing makes its writes fail: it can
+acknowledge nothing more, and gives the stream up when it notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from metadata.services.brokers import BrokerInfo, BrokerRegistry
+from streamlib.broker import broker_pb2 as pb
+from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.broker.owned import OwnedStream, StreamGone
+from streamlib.protocol.dispatch import Kind
+from streamlib.protocol.errors import BadRequestError, StreamlibError
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId
+from streamlib.stream.producer import Producer
+from streamlib.stream.reader import Message
+from streamlib.stream.subscription import parse_consumer_type
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
+DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
+KINDS = {
+    "exclusive": Kind.EXCLUSIVE,
+    "failover": Kind.FAILOVER,
+    "shared": Kind.SHARED,
+    "key_shared": Kind.KEY_SHARED,
+}
+
+
+def error_pb(error: BaseException) -> pb.Error:
+    code = (
+        type(error).__name__ if isinstance(error, StreamlibError | ValueError) else "StreamlibError"
+    )
+    return pb.Error(code=code, message=str(error) or code)
+
+
+def id_pb(message_id: MessageId) -> pb.MessageIdPb:
+    return pb.MessageIdPb(
+        ledger_id=message_id.ledger_id,
+        entry_id=message_id.entry_id,
+        batch_index=message_id.batch_index,
+    )
+
+
+def id_from_pb(message_id: pb.MessageIdPb) -> MessageId:
+    return MessageId(message_id.ledger_id, message_id.entry_id, message_id.batch_index).checked()
+
+
+class NotOwnerError(StreamlibError):
+    """Another broker owns the stream (its address is in the message)."""
+
+
+class Broker:
+    def __init__(self, client: Any, broker_id: str, address: str) -> None:
+        self.client = client
+        self.broker_id = broker_id
+        self.address = address
+        self.registry = BrokerRegistry(client.store)
+        self.owned: dict[str, OwnedStream] = {}
+        self._owning: dict[str, asyncio.Future[OwnedStream]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    @property
+    def info(self) -> BrokerInfo:
+        return BrokerInfo(self.broker_id, self.address, len(self.owned), os.getpid())
+
+    async def start(self) -> None:
+        await self.registry.register(self.info)
+        self.client.store.add_session_listener(self._on_session)
+
+    def _on_session(self, state: str) -> None:
+        """The session expired: its leases are gone. Stop serving every stream (another
+        broker may own them now) and register again."""
+        self._spawn(self._session_lost())
+
+    async def _session_lost(self) -> None:
+        for stream in list(self.owned):
+            await self._drop(
+                stream, StreamGone(f"broker {self.broker_id} lost its metadata session")
+            )
+        with contextlib.suppress(Exception):
+            await self.registry.register(self.info)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- ownership ----------------------------------------------------------------------
+
+    async def lookup(self, stream: str) -> BrokerInfo:
+        """The broker that serves `stream`; one is assigned when none owns it."""
+        if stream in self.owned:
+            return self.info
+        owner = await self.registry.owner(stream)
+        if owner is not None:
+            return owner
+        live = await self.registry.live()
+        if not live:
+            return self.info
+        least = min(live, key=lambda b: (b.owned, b.broker_id))
+        if least.broker_id == self.broker_id or least.owned >= len(self.owned):
+            await self.own(stream)
+            return self.info
+        return least
+
+    async def own(self, stream: str) -> OwnedStream:
+        """The stream, served here: the lease taken and the stream taken over first."""
+        if self.closed:
+            raise StreamGone(f"broker {self.broker_id} is stopping")
+        found = self.owned.get(stream)
+        if found is not None:
+            return found
+        owning = self._owning.get(stream)
+        if owning is not None:
+            return await asyncio.shield(owning)
+        future: asyncio.Future[OwnedStream] = asyncio.get_running_loop().create_future()
+        self._owning[stream] = future
+        try:
+            owned = await self._acquire(stream)
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # (retrieved: nobody else may be waiting)
+            raise
+        else:
+            future.set_result(owned)
+            return owned
+        finally:
+            del self._owning[stream]
+
+    async def _acquire(self, stream: str) -> OwnedStream:
+        await self.client.streams.ensure(stream)  # (NoSuchStream, bad names: before the lease)
+        if not await self.registry.try_own(stream, self.info):
+            owner = await self.registry.owner(stream)
+            where = owner.address if owner is not None else "(released meanwhile)"
+            raise NotOwnerError(f"stream {stream!r} is owned by broker at {where}")
+        owned = OwnedStream(self, stream)
+        try:
+            await owned.start()
+        except BaseException:
+            await owned.close(StreamGone("the takeover failed"))
+            with contextlib.suppress(Exception):
+                await self.registry.release(stream, self.broker_id)
+            raise
+        self.owned[stream] = owned
+        await self._update_load()
+        log.info("broker %s owns %s", self.broker_id, stream)
+        return owned
+
+    async def _update_load(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.registry.update(self.info)
+
+    def give_up(self, stream: str, error: BaseException | None) -> None:
+        """The stream's writer failed (fenced: someone else owns it now)."""
+        if stream in self.owned:
+            self._spawn(self._drop(stream, StreamGone(f"stream {stream!r} moved: {error}")))
+
+    async def _drop(self, stream: str, error: BaseException) -> None:
+        owned = self.owned.pop(stream, None)
+        if owned is None:
+            return
+        await owned.close(error)
+        with contextlib.suppress(Exception):
+            await self.registry.release(stream, self.broker_id)
+        await self._update_load()
+
+    async def unload(self, stream: str) -> bool:
+        if stream not in self.owned:
+            return False
+        await self._drop(stream, StreamGone(f"stream {stream!r} was unloaded"))
+        return True
+
+    async def close(self) -> None:
+        self.closed = True
+        for stream in list(self.owned):
+            await self._drop(stream, StreamGone(f"broker {self.broker_id} stopped"))
+        with contextlib.suppress(Exception):
+            await self.registry.unregister(self.broker_id)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class BrokerService(pb_grpc.BrokerServicer):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+        try:
+            info = await self.broker.lookup(request.stream)
+        except StreamlibError as error:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}"
+            )
+        except Exception as error:  # a bad name (metadata's InvalidNameError), ...
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{type(error).__name__}: {error}"
+            )
+        return pb.LookupResponse(broker_id=info.broker_id, address=info.address)
+
+    async def Unload(self, request: pb.UnloadRequest, context: Any) -> pb.UnloadResponse:
+        return pb.UnloadResponse(unloaded=await self.broker.unload(request.stream))
+
+    # -- producing ----------------------------------------------------------------------
+
+    async def Produce(
+        self, requests: AsyncIterator[pb.ProduceRequest], context: Any
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        iterator = requests.__aiter__()
+        try:
+            first = await iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "open":
+            yield pb.ProduceResponse(error=error_pb(BadRequestError("open the producer first")))
+            return
+        opened = first.open
+        try:
+            owned = await self.broker.own(opened.stream)
+            session = await owned.add_producer(opened.producer_name, opened.access_mode or "shared")
+        except Exception as error:
+            yield pb.ProduceResponse(error=error_pb(error))
+            return
+        try:
+            yield pb.ProduceResponse(
+                ready=pb.ProducerReady(
+                    producer_name=session.name, last_sequence_id=owned.dedup.last(session.name)
+                )
+            )
+            receipts: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue()
+            reader = asyncio.get_running_loop().create_task(
+                self._take_sends(iterator, owned, session, receipts)
+            )
+            fenced = asyncio.get_running_loop().create_task(session.fenced.wait())
+            try:
+                while True:
+                    getting = asyncio.get_running_loop().create_task(receipts.get())
+                    done, _ = await asyncio.wait(
+                        {getting, fenced}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if getting not in done:
+                        getting.cancel()
+                        yield pb.ProduceResponse(
+                            error=error_pb(session.error or StreamGone("gone"))
+                        )
+                        return
+                    response = getting.result()
+                    if response is None:
+                        return
+                    yield response
+            finally:
+                reader.cancel()
+                fenced.cancel()
+                await asyncio.gather(reader, fenced, return_exceptions=True)
+        finally:
+            await owned.remove_producer(session)
+
+    async def _take_sends(
+        self,
+        iterator: AsyncIterator[pb.ProduceRequest],
+        owned: OwnedStream,
+        session: Any,
+        receipts: asyncio.Queue[pb.ProduceResponse | None],
+    ) -> None:
+        """Each batch of sends: published in order; their receipts queued as a batch
+        once every one of it is durable (batches settle in order: one stream, in order)."""
+        pending: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)  # batches waiting to settle
+        settler = asyncio.get_running_loop().create_task(self._settle(pending, receipts))
+        try:
+            async for request in iterator:
+                if request.WhichOneof("kind") != "send":
+                    receipts.put_nowait(
+                        pb.ProduceResponse(error=error_pb(BadRequestError("a producer only sends")))
+                    )
+                    break
+                outcomes: list[tuple[int, Any]] = []
+                for send in request.send.sends:
+                    try:
+                        checked = Producer._checked(
+                            send.payload,
+                            send.key if send.HasField("key") else None,
+                            dict(send.properties),
+                            send.event_time_ms or None,
+                            None,
+                            send.deliver_at_ms or None,
+                        )
+                        if send.sequence_id < 0:
+                            raise BadRequestError(f"sequence_id must be >= 0: {send.sequence_id}")
+                        outcomes.append(
+                            (send.sequence_id, owned.publish(session, send.sequence_id, checked))
+                        )
+                    except Exception as error:
+                        outcomes.append((send.sequence_id, error))
+                await pending.put(outcomes)  # (bounded: a flood waits here, not in memory)
+        finally:
+            await pending.put(None)
+            await settler
+
+    async def _settle(
+        self, pending: asyncio.Queue[Any], receipts: asyncio.Queue[pb.ProduceResponse | None]
+    ) -> None:
+        while (outcomes := await pending.get()) is not None:
+            batch = pb.ReceiptBatch()
+            failed: list[int] = []
+            failure: BaseException | None = None
+            for sequence_id, outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    failed.append(sequence_id)
+                    failure = failure or outcome
+                    continue
+                duplicate = not isinstance(outcome, asyncio.Future)
+                try:
+                    where = outcome if duplicate else await outcome
+                except Exception as error:
+                    failed.append(sequence_id)
+                    failure = failure or error
+                    continue
+                batch.receipts.add(
+                    sequence_id=sequence_id, message_id=id_pb(where), duplicate=duplicate
+                )
+            if batch.receipts:
+                receipts.put_nowait(pb.ProduceResponse(receipts=batch))
+            if failed:
+                assert failure is not None
+                receipts.put_nowait(
+                    pb.ProduceResponse(
+                        failed=pb.SendFailed(sequence_ids=failed, error=error_pb(failure))
+                    )
+                )
+        receipts.put_nowait(None)
+
+    # -- consuming ----------------------------------------------------------------------
+
+    async def Consume(
+        self, requests: AsyncIterator[pb.ConsumeRequest], context: Any
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        iterator = requests.__aiter__()
+        try:
+            first = await iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "open":
+            yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
+            return
+        opened = first.open
+        if not opened.subscription:
+            async for response in self._read(opened, iterator):
+                yield response
+            return
+        try:
+            kind = KINDS[
+                parse_consumer_type(opened.consumer_type or "exclusive", service=True).value
+            ]
+            if opened.initial_position not in ("", "latest", "earliest"):
+                raise BadRequestError(
+                    f"initial_position is latest or earliest: {opened.initial_position!r}"
+                )
+            owned = await self.broker.own(opened.stream)
+            dispatcher, session = await owned.add_consumer(
+                opened.subscription,
+                kind,
+                opened.consumer_name,
+                opened.initial_position or "latest",
+                opened.negative_ack_redelivery_delay_ms or 1000,
+            )
+        except Exception as error:
+            yield pb.ConsumeResponse(error=error_pb(error))
+            return
+        loop = asyncio.get_running_loop()
+
+        async def take_requests() -> None:
+            async for request in iterator:
+                which = request.WhichOneof("kind")
+                if which == "flow":
+                    dispatcher.flow(session.cid, request.flow.permits)
+                elif which == "ack":
+                    ids = [id_from_pb(i) for i in request.ack.ids]
+                    if request.ack.negative:
+                        dispatcher.nack(session.cid, ids)
+                    else:
+                        dispatcher.ack(session.cid, ids, request.ack.cumulative)
+            session.outbox.put_nowait(StreamGone("the consumer closed"))
+
+        taker = loop.create_task(take_requests())
+        try:
+            yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=session.active))
+            active = session.active
+            while True:
+                item = await session.outbox.get()
+                if isinstance(item, BaseException):
+                    if not taker.done():
+                        yield pb.ConsumeResponse(error=error_pb(item))
+                    return
+                if session.active != active:
+                    active = session.active
+                    yield pb.ConsumeResponse(active=pb.ActiveChange(active=active))
+                if item:
+                    for chunk in deliveries(item):
+                        yield pb.ConsumeResponse(deliveries=chunk)
+        finally:
+            taker.cancel()
+            await asyncio.gather(taker, return_exceptions=True)
+            await owned.remove_consumer(opened.subscription, session)
+
+    async def _read(
+        self, opened: pb.ConsumerOpen, iterator: AsyncIterator[pb.ConsumeRequest]
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        """A reader: non-durable, served by any broker (reading fences nothing)."""
+        if opened.start_latest:
+            start: MessageId | str = LATEST
+        elif opened.HasField("start"):
+            start = id_from_pb(opened.start)
+        else:
+            start = EARLIEST
+        try:
+            reader = await self.broker.client.create_reader(
+                opened.stream, start, start_message_id_inclusive=opened.start_inclusive
+            )
+        except Exception as error:
+            yield pb.ConsumeResponse(error=error_pb(error))
+            return
+        permits = asyncio.Semaphore(0)
+
+        async def take_requests() -> None:
+            async for request in iterator:
+                if request.WhichOneof("kind") == "flow":
+                    for _ in range(min(request.flow.permits, 100_000)):
+                        permits.release()
+
+        taker = asyncio.get_running_loop().create_task(take_requests())
+        try:
+            yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=True))
+            while not taker.done():
+                await permits.acquire()
+                message = await reader.read_next()
+                for chunk in deliveries([message]):
+                    yield pb.ConsumeResponse(deliveries=chunk)
+        finally:
+            taker.cancel()
+            await asyncio.gather(taker, return_exceptions=True)
+            await reader.close()
+
+
+def delivered_pb(message: Message) -> pb.Delivered:
+    out = pb.Delivered(
+        id=id_pb(message.message_id),
+        payload=message.data,
+        publish_time_ms=message.publish_time_ms,
+        event_time_ms=message.event_time_ms,
+        sequence_id=message.sequence_id,
+        producer_name=message.producer_name,
+        redelivery_count=message.redelivery_count,
+    )
+    key = message.key
+    if key is not None:
+        out.key = key
+    properties = message.properties
+    if properties:
+        out.properties.update(properties)
+    return out
+
+
+def deliveries(messages: list[Message]) -> list[pb.Deliveries]:
+    """Messages as gRPC messages of about DELIVERY_BYTES each."""
+    out: list[pb.Deliveries] = []
+    current = pb.Deliveries()
+    size = 0
+    for message in messages:
+        one = delivered_pb(message)
+        if size and size + len(message.data) > DELIVERY_BYTES:
+            out.append(current)
+            current, size = pb.Deliveries(), 0
+        current.messages.append(one)
+        size += len(message.data) + 64
+    if current.messages:
+        out.append(current)
+    return out
+
+
+def server_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]

@@ -1,0 +1,236 @@
+"""Which consumer of a subscription gets which message: the broker's dispatch rules.
+
+Sans-I/O (no asyncio, no clocks): the broker feeds it the consumers that come and go,
+their flow permits, the messages read from the subscription's cursor and the acks; it
+answers with the deliveries to make. One Dispatch per subscription on its owning broker.
+
+- exclusive: one consumer; a second is refused (ConsumerBusy).
+- failover: the first consumer (in arrival order) receives; the others stand by and
+  take over, in order, when it leaves; its unacknowledged messages go to the next.
+- shared: round robin over the consumers that have permits; a consumer that leaves
+  has its unacknowledged messages delivered to the others.
+- key_shared: a message goes to the consumer that owns its key's hash slot (consistent
+  hashing, so a consumer coming or going moves few slots). Per-key order holds across
+  such moves: a slot's messages wait while a consumer other than its new owner still
+  has messages of that slot unacknowledged, and a waiting slot's later messages wait
+  behind them (Pulsar's Key_Shared with its "recently joined consumers" rule does the
+  same thing by read position).
+
+Messages are opaque to it (a `Pending(ref, message_id, slot)`); it never reads ahead
+more than `max_pending` messages, so a subscription with no permits holds bounded memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import enum
+import zlib
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+SLOTS = 1 << 16
+POINTS_PER_CONSUMER = 64
+
+
+class Kind(enum.Enum):
+    EXCLUSIVE = "exclusive"
+    FAILOVER = "failover"
+    SHARED = "shared"
+    KEY_SHARED = "key_shared"
+
+
+def key_slot(key: str | None, message_id: Hashable) -> int:
+    """The hash slot of a message (a message without a key hashes by its id, as
+    Pulsar's Key_Shared spreads them)."""
+    text = key if key is not None else repr(message_id)
+    return zlib.crc32(text.encode()) % SLOTS
+
+
+@dataclass
+class Pending:
+    ref: Any  # what the broker delivers (its Message)
+    message_id: Any  # ordered and hashable (a MessageId)
+    slot: int
+
+
+@dataclass
+class _Consumer:
+    cid: Hashable
+    name: str
+    permits: int = 0
+    unacked: dict[Hashable, Pending] = field(default_factory=dict)
+
+
+class ConsumerBusy(Exception):
+    """The subscription refuses this consumer (exclusive and taken, or another type)."""
+
+
+class Dispatch:
+    def __init__(self, kind: Kind, max_pending: int = 1000) -> None:
+        self.kind = kind
+        self.max_pending = max_pending
+        self._consumers: dict[Hashable, _Consumer] = {}  # arrival order
+        self._queue: collections.deque[Pending] = collections.deque()  # not yet delivered
+        self._robin = 0
+        self._ring: list[tuple[int, Hashable]] = []  # key_shared: (point, consumer)
+        # key_shared: per slot, consumer -> its unacknowledged messages of the slot.
+        self._slot_unacked: dict[int, collections.Counter[Hashable]] = {}
+
+    # -- consumers ----------------------------------------------------------------------
+
+    def add(self, cid: Hashable, name: str, kind: Kind) -> None:
+        if kind is not self.kind:
+            raise ConsumerBusy(
+                f"the subscription is {self.kind.value} while it has consumers; "
+                f"a {kind.value} consumer cannot join"
+            )
+        if self.kind is Kind.EXCLUSIVE and self._consumers:
+            raise ConsumerBusy("the subscription is exclusive and has a consumer")
+        self._consumers[cid] = _Consumer(cid, name)
+        self._rebuild_ring()
+
+    def remove(self, cid: Hashable) -> None:
+        """A consumer left: its unacknowledged messages go first to the others."""
+        gone = self._consumers.pop(cid, None)
+        if gone is None:
+            return
+        back = sorted(gone.unacked.values(), key=lambda p: p.message_id)
+        for pending in back:
+            self._forget_slot(pending.slot, cid)
+        self._queue.extendleft(reversed(back))
+        self._rebuild_ring()
+
+    def unacked_of(self, cid: Hashable) -> list[Pending]:
+        consumer = self._consumers.get(cid)
+        return [] if consumer is None else list(consumer.unacked.values())
+
+    def consumers(self) -> list[Hashable]:
+        return list(self._consumers)
+
+    def active(self) -> Hashable | None:
+        """Failover: the consumer that receives (the first to arrive)."""
+        return next(iter(self._consumers), None)
+
+    def flow(self, cid: Hashable, permits: int) -> None:
+        consumer = self._consumers.get(cid)
+        if consumer is not None:
+            consumer.permits += max(0, permits)
+
+    # -- messages -----------------------------------------------------------------------
+
+    def wants_more(self) -> bool:
+        """Whether reading another message from the cursor is useful now."""
+        if len(self._queue) >= self.max_pending:
+            return False
+        return any(c.permits > 0 for c in self._receivers())
+
+    def offer(self, pending: Pending) -> None:
+        self._queue.append(pending)
+
+    def redeliver(self, pendings: Iterable[Pending]) -> None:
+        """Messages to deliver again before the others (a negative ack's, when due)."""
+        self._queue.extendleft(reversed(sorted(pendings, key=lambda p: p.message_id)))
+
+    def ack(self, cid: Hashable, message_id: Hashable) -> Pending | None:
+        consumer = self._consumers.get(cid)
+        if consumer is None:
+            return None
+        pending = consumer.unacked.pop(message_id, None)
+        if pending is not None:
+            self._forget_slot(pending.slot, cid)
+        return pending
+
+    def take_back(self, cid: Hashable, message_id: Hashable) -> Pending | None:
+        """A consumer's negative ack: the message is no longer its (the broker
+        redelivers it after the delay, with redeliver())."""
+        return self.ack(cid, message_id)
+
+    def deliveries(self) -> list[tuple[Hashable, Pending]]:
+        """What to deliver now, in order: (consumer, message)."""
+        out: list[tuple[Hashable, Pending]] = []
+        if not self._consumers or not self._queue:
+            return out
+        if self.kind is Kind.KEY_SHARED:
+            return self._key_shared()
+        receivers = self._receivers()
+        while self._queue:
+            target = self._next_with_permits(receivers)
+            if target is None:
+                break
+            self._give(target, self._queue.popleft(), out)
+        return out
+
+    def _receivers(self) -> list[_Consumer]:
+        if self.kind in (Kind.EXCLUSIVE, Kind.FAILOVER):
+            first = next(iter(self._consumers.values()), None)
+            return [] if first is None else [first]
+        return list(self._consumers.values())
+
+    def _next_with_permits(self, receivers: list[_Consumer]) -> _Consumer | None:
+        for step in range(len(receivers)):
+            candidate = receivers[(self._robin + step) % len(receivers)]
+            if candidate.permits > 0:
+                self._robin = (self._robin + step + 1) % len(receivers)
+                return candidate
+        return None
+
+    def _give(
+        self, consumer: _Consumer, pending: Pending, out: list[tuple[Hashable, Pending]]
+    ) -> None:
+        consumer.permits -= 1
+        consumer.unacked[pending.message_id] = pending
+        out.append((consumer.cid, pending))
+
+    # -- key_shared ---------------------------------------------------------------------
+
+    def _rebuild_ring(self) -> None:
+        if self.kind is not Kind.KEY_SHARED:
+            return
+        ring: list[tuple[int, Hashable]] = []
+        for consumer in self._consumers.values():
+            for point in range(POINTS_PER_CONSUMER):
+                ring.append((zlib.crc32(f"{consumer.name}#{point}".encode()) % SLOTS, consumer.cid))
+        ring.sort(key=lambda p: p[0])
+        self._ring = ring
+
+    def owner(self, slot: int) -> Hashable | None:
+        """The consumer a slot's messages go to (key_shared)."""
+        if not self._ring:
+            return None
+        at = bisect.bisect_left(self._ring, slot, key=lambda p: p[0])
+        return self._ring[at % len(self._ring)][1]
+
+    def _key_shared(self) -> list[tuple[Hashable, Pending]]:
+        out: list[tuple[Hashable, Pending]] = []
+        blocked: set[int] = set()  # slots with an earlier message waiting: keep order
+        kept: collections.deque[Pending] = collections.deque()
+        while self._queue:
+            pending = self._queue.popleft()
+            slot = pending.slot
+            if slot not in blocked:
+                target = self._consumers.get(self.owner(slot))  # type: ignore[arg-type]
+                holders = self._slot_unacked.get(slot)
+                free = target is not None and (not holders or all(c == target.cid for c in holders))
+                if free and target is not None and target.permits > 0:
+                    self._give(target, pending, out)
+                    self._slot_unacked.setdefault(slot, collections.Counter())[target.cid] += 1
+                    continue
+                blocked.add(slot)
+            kept.append(pending)
+        self._queue = kept
+        return out
+
+    def _forget_slot(self, slot: int, cid: Hashable) -> None:
+        holders = self._slot_unacked.get(slot)
+        if holders is None:
+            return
+        holders[cid] -= 1
+        if holders[cid] <= 0:
+            del holders[cid]
+        if not holders:
+            del self._slot_unacked[slot]
+
+    def queued(self) -> int:
+        return len(self._queue)
