@@ -20,6 +20,12 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports grpc: no gRPC fork handlers in the test process. With them, a
+# child forked while gRPC threads run (pyspark starting its Java gateway, Popen with a
+# preexec_fn) can die between fork and exec -- CI saw the Java gateway "exit before
+# sending its port number" that way. Nothing here forks to go on using gRPC in the child.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import metadata
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")

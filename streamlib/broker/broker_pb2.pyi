@@ -122,16 +122,22 @@ class ReceiptBatch(_message.Message):
     def __init__(self, receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("ready", "receipts", "error", "failed")
+    __slots__ = ("ready", "receipts", "error", "failed", "heartbeat")
     READY_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ready: ProducerReady
     receipts: ReceiptBatch
     error: Error
     failed: SendFailed
-    def __init__(self, ready: _Optional[_Union[ProducerReady, _Mapping]] = ..., receipts: _Optional[_Union[ReceiptBatch, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., failed: _Optional[_Union[SendFailed, _Mapping]] = ...) -> None: ...
+    heartbeat: Heartbeat
+    def __init__(self, ready: _Optional[_Union[ProducerReady, _Mapping]] = ..., receipts: _Optional[_Union[ReceiptBatch, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., failed: _Optional[_Union[SendFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SendFailed(_message.Message):
     __slots__ = ("sequence_ids", "error")
@@ -239,13 +245,15 @@ class ActiveChange(_message.Message):
     def __init__(self, active: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("ready", "deliveries", "active", "error")
+    __slots__ = ("ready", "deliveries", "active", "error", "heartbeat")
     READY_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     ready: ConsumerReady
     deliveries: Deliveries
     active: ActiveChange
     error: Error
-    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    heartbeat: Heartbeat
+    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...

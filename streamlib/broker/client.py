@@ -49,6 +49,10 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (what read() gives at 
 SCHEME = "streamlib://"
 LOOKUP_TIMEOUT_S = 5.0
 OPEN_TIMEOUT_S = 60.0  # a takeover fences and recovers: it can take a while
+FIRST_CONNECT_S = 30.0  # how long creating a producer / consumer tries
+# A broker sends something at least every second (heartbeats); silence this long means
+# it is gone (SIGSTOP, a partition: its port may still accept connections).
+SILENCE_S = 5.0
 BACKOFF_MAX_S = 2.0
 SEND_BATCH_BYTES = 1 << 20
 SEND_BATCH_MESSAGES = 1000
@@ -68,6 +72,15 @@ def channel_options() -> list[tuple[str, Any]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+async def read(call: Any) -> Any:
+    """The next message of a broker's stream; BrokerUnavailableError after SILENCE_S of
+    nothing (not even a heartbeat)."""
+    try:
+        return await asyncio.wait_for(call.read(), SILENCE_S)
+    except builtins.TimeoutError:
+        raise BrokerUnavailableError(f"the broker said nothing for {SILENCE_S} s") from None
 
 
 def error_from_pb(error: pb.Error) -> StreamlibError:
@@ -147,6 +160,16 @@ class ServiceClient:
                 )
             self._channels[address] = channel
         return pb_grpc.BrokerStub(channel)
+
+    async def reachable(self, address: str) -> None:
+        """BrokerUnavailableError unless a connection to address is up within the lookup
+        timeout. (A stopped broker's port still accepts TCP connections: only the
+        HTTP/2 handshake shows it does not answer.)"""
+        self.stub(address)
+        try:
+            await asyncio.wait_for(self._channels[address].channel_ready(), LOOKUP_TIMEOUT_S)
+        except builtins.TimeoutError:
+            raise BrokerUnavailableError(f"broker {address} does not answer") from None
 
     async def lookup_any(self) -> None:
         await self._ask_seeds(
@@ -333,6 +356,7 @@ class _Connection:
         self.ready = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
+        self.connected = False  # the last attempt got as far as the broker's Ready
 
     def begin(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -343,32 +367,37 @@ class _Connection:
         await self.ready
 
     async def _run(self) -> None:
+        """Connect, and connect again whenever the connection breaks for a reason another
+        lookup may cure (bounded backoff). The first connection gives up after
+        FIRST_CONNECT_S (its error is create_producer's / subscribe's); later ones try
+        until closed, as Pulsar's clients do."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + FIRST_CONNECT_S
         attempt = 0
         while not self.closed:
             try:
                 address = await self.client.lookup(self.stream)
+                await self.client.reachable(address)
                 await self.session(self.client.stub(address))
-                attempt = 0
             except asyncio.CancelledError:
                 raise
-            except grpc.aio.AioRpcError as error:
-                self.reconnects += 1
-                log.info(
-                    "%s: connection broke (%s); looking it up again", self.stream, error.code()
-                )
-            except StreamlibError as error:
-                if not self.ready.done():
+            except Exception as error:
+                retry = isinstance(
+                    error, grpc.aio.AioRpcError | builtins.TimeoutError | OSError
+                ) or (isinstance(error, StreamlibError) and _code(error) in RETRYABLE)
+                if not self.ready.done() and (not retry or loop.time() > give_up_at):
                     self.ready.set_exception(error)
                     self.closed = True
                     return
-                if _code(error) not in RETRYABLE:
+                if not retry:
                     self.fail(error)
                     return
                 self.reconnects += 1
-                log.info("%s: %s; looking it up again", self.stream, error)
-            if not self.closed:
-                attempt += 1
-                await _backoff(attempt)
+                detail = error.code() if isinstance(error, grpc.aio.AioRpcError) else error
+                log.info("%s: connection broke (%s); looking it up again", self.stream, detail)
+            attempt = 1 if self.connected else attempt + 1
+            self.connected = False
+            await _backoff(attempt)
 
     async def session(self, stub: pb_grpc.BrokerStub) -> None:
         raise NotImplementedError
@@ -446,6 +475,7 @@ class ServiceProducer(_Connection):
             if first.WhichOneof("kind") == "error":
                 raise error_from_pb(first.error)
             ready = first.ready
+            self.connected = True
             self.producer_name = ready.producer_name
             if not self.ready.done():
                 last = ready.last_sequence_id
@@ -485,7 +515,7 @@ class ServiceProducer(_Connection):
 
     async def _receive_loop(self, call: Any) -> None:
         while True:
-            response = await call.read()
+            response = await read(call)
             if response is _EOF:
                 raise BrokerUnavailableError("the broker ended the producer's stream")
             which = response.WhichOneof("kind")
@@ -729,6 +759,7 @@ class ServiceConsumer(_Connection):
             if first.WhichOneof("kind") == "error":
                 raise error_from_pb(first.error)
             self._set_active(first.ready.active)
+            self.connected = True
             # What this connection delivers is new: drop what the last one left unread
             # (the broker delivers it again).
             while not self._messages.empty():
@@ -741,7 +772,7 @@ class ServiceConsumer(_Connection):
             sender = asyncio.get_running_loop().create_task(self._ack_loop(call))
             try:
                 while True:
-                    response = await call.read()
+                    response = await read(call)
                     if response is _EOF:
                         raise BrokerUnavailableError("the broker ended the consumer's stream")
                     which = response.WhichOneof("kind")

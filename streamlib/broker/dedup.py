@@ -17,6 +17,7 @@ import collections
 import json
 from dataclasses import dataclass, field
 
+from streamlib.protocol.errors import StreamlibError
 from streamlib.stream.positions import EARLIEST, MessageId
 
 MAX_PRODUCERS = 10_000  # names remembered per stream (least recently used go first)
@@ -111,11 +112,14 @@ class Dedup:
             return dedup
         try:
             raw = json.loads(data)
-            position = MessageId(*(int(v) for v in raw["position"]))
-            names = {str(k): [int(x) for x in v] for k, v in raw["names"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return dedup
-        for name, (sequence_id, *where) in names.items():
-            dedup.observe(name, sequence_id, MessageId(*where))
+            position = MessageId(*(int(v) for v in raw["position"])).checked()
+            names: dict[str, tuple[int, MessageId]] = {}
+            for name, value in raw["names"].items():
+                sequence_id, *parts = (int(x) for x in value)
+                names[str(name)] = (sequence_id, MessageId(*parts).checked())
+        except (ValueError, KeyError, TypeError, AttributeError, StreamlibError):
+            return dedup  # (the tail scan from the start rebuilds it)
+        for name, (sequence_id, last_at) in names.items():
+            dedup.observe(name, sequence_id, last_at)
         dedup.position = position
         return dedup

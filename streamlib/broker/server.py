@@ -15,6 +15,7 @@ acknowledge nothing more, and gives the stream up when it notices.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import os
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
+HEARTBEAT_S = 1.0  # a quiet stream gets a heartbeat this often (clients' liveness check)
 KINDS = {
     "exclusive": Kind.EXCLUSIVE,
     "failover": Kind.FAILOVER,
@@ -257,8 +259,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                 while True:
                     getting = asyncio.get_running_loop().create_task(receipts.get())
                     done, _ = await asyncio.wait(
-                        {getting, fenced}, return_when=asyncio.FIRST_COMPLETED
+                        {getting, fenced}, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED
                     )
+                    if not done:
+                        getting.cancel()
+                        yield pb.ProduceResponse(heartbeat=pb.Heartbeat())
+                        continue
                     if getting not in done:
                         getting.cancel()
                         yield pb.ProduceResponse(
@@ -407,7 +413,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=session.active))
             active = session.active
             while True:
-                item = await session.outbox.get()
+                try:
+                    item = await asyncio.wait_for(session.outbox.get(), HEARTBEAT_S)
+                except builtins.TimeoutError:
+                    yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
+                    continue
                 if isinstance(item, BaseException):
                     if not taker.done():
                         yield pb.ConsumeResponse(error=error_pb(item))
@@ -452,8 +462,17 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=True))
             while not taker.done():
-                await permits.acquire()
-                message = await reader.read_next()
+                try:
+                    await asyncio.wait_for(permits.acquire(), HEARTBEAT_S)
+                except builtins.TimeoutError:
+                    yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
+                    continue
+                try:
+                    message = await reader.read_next(timeout=HEARTBEAT_S)
+                except builtins.TimeoutError:
+                    permits.release()
+                    yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
+                    continue
                 for chunk in deliveries([message]):
                     yield pb.ConsumeResponse(deliveries=chunk)
         finally:

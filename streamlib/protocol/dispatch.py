@@ -191,7 +191,9 @@ class Dispatch:
         ring: list[tuple[int, Hashable]] = []
         for consumer in self._consumers.values():
             for point in range(POINTS_PER_CONSUMER):
-                ring.append((zlib.crc32(f"{consumer.name}#{point}".encode()) % SLOTS, consumer.cid))
+                # (name and id: two consumers may share a name, and each needs slots)
+                where = f"{consumer.name}#{consumer.cid}#{point}".encode()
+                ring.append((zlib.crc32(where) % SLOTS, consumer.cid))
         ring.sort(key=lambda p: p[0])
         self._ring = ring
 

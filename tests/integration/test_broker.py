@@ -1,0 +1,305 @@
+"""The stream service on real processes: bookies, `streamlib broker` processes, and
+clients of streamlib://. Many producers on one stream, shared and key_shared
+subscriptions, access modes, deduplication, and brokers that die, stop or unload."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import sys
+
+import grpc
+import pytest
+
+import streamlib.errors as errors
+from metadata.services.brokers import BrokerRegistry
+from streamlib.broker import broker_pb2 as pb
+from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.stream.positions import EARLIEST
+from tests.integration.conftest import script_process
+
+pytestmark = pytest.mark.timeout(180)
+
+PRODUCER_SCRIPT = """
+import sys, streamlib
+client = streamlib.connect(sys.argv[1])
+producer = client.create_producer(sys.argv[2], producer_name=sys.argv[3])
+for i in range(int(sys.argv[4])):
+    producer.send_async(b"%s-%d" % (sys.argv[3].encode(), i), key=sys.argv[3])
+producer.flush()
+print("done", flush=True)
+client.close()
+"""
+
+
+async def read_all(cluster, stream: str, count: int) -> list:
+    """Every message of the stream, read straight from the bookies (direct mode)."""
+    client = await cluster.client()
+    reader = await client.create_reader(stream, EARLIEST)
+    return [await reader.read_next(timeout=30) for _ in range(count)]
+
+
+async def test_two_producer_processes_share_one_stream_without_fencing_each_other(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    url = cluster.service_url
+    async with (
+        script_process(PRODUCER_SCRIPT, url, "shared", "A", "300", ready="done"),
+        script_process(PRODUCER_SCRIPT, url, "shared", "B", "300", ready="done"),
+    ):
+        pass
+    messages = await read_all(cluster, "shared", 600)
+    by_producer = collections.defaultdict(list)
+    for message in messages:
+        by_producer[message.producer_name].append((message.sequence_id, message.data))
+    assert sorted(by_producer) == ["A", "B"]
+    for name, sent in by_producer.items():  # each in its own order, every one once
+        assert sent == [(i, b"%s-%d" % (name.encode(), i)) for i in range(300)]
+
+
+async def test_a_shared_subscription_splits_the_messages_and_redelivers_a_closed_consumers(
+    cluster,
+):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("work")
+    for i in range(100):
+        await producer.send_async(b"%d" % i)
+    await producer.flush()
+    first = await client.subscribe("work", "jobs", "earliest", consumer_type="shared",
+                                   receiver_queue_size=10)  # fmt: skip
+    second = await client.subscribe("work", "jobs", "earliest", consumer_type="shared",
+                                    receiver_queue_size=10)  # fmt: skip
+    # The first takes ten and dies with them unacknowledged: they go to the second.
+    held = [await first.receive(timeout=30) for _ in range(10)]
+    await first.close()
+    done: dict[bytes, int] = collections.Counter()
+    while sum(done.values()) < 100 or len(done) < 100:
+        message = await second.receive(timeout=30)
+        done[message.data] += 1
+        second.acknowledge(message)
+    assert set(done) == {b"%d" % i for i in range(100)}
+    assert {m.data for m in held} <= set(done)
+    await second.close()
+    # Everything was acknowledged: the subscription has nothing more.
+    again = await client.subscribe("work", "jobs", consumer_type="shared")
+    with pytest.raises(errors.TimeoutError):
+        await again.receive(timeout=1.5)
+
+
+async def test_shared_consumers_take_turns(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    consumers = [
+        await client.subscribe(
+            "turns", "s", "earliest", consumer_type="shared", receiver_queue_size=5
+        )
+        for _ in range(2)
+    ]
+    producer = await client.create_producer("turns")
+    for i in range(40):
+        await producer.send_async(b"%d" % i)
+    await producer.flush()
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    while len(got[0]) + len(got[1]) < 40:
+        for index, consumer in enumerate(consumers):
+            with_timeout = await consumer.batch_receive(10, 200)
+            for message in with_timeout:
+                got[index].append(message.data)
+                consumer.acknowledge(message)
+    assert sorted(got[0] + got[1], key=int) == [b"%d" % i for i in range(40)]
+    assert got[0] and got[1]  # both did some of the work
+
+
+async def test_key_shared_keeps_each_keys_order_when_a_consumer_joins(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("keys")
+    keys = [f"k{i}" for i in range(12)]
+    sent = 0
+
+    async def publish(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):
+            await producer.send_async(b"%d" % sent, key=keys[sent % len(keys)])
+            sent += 1
+        await producer.flush()
+
+    await publish(120)
+    first = await client.subscribe("keys", "k", "earliest", consumer_type="key_shared",
+                                   consumer_name="first")  # fmt: skip
+    early = [await first.receive(timeout=30) for _ in range(120)]  # all of them, none acked
+    second = await client.subscribe("keys", "k", consumer_type="key_shared", consumer_name="second")
+    await publish(120)
+    # Keys that moved to the second wait while the first holds their earlier messages;
+    # the first goes on receiving the keys it kept.
+    kept = []
+    while True:
+        try:
+            kept.append(await first.receive(timeout=1.5))
+        except errors.TimeoutError:
+            break
+    with pytest.raises(errors.TimeoutError):
+        await second.receive(timeout=1.5)
+    kept_keys = {m.key for m in kept}
+    for message in early + kept:
+        first.acknowledge(message)
+    moved = [await second.receive(timeout=30) for _ in range(120 - len(kept))]
+    assert kept and moved  # (the ring split the keys)
+    assert not kept_keys & {m.key for m in moved}
+    order: dict[str, list[int]] = collections.defaultdict(list)
+    for message in early + kept + moved:
+        order[message.key].append(int(message.data))
+    for key, values in order.items():
+        assert values == sorted(values), key
+    assert sorted(v for vs in order.values() for v in vs) == list(range(240))
+
+
+async def test_exclusive_and_failover_through_the_service(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("fo")
+    for i in range(6):
+        await producer.send_async(b"%d" % i)
+    await producer.flush()
+    only = await client.subscribe("fo", "ex", "earliest")
+    with pytest.raises(errors.ConsumerBusyError):
+        await client.subscribe("fo", "ex")
+    with pytest.raises(errors.ConsumerBusyError):  # another type while it has consumers
+        await client.subscribe("fo", "ex", consumer_type="shared")
+    assert (await only.receive(timeout=30)).data == b"0"
+
+    active = await client.subscribe("fo", "fo", "earliest", consumer_type="failover")
+    standby = await client.subscribe("fo", "fo", consumer_type="failover")
+    assert active.is_active and not standby.is_active
+    for i in range(3):
+        message = await active.receive(timeout=30)
+        assert message.data == b"%d" % i
+        active.acknowledge(message)
+    await active.close()
+    # The standby takes over from the first unacknowledged message.
+    assert (await standby.receive(timeout=30)).data == b"3"
+    assert standby.is_active
+
+
+async def test_access_modes(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    shared = await client.create_producer("modes", producer_name="shared-one")
+    with pytest.raises(errors.ProducerBusyError):  # the name is taken
+        await client.create_producer("modes", producer_name="shared-one")
+    with pytest.raises(errors.ProducerBusyError):  # exclusive needs nobody else
+        await client.create_producer("modes", access_mode="exclusive")
+    with pytest.raises(errors.BadRequestError):
+        await client.create_producer("modes", access_mode="sometimes")
+    await shared.send(b"before")
+
+    fencing = await client.create_producer("modes", access_mode="exclusive_with_fencing")
+    with pytest.raises(errors.ProducerFencedError):
+        await shared.send(b"after")
+    with pytest.raises(errors.ProducerBusyError):
+        await client.create_producer("modes")  # shared, while an exclusive one holds it
+    waiting = asyncio.get_running_loop().create_task(
+        client.create_producer("modes", access_mode="wait_for_exclusive")
+    )
+    await fencing.send(b"fenced the shared one")
+    assert not waiting.done()  # (it waits while the exclusive one publishes)
+    await fencing.close()
+    waited = await asyncio.wait_for(waiting, 30)
+    await waited.send(b"waited")
+    data = [m.data for m in await read_all(cluster, "modes", 3)]
+    assert data == [b"before", b"fenced the shared one", b"waited"]
+
+
+async def open_raw_producer(address: str, stream: str, name: str):
+    channel = grpc.aio.insecure_channel(address)
+    call = pb_grpc.BrokerStub(channel).Produce()
+    await call.write(pb.ProduceRequest(open=pb.ProducerOpen(stream=stream, producer_name=name)))
+    ready = await call.read()
+    return channel, call, ready
+
+
+async def test_the_broker_drops_a_resent_sequence_id_and_says_where_the_original_went(cluster):
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("dedup", producer_name="p")
+    ids = [await producer.send(b"%d" % i) for i in range(10)]
+    await producer.close()
+
+    again = await client.create_producer("dedup", producer_name="p")
+    assert again.last_sequence_id == 9  # a producer of that name goes on from there
+    await again.close()
+    channel, call, ready = await open_raw_producer(broker.address, "dedup", "p")
+    try:
+        assert ready.ready.last_sequence_id == 9
+        await call.write(pb.ProduceRequest(send=pb.SendBatch(sends=[
+            pb.Send(sequence_id=5, payload=b"5 again"), pb.Send(sequence_id=10, payload=b"10")])))  # fmt: skip
+        answer = await call.read()
+        receipts = {r.sequence_id: r for r in answer.receipts.receipts}
+        assert receipts[5].duplicate
+        where = receipts[5].message_id
+        assert (where.ledger_id, where.entry_id, where.batch_index) == tuple(ids[5])
+        assert not receipts[10].duplicate
+    finally:
+        call.cancel()
+        await channel.close()
+    data = [m.data for m in await read_all(cluster, "dedup", 11)]
+    assert data == [b"%d" % i for i in range(11)]
+
+
+async def test_bad_requests_get_clear_errors(cluster):
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        call = stub.Produce()
+        await call.write(pb.ProduceRequest(send=pb.SendBatch()))
+        answer = await call.read()
+        assert answer.error.code == "BadRequestError"
+        call = stub.Produce()
+        await call.write(pb.ProduceRequest(open=pb.ProducerOpen(stream="bad/name")))
+        answer = await call.read()
+        assert answer.WhichOneof("kind") == "error"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Lookup(pb.LookupRequest(stream="bad/name"))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        call = stub.Consume()
+        await call.write(pb.ConsumeRequest(open=pb.ConsumerOpen(stream="x", subscription="s",
+                                                                consumer_type="sometimes")))  # fmt: skip
+        answer = await call.read()
+        assert answer.error.code == "BadRequestError"
+    client = await cluster.service_client()
+    with pytest.raises(errors.BadRequestError):
+        await client.subscribe("x", "s", consumer_type="sometimes")
+    with pytest.raises(errors.TooLargeError):
+        producer = await client.create_producer("x")
+        await producer.send(b"x" * (6 << 20))
+
+
+async def test_streams_spread_over_brokers_and_move_when_unloaded(cluster):
+    cluster.start_bookies(3)
+    brokers = cluster.start_brokers(2)
+    client = await cluster.service_client()
+    producers = [await client.create_producer(f"spread-{i}") for i in range(4)]
+    registry = BrokerRegistry((await cluster.client()).store)
+    owners = [await registry.owner(f"spread-{i}") for i in range(4)]
+    assert collections.Counter(o.broker_id for o in owners).most_common(1)[0][1] == 2
+    # Unloading a stream moves it; its producer follows on its own.
+    moved = owners[0]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "streamlib", "admin", "broker", "unload", "spread-0",
+        "--metadata", cluster.metadata_uri,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0 and b"unloaded" in out
+    await producers[0].send(b"after the unload")
+    assert (await registry.owner("spread-0")) is not None
+    assert {b.broker_id for b in brokers} >= {moved.broker_id}
+    assert (await read_all(cluster, "spread-0", 1))[0].data == b"after the unload"
