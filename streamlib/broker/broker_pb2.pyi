@@ -13,12 +13,14 @@ class LookupRequest(_message.Message):
     def __init__(self, stream: _Optional[str] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("broker_id", "address")
+    __slots__ = ("broker_id", "address", "partitions")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     address: str
-    def __init__(self, broker_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    partitions: int
+    def __init__(self, broker_id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class UnloadRequest(_message.Message):
     __slots__ = ("stream",)

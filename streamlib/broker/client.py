@@ -173,7 +173,7 @@ class ServiceClient:
 
     async def lookup_any(self) -> None:
         await self._ask_seeds(
-            lambda stub: stub.Lookup(pb.LookupRequest(stream="__probe__"), timeout=LOOKUP_TIMEOUT_S)
+            lambda stub: stub.Lookup(pb.LookupRequest(stream=""), timeout=LOOKUP_TIMEOUT_S)
         )
 
     async def _ask_seeds(self, call: Callable[[pb_grpc.BrokerStub], Any]) -> Any:
@@ -185,8 +185,11 @@ class ServiceClient:
                 if error.code() in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.FAILED_PRECONDITION,
-                ):
-                    raise BadRequestError(error.details() or "bad request") from None
+                ):  # the broker's answer: "ErrorClass: message"
+                    code, _, text = (error.details() or "BadRequestError: bad request").partition(
+                        ": "
+                    )
+                    raise error_from_pb(pb.Error(code=code, message=text)) from None
                 last = error
         raise BrokerUnavailableError(
             f"no broker of {self.uri} answered: {getattr(last, 'details', lambda: last)()}"
@@ -194,10 +197,19 @@ class ServiceClient:
 
     async def lookup(self, stream: str) -> str:
         """The address of the broker serving `stream`."""
-        answer = await self._ask_seeds(
+        answer = await self._lookup(stream)
+        if answer.partitions:
+            raise BadRequestError(f"stream {stream!r} is partitioned: use its partitions")
+        return str(answer.address)
+
+    async def _lookup(self, stream: str) -> pb.LookupResponse:
+        return await self._ask_seeds(
             lambda stub: stub.Lookup(pb.LookupRequest(stream=stream), timeout=LOOKUP_TIMEOUT_S)
         )
-        return str(answer.address)
+
+    async def partitions(self, stream: str) -> int:
+        """How many partitions `stream` has (0: not partitioned)."""
+        return int((await self._lookup(stream)).partitions)
 
     # -- the API ------------------------------------------------------------------------
 
@@ -230,6 +242,31 @@ class ServiceClient:
             raise BadRequestError("compression is not offered through the stream service")
         if max_pending_messages < 1:
             raise BadRequestError("max_pending_messages must be >= 1")
+        if count := await self.partitions(stream):  # one producer per partition, by key
+            from streamlib.stream.admin import partition_name
+            from streamlib.stream.partitioned import PartitionedProducer
+
+            parts = []
+            try:
+                for i in range(count):
+                    parts.append(
+                        await self.create_producer(
+                            partition_name(stream, i),
+                            producer_name=producer_name,
+                            access_mode=access_mode,
+                            max_pending_messages=max_pending_messages,
+                            block_if_queue_full=block_if_queue_full,
+                            schema=schema,
+                            initial_sequence_id=initial_sequence_id,
+                        )
+                    )
+            except BaseException:
+                for made in parts:
+                    await made.close()
+                raise
+            routed = PartitionedProducer(stream, parts)  # type: ignore[arg-type]
+            self._open.append(routed)
+            return routed  # type: ignore[return-value]
         producer = ServiceProducer(
             self, stream, producer_name or "", access_mode, max_pending_messages,
             block_if_queue_full, schema, initial_sequence_id,
@@ -240,7 +277,7 @@ class ServiceClient:
 
     async def subscribe(
         self,
-        stream: str,
+        stream: str | list[str],
         subscription: str,
         initial_position: str = "latest",
         *,
@@ -256,8 +293,36 @@ class ServiceClient:
     ) -> ServiceConsumer:
         """A consumer of a durable subscription through its stream's owner:
         consumer_type "exclusive", "failover", "shared" or "key_shared"."""
-        if not isinstance(stream, str):
-            raise BadRequestError("through the stream service, subscribe to one stream at a time")
+        if isinstance(stream, str) and (count := await self.partitions(stream)):
+            from streamlib.stream.admin import partition_name
+
+            stream = [partition_name(stream, i) for i in range(count)]
+        if not isinstance(stream, str):  # several streams, one subscription
+            from streamlib.stream.multi import MultiStreamConsumer
+
+            streams = list(stream)
+            if not streams or len(set(streams)) != len(streams) or message_listener:
+                raise BadRequestError(
+                    f"subscribe to distinct streams, without a listener: {streams!r}"
+                )
+            consumers: list[ServiceConsumer] = []
+            try:
+                for name in streams:
+                    consumers.append(
+                        await self.subscribe(
+                            name, subscription, initial_position, consumer_type=consumer_type,
+                            consumer_name=consumer_name, receiver_queue_size=receiver_queue_size,
+                            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                            schema=schema,
+                        )
+                    )  # fmt: skip
+            except BaseException:
+                for made in consumers:
+                    await made.close()
+                raise
+            multi = MultiStreamConsumer(consumers)  # type: ignore[arg-type]
+            self._open.append(multi)
+            return multi  # type: ignore[return-value]
         if dead_letter_policy is not None or ack_timeout_ms:
             raise BadRequestError(
                 "dead-letter policies and ack timeouts: direct mode only, for now"
@@ -451,6 +516,11 @@ class ServiceProducer(_Connection):
 
     # (what the blocking facade reads)
     chunking_enabled = False
+
+    def next_partitions_turn(self) -> bool:
+        """(A partitioned stream's round robin) the next partition's turn every 100
+        messages, or when this one is idle."""
+        return len(self._unsent) >= 100 or not self._pending
 
     @property
     def max_pending_messages(self) -> int:

@@ -275,6 +275,11 @@ class OwnedStream:
                 del self.producers[session.name]
             self._producers_changed.notify_all()
 
+    async def room(self) -> None:
+        """Wait while the stream's writer has its max_pending_messages pending."""
+        if self.producer is not None and self.gone is None:
+            await self.producer.wait_for_room()
+
     def publish(
         self, session: ProducerSession, sequence_id: int, checked: Checked
     ) -> asyncio.Future[MessageId] | MessageId:

@@ -29,7 +29,7 @@ from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.broker.owned import OwnedStream, StreamGone
 from streamlib.protocol.dispatch import Kind
-from streamlib.protocol.errors import BadRequestError, StreamlibError
+from streamlib.protocol.errors import BadRequestError, NoSuchStreamError, StreamlibError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message
@@ -209,7 +209,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.broker = broker
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+        if not request.stream:  # (a client checking a broker answers)
+            me = self.broker.info
+            return pb.LookupResponse(broker_id=me.broker_id, address=me.address)
         try:
+            try:
+                partitions = await self.broker.client.streams.partitions(request.stream)
+            except NoSuchStreamError:
+                partitions = 0  # (created on its first producer or consumer)
+            if partitions:  # no owner: its partitions are streams of their own
+                return pb.LookupResponse(partitions=partitions)
             info = await self.broker.lookup(request.stream)
         except StreamlibError as error:
             await context.abort(
@@ -300,6 +309,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                         pb.ProduceResponse(error=error_pb(BadRequestError("a producer only sends")))
                     )
                     break
+                # Many producers flooding one stream wait here, and their gRPC streams
+                # stop being read: flow control pushes back on them (bounded memory).
+                await owned.room()
                 outcomes: list[tuple[int, Any]] = []
                 for send in request.send.sends:
                     try:

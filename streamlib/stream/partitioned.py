@@ -50,9 +50,7 @@ class PartitionedProducer:
         if key is not None:
             return self._producers[partition_of(key, len(self._producers))]
         producer = self._producers[self._next]
-        if producer._batch.messages.size >= producer._max_bytes // 2 or not producer._in_flight:
-            # The open batch is about full, or the partition is idle: the next one's turn
-            # (a batch at a time keeps batching; an idle partition gets work at once).
+        if producer.next_partitions_turn():
             self._next = (self._next + 1) % len(self._producers)
         return producer
 

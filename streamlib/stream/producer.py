@@ -186,6 +186,12 @@ class Producer:
         """Messages sent and not yet durable (or failed)."""
         return self._pending
 
+    def next_partitions_turn(self) -> bool:
+        """(A partitioned stream's round robin) whether the next message without a key
+        goes to the next partition: when this one's open batch is about full, or it is
+        idle -- a batch at a time keeps batching; an idle partition gets work at once."""
+        return self._batch.messages.size >= self._max_bytes // 2 or not self._in_flight
+
     @staticmethod
     def check_options(**options: Any) -> None:
         """The checks of the constructor, before anything starts (a producer takes the
@@ -230,6 +236,13 @@ class Producer:
         self, checked: Checked, sequence_id: int | None = None
     ) -> asyncio.Future[MessageId]:
         """send_async of a message _checked() already."""
+        await self.wait_for_room()
+        return self.queue_checked(checked, sequence_id)
+
+    async def wait_for_room(self) -> None:
+        """Return once fewer than max_pending_messages are pending (at once when the
+        producer is closed); ProducerQueueIsFullError instead of waiting when
+        block_if_queue_full is off."""
         while self._pending >= self._max_pending and not self._closed:
             if not self._block:
                 raise ProducerQueueIsFullError(
@@ -237,7 +250,6 @@ class Producer:
                 )
             self._room.clear()
             await self._room.wait()
-        return self.queue_checked(checked, sequence_id)
 
     def queue_checked(
         self, checked: Checked, sequence_id: int | None = None, producer: str = ""

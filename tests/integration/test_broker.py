@@ -303,3 +303,27 @@ async def test_streams_spread_over_brokers_and_move_when_unloaded(cluster):
     assert (await registry.owner("spread-0")) is not None
     assert {b.broker_id for b in brokers} >= {moved.broker_id}
     assert (await read_all(cluster, "spread-0", 1))[0].data == b"after the unload"
+
+
+async def test_a_partitioned_stream_through_the_service(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(2)
+    direct = await cluster.client()
+    await direct.streams.create("parts", partitions=3)
+    client = await cluster.service_client()
+    producer = await client.create_producer("parts")
+    consumer = await client.subscribe("parts", "all", "earliest", consumer_type="shared")
+    for i in range(90):
+        await producer.send_async(b"%d" % i, key=f"key{i % 9}")
+    await producer.flush()
+    got: dict[str, list[int]] = collections.defaultdict(list)
+    for _ in range(90):
+        message = await consumer.receive(timeout=30)
+        got[message.key].append(int(message.data))
+        consumer.acknowledge(message)
+    assert sorted(v for vs in got.values() for v in vs) == list(range(90))
+    for key, values in got.items():  # a key's messages stay in one partition, in order
+        assert values == sorted(values), key
+    registry = BrokerRegistry(direct.store)
+    owners = {(await registry.owner(f"parts-partition-{i}")).broker_id for i in range(3)}
+    assert len(owners) == 2  # the partitions are spread over the brokers
