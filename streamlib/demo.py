@@ -95,13 +95,83 @@ async def _demo(
             await client.close()
 
 
+SERVICE_STREAM = "demo-jobs"
+PRODUCER_SCRIPT = """
+import json, sys, streamlib
+options = json.loads(sys.argv[3])
+client = streamlib.connect(sys.argv[1], **options)
+producer = client.create_producer(sys.argv[2], producer_name=sys.argv[4])
+for i in range(int(sys.argv[5])):
+    producer.send_async(b"%s job %d" % (sys.argv[4].encode(), i))
+producer.flush()
+client.close()
+"""
+
+
+async def _service_demo(service_url: str, messages: int, writer: dict[str, Any]) -> None:
+    """Two producer processes on one stream through the broker, and a shared
+    subscription with two consumers splitting the work."""
+    import json
+    import subprocess
+    import sys
+
+    client = await Client.connect(service_url, **writer)
+    try:
+        consumers = [
+            await client.subscribe(SERVICE_STREAM, "workers", "earliest", consumer_type="shared")
+            for _ in range(2)
+        ]
+        print(f"stream service at {service_url}: two producer processes publish to "
+              f"{SERVICE_STREAM!r}, two shared consumers split the work")  # fmt: skip
+        per_producer = messages // 2
+        producers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    PRODUCER_SCRIPT,
+                    service_url,
+                    SERVICE_STREAM,
+                    json.dumps(writer),
+                    name,
+                    str(per_producer),
+                ]
+            )
+            for name in ("web-1", "web-2")
+        ]
+        counts = [0, 0]
+        seen: set[bytes] = set()
+
+        async def work(index: int) -> None:
+            while len(seen) < 2 * per_producer:
+                try:
+                    message = await consumers[index].receive(timeout=0.5)
+                except TimeoutError:
+                    continue
+                seen.add(message.data)
+                counts[index] += 1
+                consumers[index].acknowledge(message)
+
+        await asyncio.wait_for(asyncio.gather(work(0), work(1)), 120)
+        for process in producers:
+            if await asyncio.to_thread(process.wait, 60) != 0:
+                raise SystemExit("a producer process failed")
+        print(f"both producers' {2 * per_producer} messages arrived once each; consumer 1 "
+              f"handled {counts[0]}, consumer 2 handled {counts[1]}")  # fmt: skip
+    finally:
+        await client.close()
+
+
 def run_demo(
     metadata_uri: str,
     messages: int = 1000,
     *,
     writer: dict[str, Any] | None = None,
     reader: dict[str, Any] | None = None,
+    service_url: str | None = None,
 ) -> int:
     asyncio.run(_demo(metadata_uri, messages, writer or {}, reader))
+    if service_url is not None:
+        asyncio.run(_service_demo(service_url, messages, writer or {}))
     print("demo finished: OK")
     return 0

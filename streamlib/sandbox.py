@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from bookie.launcher import BookieProcess
+from streamlib.broker.launcher import BrokerProcess
 
 DEFAULT_HOME = Path(os.environ.get("STREAMLIB_HOME", Path.home() / ".streamlib"))
 DEFAULT_DATA_DIR = DEFAULT_HOME / "sandbox"
 DEFAULT_PORT_BASE = 3181  # BookKeeper's bookie port
+DEFAULT_BROKER_PORT = 6650  # Pulsar's broker port
 
 
 def default_metadata_uri(data_dir: Path = DEFAULT_DATA_DIR) -> str:
@@ -52,9 +54,13 @@ class Sandbox:
         port_base: int = DEFAULT_PORT_BASE,
         extra_bookie_args: list[str] | None = None,
         secure: bool = False,
+        brokers: int = 1,
+        broker_port: int | None = None,
     ) -> None:
         if bookies < 1:
             raise ValueError("a sandbox needs at least one bookie")
+        if brokers < 0:
+            raise ValueError("--brokers must be >= 0")
         self.data_dir = data_dir.resolve()
         self.metadata_uri = metadata_uri or default_metadata_uri(self.data_dir)
         self.port_base = port_base
@@ -69,6 +75,19 @@ class Sandbox:
             )
             for i in range(bookies)
         ]
+        if broker_port is None:
+            broker_port = DEFAULT_BROKER_PORT if port_base else 0
+        self.broker_port = broker_port
+        broker_args = [] if self.security is None else self.security.broker_args()
+        self.brokers = [
+            BrokerProcess(
+                self.data_dir,
+                self.metadata_uri,
+                name=f"broker-{i}",
+                extra=["--broker-id", f"sandbox-broker-{i}", *broker_args],
+            )
+            for i in range(brokers)
+        ]
 
     def start(self, timeout_s: float = 60.0) -> Sandbox:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -79,6 +98,8 @@ class Sandbox:
                 process.start(port=self.port_base + i if self.port_base else 0)
             asyncio.run(self._wait_registered(timeout_s))
             asyncio.run(self._stream_defaults())
+            for i, broker in enumerate(self.brokers):
+                broker.start(port=self.broker_port + i if self.broker_port else 0)
         except BaseException:
             self.stop()
             raise
@@ -137,6 +158,11 @@ class Sandbox:
                 for p in self.processes
             ],
         }
+        if self.brokers:
+            info["service_url"] = self.service_url
+            info["brokers"] = [
+                {"id": b.broker_id, "address": b.address, "pid": b.pid} for b in self.brokers
+            ]
         if self.security is not None:
             info["tls_ca"] = str(self.security.certs.ca)
             info["tokens"] = self.security.tokens
@@ -148,7 +174,14 @@ class Sandbox:
             return {}
         return {"tls_ca": str(self.security.certs.ca), "token": self.security.tokens[principal]}
 
+    @property
+    def service_url(self) -> str:
+        """The stream service's URI (streamlib://HOST:PORT,...)."""
+        return "streamlib://" + ",".join(b.address for b in self.brokers)
+
     def stop(self) -> None:
+        for broker in self.brokers:
+            broker.stop()
         for process in self.processes:
             process.stop()
 
@@ -162,7 +195,13 @@ class Sandbox:
 class SecureSetup:
     """A secure sandbox's credentials, made once in directory (0700, files 0600)."""
 
-    ROLES = {"admin": ["admin"], "writer": ["write"], "reader": ["read"], "bookie": ["bookie"]}
+    ROLES = {
+        "admin": ["admin"],
+        "writer": ["write"],
+        "reader": ["read"],
+        "bookie": ["bookie"],
+        "broker": ["write"],  # the brokers' own principal at the bookies
+    }
 
     def __init__(self, directory: Path) -> None:
         from streamlib.security import (
@@ -185,6 +224,7 @@ class SecureSetup:
             self.certs = make_certs(directory, ca_name="streamlib sandbox CA", valid_days=365)
         secret = self.secret_file.read_bytes().strip()
         self.tokens = {p: make_token(secret, p) for p in ("admin", "writer", "reader")}
+        self.broker_token = make_token(secret, "broker")
         for principal, token in self.tokens.items():
             write_private(directory / f"{principal}.token", token.encode())
 
@@ -194,6 +234,17 @@ class SecureSetup:
             "--tls-key", str(self.certs.server_key),
             "--tls-ca", str(self.certs.ca),
             "--auth-token-secret-file", str(self.secret_file),
+        ]  # fmt: skip
+
+    def broker_args(self) -> list[str]:
+        """A broker serves TLS, takes the same tokens as the bookies, and writes to the
+        bookies as the principal "broker"."""
+        return [
+            "--tls-cert", str(self.certs.server_cert),
+            "--tls-key", str(self.certs.server_key),
+            "--tls-ca", str(self.certs.ca),
+            "--auth-token-secret-file", str(self.secret_file),
+            "--token", self.broker_token,
         ]  # fmt: skip
 
     async def grant_roles(self, metadata_uri: str) -> None:
@@ -235,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         metadata_uri=args.metadata,
         port_base=port_base,
         secure=args.secure,
+        brokers=args.brokers,
+        broker_port=args.broker_port,
     )
     try:
         sandbox.start()
@@ -246,6 +299,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  metadata  {info['metadata']}")
             for b in info["bookies"]:
                 print(f"  bookie    {b['id']:<18} {b['address']:<21} pid {b['pid']}")
+            for b in info.get("brokers", []):
+                print(f"  broker    {b['id']:<18} {b['address']:<21} pid {b['pid']}")
+            if sandbox.brokers:
+                print(f"  service   {info['service_url']}")
             if sandbox.security is not None:
                 where = sandbox.security.directory
                 print(f"  tls_ca    {info['tls_ca']}")
@@ -256,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
 
             return run_demo(
                 sandbox.metadata_uri,
+                service_url=sandbox.service_url if sandbox.brokers else None,
                 writer=sandbox.client_options("writer"),
                 reader=sandbox.client_options("reader") if args.secure else None,
             )
@@ -284,6 +342,17 @@ def add_parser(commands: Any) -> None:
         "--port-base",
         type=int,
         help=f"bookie i listens on PORT_BASE + i (default {DEFAULT_PORT_BASE}; 0 = any free port)",
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="brokers of the stream service (default 1; 0: direct mode only)",
+    )
+    parser.add_argument(
+        "--broker-port",
+        type=int,
+        help=f"broker i listens on BROKER_PORT + i (default {DEFAULT_BROKER_PORT}; 0 = any free port)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line once ready")
     parser.add_argument(

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 Subparsers = Any
+_FOLLOWING: set[asyncio.Task[None]] = set()
 
 
 def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
@@ -33,6 +34,13 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     serve.add_argument("--tls-ca", help="PEM CA: bookies' (and, with --tls-client-auth, clients')")
     serve.add_argument("--tls-client-auth", action="store_true", help="require client certificates")
     serve.add_argument("--token", help="JWT the broker presents to bookies ($STREAMLIB_TOKEN)")
+    serve.add_argument(
+        "--auth-token-secret-file",
+        help="authenticate clients by HS256 tokens signed with this secret (as the bookies)",
+    )
+    serve.add_argument(
+        "--auth-token-public-key-file", help="... or by RS256 tokens checked with this key"
+    )
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
@@ -97,6 +105,7 @@ async def _serve(args: argparse.Namespace) -> int:
         **({"token": args.token} if args.token else {}),
     )
     broker = Broker(client, args.broker_id or address, address)
+    access = await _access_control(args, client)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,7 +121,7 @@ async def _serve(args: argparse.Namespace) -> int:
         loop.add_reader(stdin, on_stdin)
     try:
         await broker.start()
-        pb_grpc.add_BrokerServicer_to_server(BrokerService(broker), server)
+        pb_grpc.add_BrokerServicer_to_server(BrokerService(broker, access), server)
         await server.start()
         print(f"broker {broker.broker_id} listening on {address}", flush=True)
         await stop.wait()
@@ -121,6 +130,44 @@ async def _serve(args: argparse.Namespace) -> int:
         await server.stop(grace=1.0)
         await client.close()
     return 0
+
+
+async def _access_control(args: argparse.Namespace, client: Any) -> Any:
+    """The bookies' authentication and roles (bookie/auth.py), when asked for; None: off.
+    Roles come from the metadata store's principal map (`streamlib admin principals`)."""
+    from pathlib import Path
+
+    from bookie.auth import AccessControl, TokenVerifier, follow_principals
+
+    secret, public = args.auth_token_secret_file, args.auth_token_public_key_file
+    if secret is None and public is None and not args.tls_client_auth:
+        return None
+    tokens = None
+    if secret is not None or public is not None:
+        tokens = TokenVerifier.from_files(
+            Path(secret) if secret else None, Path(public) if public else None
+        )
+    access = AccessControl(_BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth)
+    ready = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(follow_principals(client.store, access, ready))
+    _FOLLOWING.add(task)  # (a reference, so the task lives as long as the broker)
+    await asyncio.wait_for(ready.wait(), 30)
+    return access
+
+
+class _BrokerMetrics:
+    """What AccessControl counts: refusals by reason."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.registry = CollectorRegistry()
+        self.auth_refusals = Counter(
+            "broker_auth_refusals",
+            "requests refused, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
 
 
 def _run_admin(args: argparse.Namespace) -> int:

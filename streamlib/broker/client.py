@@ -114,10 +114,19 @@ def parse_service_uri(uri: str) -> list[str]:
 class ServiceClient:
     """Producers, consumers and readers through the brokers (see the module doc)."""
 
-    def __init__(self, uri: str, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+    ) -> None:
         self.uri = uri
         self.seeds = parse_service_uri(uri)
         self._credentials = credentials
+        #: What every call carries: the client's token, if it has one.
+        self.metadata: tuple[tuple[str, str], ...] | None = (
+            (("authorization", f"Bearer {token}"),) if token else None
+        )
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._open: list[Any] = []
         self.closed = False
@@ -130,23 +139,23 @@ class ServiceClient:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        token: str | None = None,
         **_ignored: Any,
     ) -> ServiceClient:
-        """A client of the brokers at uri (streamlib://HOST:PORT[,HOST:PORT...]); TLS to
-        them with tls_ca (and tls_cert + tls_key for mutual TLS)."""
-        credentials = None
-        if tls_ca is not None:
-            from pathlib import Path
+        """A client of the brokers at uri (streamlib://HOST:PORT[,HOST:PORT...]): TLS to
+        them with tls_ca (and tls_cert + tls_key for mutual TLS), token naming this
+        client's principal; not given, $STREAMLIB_TLS_* and $STREAMLIB_TOKEN as in
+        direct mode (streamlib/security.py). Other options (session_timeout_s,
+        bookie_config, ...) are direct mode's and are not used."""
+        from streamlib.security import client_config
 
-            from bookie.tls import read_pem
-
-            credentials = grpc.ssl_channel_credentials(
-                read_pem(Path(tls_ca), "CA certificate"),
-                read_pem(Path(tls_key), "key") if tls_key else None,
-                read_pem(Path(tls_cert), "certificate") if tls_cert else None,
-            )
-        client = cls(uri, credentials)
-        await client.lookup_any()  # fail now when no broker answers
+        config = client_config(None, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token)
+        client = cls(uri, config.channel_credentials(), config.token)
+        try:
+            await client.lookup_any()  # fail now when no broker answers
+        except BaseException:
+            await client.close()
+            raise
         return client
 
     def stub(self, address: str) -> pb_grpc.BrokerStub:
@@ -173,7 +182,9 @@ class ServiceClient:
 
     async def lookup_any(self) -> None:
         await self._ask_seeds(
-            lambda stub: stub.Lookup(pb.LookupRequest(stream=""), timeout=LOOKUP_TIMEOUT_S)
+            lambda stub: stub.Lookup(
+                pb.LookupRequest(stream=""), timeout=LOOKUP_TIMEOUT_S, metadata=self.metadata
+            )
         )
 
     async def _ask_seeds(self, call: Callable[[pb_grpc.BrokerStub], Any]) -> Any:
@@ -185,6 +196,8 @@ class ServiceClient:
                 if error.code() in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
                 ):  # the broker's answer: "ErrorClass: message"
                     code, _, text = (error.details() or "BadRequestError: bad request").partition(
                         ": "
@@ -204,7 +217,9 @@ class ServiceClient:
 
     async def _lookup(self, stream: str) -> pb.LookupResponse:
         return await self._ask_seeds(
-            lambda stub: stub.Lookup(pb.LookupRequest(stream=stream), timeout=LOOKUP_TIMEOUT_S)
+            lambda stub: stub.Lookup(
+                pb.LookupRequest(stream=stream), timeout=LOOKUP_TIMEOUT_S, metadata=self.metadata
+            )
         )
 
     async def partitions(self, stream: str) -> int:
@@ -535,7 +550,7 @@ class ServiceProducer(_Connection):
         return len(self._pending)
 
     async def session(self, stub: pb_grpc.BrokerStub) -> None:
-        call = stub.Produce()
+        call = stub.Produce(metadata=self.client.metadata)
         try:
             await call.write(pb.ProduceRequest(open=pb.ProducerOpen(
                 stream=self.stream, producer_name=self.producer_name, access_mode=self.access_mode)))  # fmt: skip
@@ -820,7 +835,7 @@ class ServiceConsumer(_Connection):
         return self._last or EARLIEST
 
     async def session(self, stub: pb_grpc.BrokerStub) -> None:
-        call = stub.Consume()
+        call = stub.Consume(metadata=self.client.metadata)
         try:
             await call.write(pb.ConsumeRequest(open=self._open_pb))
             first = await asyncio.wait_for(call.read(), OPEN_TIMEOUT_S)
@@ -989,10 +1004,16 @@ def _grouped(acks: list[tuple[MessageId, bool, bool]]) -> dict[tuple[bool, bool]
     return out
 
 
-async def unload(address: str, stream: str) -> bool:
-    """Ask the broker at address to give up `stream` (admin)."""
-    async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
-        answer = await pb_grpc.BrokerStub(channel).Unload(
-            pb.UnloadRequest(stream=stream), timeout=30
+async def unload(address: str, stream: str, **options: Any) -> bool:
+    """Ask the broker at address to give up `stream` (admin; options: tls_ca, token, ...
+    as ServiceClient.connect)."""
+    client = await ServiceClient.connect(f"{SCHEME}{address}", **options)
+    try:
+        answer = await client._ask_seeds(
+            lambda stub: stub.Unload(
+                pb.UnloadRequest(stream=stream), timeout=30, metadata=client.metadata
+            )
         )
+    finally:
+        await client.close()
     return bool(answer.unloaded)

@@ -24,6 +24,9 @@ from typing import Any
 
 import grpc
 
+from bookie.errors import UnauthenticatedError as BookieUnauthenticated
+from bookie.errors import UnauthorizedError as BookieUnauthorized
+from bookie.ledger_rules import Access
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
@@ -49,6 +52,8 @@ KINDS = {
 
 
 def error_pb(error: BaseException) -> pb.Error:
+    if isinstance(error, BookieUnauthenticated | BookieUnauthorized):  # (the bookie's own)
+        return pb.Error(code=type(error).__name__, message=str(error))
     code = (
         type(error).__name__ if isinstance(error, StreamlibError | ValueError) else "StreamlibError"
     )
@@ -205,10 +210,28 @@ class Broker:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, broker: Broker) -> None:
+    """access: the bookies' authentication and roles (bookie/auth.py), None: off.
+    Producing needs the write role, consuming and reading any role, unloading admin."""
+
+    def __init__(self, broker: Broker, access: Any = None) -> None:
         self.broker = broker
+        self.access = access
+
+    def _authorize(self, context: Any, what: Access) -> None:
+        if self.access is not None:
+            self.access.authorize(context, what)
+
+    async def _check(self, context: Any, what: Access) -> None:
+        """For unary calls: abort with UNAUTHENTICATED / PERMISSION_DENIED."""
+        try:
+            self._authorize(context, what)
+        except BookieUnauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"UnauthenticatedError: {error}")
+        except BookieUnauthorized as error:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"UnauthorizedError: {error}")
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+        await self._check(context, Access.INFO)
         if not request.stream:  # (a client checking a broker answers)
             me = self.broker.info
             return pb.LookupResponse(broker_id=me.broker_id, address=me.address)
@@ -231,6 +254,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.LookupResponse(broker_id=info.broker_id, address=info.address)
 
     async def Unload(self, request: pb.UnloadRequest, context: Any) -> pb.UnloadResponse:
+        await self._check(context, Access.ADMIN)
         return pb.UnloadResponse(unloaded=await self.broker.unload(request.stream))
 
     # -- producing ----------------------------------------------------------------------
@@ -248,6 +272,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             return
         opened = first.open
         try:
+            self._authorize(context, Access.ADD)
             owned = await self.broker.own(opened.stream)
             session = await owned.add_producer(opened.producer_name, opened.access_mode or "shared")
         except Exception as error:
@@ -382,6 +407,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
             return
         opened = first.open
+        try:
+            self._authorize(context, Access.READ)
+        except Exception as error:
+            yield pb.ConsumeResponse(error=error_pb(error))
+            return
         if not opened.subscription:
             async for response in self._read(opened, iterator):
                 yield response

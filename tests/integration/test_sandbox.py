@@ -65,7 +65,7 @@ def sandboxes():
     yield start
     for sandbox in started:
         sandbox.stop()
-        for b in sandbox.info["bookies"]:
+        for b in sandbox.info["bookies"] + sandbox.info.get("brokers", []):
             if alive(b["pid"]):
                 os.kill(b["pid"], signal.SIGKILL)
 
@@ -81,8 +81,16 @@ def test_sandbox_reports_json_then_stops_cleanly(sandboxes, tmp_path):
     with streamlib.connect(info["metadata"]) as client:
         registered = {b.bookie_id for b in client.registry.list()}
     assert registered == {b["id"] for b in info["bookies"]}
+    # One broker by default: the stream service, at service_url.
+    [broker] = info["brokers"]
+    assert broker["id"] == "sandbox-broker-0" and alive(broker["pid"])
+    assert info["service_url"] == f"streamlib://{broker['address']}"
+    with streamlib.connect(info["service_url"]) as client:
+        first = client.create_producer("through-the-broker", producer_name="one")
+        second = client.create_producer("through-the-broker", producer_name="two")
+        assert first.send(b"a").entry_id >= 0 and second.send(b"b").entry_id >= 0
     assert sandbox.stop() == 0
-    assert not any(alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in [*pids, broker["pid"]])
 
 
 def test_restart_on_the_same_data_dir_keeps_the_data(sandboxes, tmp_path):
@@ -116,6 +124,8 @@ def test_demo_runs_end_to_end_and_exits_zero(tmp_path, secure):
     assert "received all 1000 in order" in out
     assert "StreamFencedError" in out
     assert "resumed from its durable cursor" in out
+    assert "two producer processes publish to 'demo-jobs'" in out
+    assert "both producers' 1000 messages arrived once each" in out
     assert "demo finished: OK" in out
     assert "sandbox stopped" in out
 

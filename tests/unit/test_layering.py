@@ -63,10 +63,27 @@ def test_protocol_core_is_sans_io_and_self_contained(path):
 CLIENT_SIDE = ("bookie.wire", "bookie.launcher", "bookie.bench")
 
 
+# The broker (streamlib/broker: a server, ARCHITECTURE 4a) authenticates, authorizes,
+# serves TLS and advertises its address exactly as a bookie does: it shares those tools
+# of the bookie's -- and nothing of its storage.
+SERVER_TOOLS = ("bookie.auth", "bookie.tls", "bookie.addresses", "bookie.errors",
+                "bookie.ledger_rules")  # fmt: skip
+BROKER_SERVER = ("server.py", "cli.py")
+
+
 @pytest.mark.parametrize("path", sources("streamlib"), ids=str)
 def test_client_uses_only_the_wire_of_the_bookie(path):
-    bad = {m for m in imports_of(path) if top(m) == "bookie" and not m.startswith(CLIENT_SIDE)}
+    allowed = CLIENT_SIDE
+    if path.parent.name == "broker" and path.name in BROKER_SERVER:
+        allowed = CLIENT_SIDE + SERVER_TOOLS
+    bad = {m for m in imports_of(path) if top(m) == "bookie" and not m.startswith(allowed)}
     assert not bad, f"{path} imports the bookie server: {bad}"
+
+
+def test_the_brokers_client_imports_no_server_code():
+    found = imports_of(ROOT / "streamlib" / "broker" / "client.py")
+    bad = {m for m in found if top(m) == "bookie" or m.startswith("streamlib.broker.server")}
+    assert not bad, f"streamlib/broker/client.py imports {bad}"
 
 
 @pytest.mark.parametrize("module", ["launcher", "bench"])
