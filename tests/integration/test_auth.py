@@ -10,6 +10,7 @@ import urllib.error
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -266,3 +267,41 @@ async def test_a_reader_cannot_raise_the_lac_on_an_add_stream(secure: Secure):
         assert (await raw.read_lac(probe)).last_add_confirmed <= 0  # only the writer's own
     finally:
         await raw.close()
+
+
+async def test_the_broker_authenticates_and_authorizes_as_the_bookies_do(
+    secure: Secure, tmp_path: Path
+):
+    """A TLS broker that takes the cluster's tokens: writers produce, readers consume
+    but may not produce, nobody gets in without a valid token, and the broker writes to
+    the bookies as its own principal."""
+    await secure.set_roles("broker", ["write"])
+    certs = secure.certs
+    secure.cluster.start_brokers(1, extra=[
+        "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+        "--tls-ca", str(certs.ca), "--auth-token-secret-file", str(tmp_path / "token.key"),
+        "--token", secure.token("broker"),
+    ])  # fmt: skip
+
+    async def service(principal: str | None, **options: object) -> Any:
+        token = {} if principal is None else {"token": secure.token(principal, **options)}
+        return await secure.cluster.service_client(tls_ca=str(certs.ca), **token)
+
+    writer = await service("writer")
+    producer = await writer.create_producer("secured")
+    sent = await producer.send(b"by the writer")
+    reader = await service("reader")
+    with pytest.raises(UnauthorizedError):
+        await reader.create_producer("secured")
+    consumer = await reader.subscribe("secured", "audit", "earliest")
+    received = await consumer.receive(timeout=30)
+    assert (received.message_id, received.data) == (sent, b"by the writer")
+    with pytest.raises(UnauthenticatedError):  # no token at all
+        await service(None)
+    with pytest.raises(UnauthenticatedError):  # an expired one
+        await service("writer", expires_in_s=-60)
+    with pytest.raises(UnauthorizedError):  # unloading is the admin's
+        from streamlib.broker.client import unload
+
+        await unload(secure.cluster.brokers[0].address, "secured", tls_ca=str(certs.ca),
+                     token=secure.token("writer"))  # fmt: skip
