@@ -143,6 +143,11 @@ class SubscriptionDispatcher:
         receiving: asyncio.Task[Message] | None = None
         try:
             while True:
+                while receiving is None and self.dispatch.wants_more():
+                    message = self.inner.receive_nowait()
+                    if message is None:
+                        break
+                    self._offer(message)
                 self._deliver()
                 if receiving is None and self.dispatch.wants_more():
                     receiving = loop.create_task(self.inner.receive())
@@ -154,17 +159,24 @@ class SubscriptionDispatcher:
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
                 if receiving is not None and receiving in done:
-                    message = receiving.result()
+                    self._offer(receiving.result())
                     receiving = None
-                    self._messages[message.message_id] = message
-                    self.dispatch.offer(
-                        Pending(
-                            message, message.message_id, key_slot(message.key, message.message_id)
-                        )
-                    )
+                    # ... and whatever else was read ahead meanwhile, at once: one task
+                    # per message would cost more than the message.
+                    while self.dispatch.wants_more():
+                        message = self.inner.receive_nowait()
+                        if message is None:
+                            break
+                        self._offer(message)
         finally:
             if receiving is not None:
                 receiving.cancel()
+
+    def _offer(self, message: Message) -> None:
+        self._messages[message.message_id] = message
+        self.dispatch.offer(
+            Pending(message, message.message_id, key_slot(message.key, message.message_id))
+        )
 
     def _deliver(self) -> None:
         grouped: dict[Any, list[Message]] = collections.defaultdict(list)

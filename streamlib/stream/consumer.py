@@ -328,6 +328,20 @@ class Consumer:
         self.received += 1
         return message
 
+    def receive_nowait(self) -> Message | None:
+        """The next message if one is here now, else None (a broker's dispatcher drains
+        what was read ahead this way). Not for a consumer with a dead-letter policy."""
+        if self._closed or self._dead_letter is not None or self._reload_cursor:
+            return None
+        if not self.is_active:
+            return None
+        self._start()
+        message = self._take()
+        if message is not None:
+            self._unacked[message.message_id] = (message, time.monotonic())
+            self.received += 1
+        return message
+
     async def batch_receive(
         self, max_num_messages: int = 100, timeout_ms: int = 100
     ) -> list[Message]:

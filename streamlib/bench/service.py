@@ -1,0 +1,189 @@
+"""`streamlib bench service`: the stream service next to direct mode, on three local
+bookies (E3/Qw3/Qa2, fsync) and one broker: publish throughput with 1 and 4 producer
+processes on one stream, and shared-subscription throughput with 1 and 4 consumer
+processes; direct mode's one producer and one consumer for comparison.
+
+Every client is a process of its own (as a fleet of publishers or workers is), started
+and connected before the clock starts; a figure is the messages over the time from the
+common start to the last process's end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from streamlib.bench.cluster import local_cluster
+
+# argv: uri stream count bytes name. Connects, says "ready", waits for "go", publishes,
+# says how long it took.
+PRODUCER = """
+import sys, time, streamlib
+uri, stream, count, size, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+client = streamlib.connect(uri)
+options = {"producer_name": name} if uri.startswith("streamlib://") else {}
+producer = client.create_producer(stream, **options)
+payload = b"x" * size
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+for _ in range(count):
+    producer.send_async(payload)
+producer.flush()
+print(time.perf_counter() - start, flush=True)
+client.close()
+"""
+
+# argv: uri stream type. Subscribes, says "ready", waits for "go", receives and
+# acknowledges until nothing comes for a second; prints the count and the time of the
+# last message.
+CONSUMER = """
+import sys, time, streamlib
+uri, stream, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+client = streamlib.connect(uri)
+consumer = client.subscribe(stream, "bench", "earliest", consumer_type=kind,
+                            receiver_queue_size=1000)
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+count, last = 0, start
+while True:
+    try:
+        batch = consumer.batch_receive(500, 1000)
+    except Exception:
+        break
+    if not batch:
+        break
+    for message in batch:
+        consumer.acknowledge(message)
+    count += len(batch)
+    last = time.perf_counter()
+print(count, last - start, flush=True)
+consumer.close()
+client.close()
+"""
+
+
+def _processes(script: str, argvs: list[list[str]]) -> list[tuple[float, ...]]:
+    """Start one process per argv, wait until each is ready, start them together; each
+    one's last line, as numbers."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"a benchmark client failed to start: {line!r}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError("a benchmark client failed")
+            results.append(tuple(float(x) for x in out.split()))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def publish(uri: str, stream: str, producers: int, args: argparse.Namespace) -> float:
+    each = args.messages // producers
+    times = _processes(
+        PRODUCER,
+        [[uri, stream, str(each), str(args.message_bytes), f"p{i}"] for i in range(producers)],
+    )
+    return each * producers / max(t[0] for t in times)
+
+
+def consume(uri: str, stream: str, consumers: int, kind: str) -> tuple[float, int]:
+    results = _processes(CONSUMER, [[uri, stream, kind] for _ in range(consumers)])
+    total = int(sum(r[0] for r in results))
+    return total / max(r[1] for r in results), total
+
+
+def _prefill(uri: str, stream: str, args: argparse.Namespace) -> None:
+    publish(uri, stream, 1, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from streamlib.broker.launcher import BrokerProcess
+
+    figures: dict[str, Any] = {}
+    with local_cluster(3) as cluster, tempfile.TemporaryDirectory() as logs:
+        _defaults(cluster.metadata_uri)
+        broker = BrokerProcess(Path(logs), cluster.metadata_uri, extra=["--port", "0"]).start(
+            port=0
+        )
+        try:
+            url = f"streamlib://{broker.address}"
+            direct = cluster.metadata_uri
+            figures["direct_publish_1"] = publish(direct, "direct-publish", 1, args)
+            for n in (1, 4):
+                figures[f"service_publish_{n}"] = publish(url, f"service-publish-{n}", n, args)
+            _prefill(direct, "direct-consume", args)
+            figures["direct_consume_1"], _ = consume(direct, "direct-consume", 1, "exclusive")
+            for n in (1, 4):
+                stream = f"service-consume-{n}"
+                _prefill(url, stream, args)
+                figures[f"service_consume_{n}"], count = consume(url, stream, n, "shared")
+                if count < args.messages:
+                    raise RuntimeError(f"{n} shared consumers got {count} of {args.messages}")
+        finally:
+            broker.stop()
+    print(
+        f"service: {args.messages} messages of {args.message_bytes} B, E3/Qw3/Qa2 (fsync), "
+        "3 local bookies, 1 broker; every client a process of its own\n"
+        f"  publish, direct mode (1 producer)       {figures['direct_publish_1']:>10,.0f} msgs/s\n"
+        f"  publish, service, 1 producer            {figures['service_publish_1']:>10,.0f} msgs/s\n"
+        f"  publish, service, 4 producers           {figures['service_publish_4']:>10,.0f} msgs/s\n"
+        f"  consume, direct mode (1 exclusive)      {figures['direct_consume_1']:>10,.0f} msgs/s\n"
+        f"  consume, service, 1 shared consumer     {figures['service_consume_1']:>10,.0f} msgs/s\n"
+        f"  consume, service, 4 shared consumers    {figures['service_consume_4']:>10,.0f} msgs/s",
+        flush=True,
+    )
+    if args.json:
+        print(json.dumps(figures))
+    return 0
+
+
+def _defaults(uri: str) -> None:
+    """New streams: E3/Qw3/Qa2 as `bench stream` (every entry on all three bookies)."""
+    import asyncio
+
+    from streamlib.client import Client
+
+    async def set_defaults() -> None:
+        client = await Client.connect(uri)
+        try:
+            await client.streams.set_defaults(ensemble=3, write_quorum=3, ack_quorum=2)
+        finally:
+            await client.close()
+
+    asyncio.run(set_defaults())
+
+
+def add_parser(which: Any) -> None:
+    parser = which.add_parser("service", help="the stream service next to direct mode")
+    parser.add_argument("--messages", type=int, default=60_000)
+    parser.add_argument("--message-bytes", type=int, default=1024)
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.set_defaults(run=run)
