@@ -549,6 +549,13 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.brokers < 0 or (args.brokers and args.brokers < 2):
+        print("streamlib chaos: --brokers is 0 (direct mode) or at least 2", file=sys.stderr)
+        return 2
+    if args.brokers and args.seconds > 0 and args.bookies >= 3:
+        from streamlib import chaos_service
+
+        return chaos_service.run(args)
     if args.seconds <= 0 or args.bookies < 3:
         print("streamlib chaos: --seconds must be > 0 and --bookies >= 3", file=sys.stderr)
         return 2
@@ -599,6 +606,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--seconds", type=float, required=True, help="how long faults go on")
     parser.add_argument("--seed", type=int, help="the fault plan's seed (default: random)")
     parser.add_argument("--bookies", type=int, default=5, help="number of bookies (default 5)")
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=0,
+        help="broker mode: producers and shared consumers through N >= 2 brokers, which get "
+        "killed and stopped (streamlib/chaos_service.py); 0 (default): direct mode",
+    )
     parser.add_argument(
         "--data-dir", type=Path, help="keep the cluster and the workers' logs here (new or empty)"
     )

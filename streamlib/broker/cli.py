@@ -120,7 +120,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
         loop.add_reader(stdin, on_stdin)
     try:
-        await broker.start()
+        await broker.start(args.session_timeout)
         pb_grpc.add_BrokerServicer_to_server(BrokerService(broker, access), server)
         await server.start()
         print(f"broker {broker.broker_id} listening on {address}", flush=True)

@@ -27,6 +27,7 @@ import grpc
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
 from bookie.ledger_rules import Access
+from metadata.errors import NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
@@ -91,8 +92,24 @@ class Broker:
     def info(self) -> BrokerInfo:
         return BrokerInfo(self.broker_id, self.address, len(self.owned), os.getpid())
 
-    async def start(self) -> None:
-        await self.registry.register(self.info)
+    async def start(self, session_timeout_s: float = 10.0) -> None:
+        """Register; after a crash, wait (bounded) for the dead process's session to be
+        reaped: its registration holds the id until then."""
+        from tenacity import (
+            AsyncRetrying,
+            retry_if_exception_type,
+            stop_after_delay,
+            wait_exponential,
+        )
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(NodeExistsError),
+            stop=stop_after_delay(3 * session_timeout_s + 5),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            reraise=True,
+        ):
+            with attempt:
+                await self.registry.register(self.info)
         self.client.store.add_session_listener(self._on_session)
 
     def _on_session(self, state: str) -> None:
