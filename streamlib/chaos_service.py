@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,32 @@ STREAM = "chaos-service"
 PRODUCERS = ("P0", "P1")
 CONSUMERS = ("C0", "C1")
 SESSION_S = 3.0  # the brokers' metadata session: a SIGSTOP lasts longer than this
+
+
+@dataclass(frozen=True)
+class Fault:
+    pause_s: float  # before it
+    kind: str  # broker-kill | broker-stop | producer-kill | consumer-kill
+    target: int  # which broker / worker of its role (modulo their number)
+    hold_s: float  # a killed broker stays down / a stopped one stopped this long
+
+
+KINDS = ("broker-kill", "broker-stop", "producer-kill", "consumer-kill")
+
+
+def plan_faults(seed: int, seconds: float) -> list[Fault]:
+    """The faults of a run, from its seed alone (so a run can be replayed): one at a
+    time, filling about `seconds`."""
+    rng = random.Random(seed)
+    plan: list[Fault] = []
+    elapsed = 0.0
+    while elapsed < seconds:
+        pause, kind, target = rng.uniform(1.0, 3.0), rng.choice(KINDS), rng.randrange(1 << 16)
+        hold = rng.uniform(0.5, 2.0) if kind == "broker-kill" else SESSION_S + rng.uniform(1.0, 3.0)
+        hold = hold if kind.startswith("broker") else 0.0
+        plan.append(Fault(pause, kind, target, hold))
+        elapsed += pause + hold + (1.0 if kind != "broker-stop" else 0.0)
+    return plan
 
 
 class Worker:
@@ -92,35 +119,31 @@ class ServiceChaos:
         for worker in self.workers:
             worker.start()
 
-    def inject(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            time.sleep(self.random.uniform(1.0, 3.0))
-            kind = self.random.choice(
-                ["broker-kill", "broker-stop", "producer-kill", "consumer-kill"]
-            )
-            if kind.startswith("broker"):
-                index = self.random.randrange(len(self.sandbox.brokers))
-                broker = self.sandbox.brokers[index]
-                if kind == "broker-kill":
+    def inject(self, plan: list[Fault]) -> None:
+        for fault in plan:
+            time.sleep(fault.pause_s)
+            if fault.kind.startswith("broker"):
+                broker = self.sandbox.brokers[fault.target % len(self.sandbox.brokers)]
+                if fault.kind == "broker-kill":
                     self.say(f"fault: SIGKILL broker {broker.broker_id}")
                     broker.kill()
-                    time.sleep(self.random.uniform(0.5, 2.0))
+                    time.sleep(fault.hold_s)
                     broker.start(port=broker.port)
                 else:
                     self.say(f"fault: SIGSTOP broker {broker.broker_id} past its session")
                     broker.pause()
-                    time.sleep(SESSION_S + self.random.uniform(1.0, 3.0))
+                    time.sleep(fault.hold_s)
                     broker.resume()
             else:
-                role = kind.split("-")[0]
-                worker = self.random.choice([w for w in self.workers if w.role == role])
+                role = fault.kind.split("-")[0]
+                candidates = [w for w in self.workers if w.role == role]
+                worker = candidates[fault.target % len(candidates)]
                 self.say(f"fault: SIGKILL {role} {worker.name}")
                 assert worker.proc is not None
                 worker.proc.kill()
                 worker.proc.wait()
                 worker.start()
-            self.faults.append(kind)
+            self.faults.append(fault.kind)
 
     def stop_producers(self, timeout_s: float = 60.0) -> None:
         for worker in self.workers:
@@ -230,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     chaos = ServiceChaos(root, seed, args.brokers, args.bookies, say)
     try:
         chaos.start()
-        chaos.inject(args.seconds)
+        chaos.inject(plan_faults(seed, args.seconds))
         chaos.stop_producers()
         chaos.drain(args.drain_timeout)
         report = chaos.verdict(chaos.scan())
@@ -239,6 +262,10 @@ def run(args: argparse.Namespace) -> int:
         if args.data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
     report["seed"] = seed
+    report["replay"] = (
+        f"streamlib chaos --brokers {args.brokers} --bookies {args.bookies} "
+        f"--seconds {args.seconds:g} --seed {seed}"
+    )
     if args.json:
         print(json.dumps(report), flush=True)
     else:

@@ -70,3 +70,23 @@ def test_a_run_leaves_no_process_and_no_temporary_directory(tmp_path):
     assert verdict["acknowledged"] > 0
     assert list(tmp_path.iterdir()) == []
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_broker_mode_loses_and_duplicates_nothing_through_broker_kills_and_stops(tmp_path):
+    """Seed 36 plans all four kinds of fault in 15 s: a broker SIGKILLed and one
+    SIGSTOPped past its session, a producer and a consumer SIGKILLed."""
+    code, verdict = chaos("--brokers", "2", "--bookies", "3", "--seconds", "15", "--seed", "36",
+                          "--json", "--drain-timeout", "30", "--data-dir", str(tmp_path / "run"))  # fmt: skip
+    detail = json.dumps(verdict, indent=1)[:4000]
+    assert set(verdict["faults"]) == {
+        "broker-kill",
+        "broker-stop",
+        "producer-kill",
+        "consumer-kill",
+    }
+    assert verdict["acknowledged"] > 0, detail
+    assert verdict["lost"] == [] and verdict["duplicated"] == [], detail
+    assert verdict["disordered_producers"] == [] and verdict["not_received"] == [], detail
+    assert verdict["replay"] == "streamlib chaos --brokers 2 --bookies 3 --seconds 15 --seed 36"
+    assert verdict["ok"] is True and code == 0, detail
+    assert processes_mentioning(str(tmp_path)) == []
