@@ -160,6 +160,7 @@ class Consumer:
         self._dirty = False
         self._persist_timer: asyncio.TimerHandle | None = None
         self._persisting: asyncio.Task[None] | None = None
+        self._persist_lock = asyncio.Lock()
         self._fill_task: asyncio.Task[None] | None = None
         self._timeout_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -476,22 +477,27 @@ class Consumer:
             self._persisting = asyncio.get_running_loop().create_task(self.persist())
 
     async def persist(self) -> None:
-        """Write the cursor now (CAS; this consumer owns the subscription's cursor)."""
-        while self._dirty:
-            self._dirty = False
-            state = ranges_to_state(self._acks)
-            try:
-                self._version = await self._registry.write_cursor(
-                    self.stream, self.subscription, state, self._version
-                )
-            except BadVersionError:
-                # Reset by an admin (reset_cursor) meanwhile: theirs wins.
-                stored = await self._registry.read_cursor(self.stream, self.subscription)
-                if stored is not None:
-                    self._acks = ranges_from_state(stored[0])
-                    self._version = stored[1]
-                return
-            self.persisted += 1
+        """Write the cursor now (CAS; this consumer owns the subscription's cursor).
+        One write at a time: a call while the background persist writes waits for it,
+        then writes what was acknowledged since. (Two writes of one version side by
+        side made the loser take the winner's older cursor for an admin's reset, and
+        forget acknowledgements: the cursor then stuck below them.)"""
+        async with self._persist_lock:
+            while self._dirty:
+                self._dirty = False
+                state = ranges_to_state(self._acks)
+                try:
+                    self._version = await self._registry.write_cursor(
+                        self.stream, self.subscription, state, self._version
+                    )
+                except BadVersionError:
+                    # Reset by an admin (reset_cursor) meanwhile: theirs wins.
+                    stored = await self._registry.read_cursor(self.stream, self.subscription)
+                    if stored is not None:
+                        self._acks = ranges_from_state(stored[0])
+                        self._version = stored[1]
+                    return
+                self.persisted += 1
 
     # -- moving the cursor --------------------------------------------------------------
 

@@ -43,6 +43,9 @@ def test_every_example_runs_as_written(cluster, capsys, where: str, code: str) -
     # A module of its own, as a script would be (dataclasses look their module up).
     module = types.ModuleType("docs_example")
     module.URI = cluster.metadata_uri  # type: ignore[attr-defined]
+    if "SERVICE_URL" in code:  # an example of the stream service: a broker too
+        cluster.start_brokers(1)
+        module.SERVICE_URL = cluster.service_url  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
     try:
         exec(compile(code, where, "exec"), module.__dict__)
