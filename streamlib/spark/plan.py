@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from streamlib.client import Client
 from streamlib.ledger.handles import ReadHandle
 from streamlib.protocol.actions import EntryData, is_noop
-from streamlib.protocol.errors import BadRequestError
+from streamlib.protocol.errors import BadRequestError, StreamlibError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.reader import (
     READ_AHEAD,
@@ -81,6 +81,23 @@ def parse_streams(value: str | None) -> list[str]:
     if len(set(names)) != len(names):
         raise BadRequestError(f"option 'stream' names a stream twice: {value!r}")
     return names
+
+
+async def expand_partitions(client: Client, names: list[str]) -> list[str]:
+    """Each partitioned stream as its partitions (NAME-partition-0, ...), in order; a
+    name that is not partitioned (or does not exist: the read says so) as itself."""
+    from streamlib.stream.admin import partition_name
+
+    out: list[str] = []
+    for name in names:
+        try:
+            count = await client.streams.partitions(name)
+        except StreamlibError:
+            count = 0
+        out += [partition_name(name, i) for i in range(count)] if count else [name]
+    if len(set(out)) != len(out):
+        raise BadRequestError(f"option 'stream' names a partition twice: {names!r}")
+    return out
 
 
 def parse_offsets(value: str, streams: list[str], option: str) -> dict[str, MessageId | str]:

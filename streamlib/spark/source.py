@@ -52,13 +52,18 @@ def _run(uri: str, work: Callable[[Client], Awaitable[T]]) -> T:
 class Options:
     """The source's options, checked once in the driver."""
 
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], *, partitions: bool = False) -> None:
+        """partitions: look the streams up first (in the driver): a partitioned stream
+        is read as its partitions (NAME-partition-0, ...), each with its own offsets."""
         self.metadata = options.get("metadata") or ""
         if not self.metadata:
             raise BadRequestError(
                 "option 'metadata' is required: the metadata store URI, e.g. sqlite:///path/meta.db"
             )
         self.streams = plan.parse_streams(options.get("stream"))
+        if partitions:
+            named = self.streams
+            self.streams = _run(self.metadata, lambda c: plan.expand_partitions(c, named))
         self.starting = plan.parse_offsets(
             options.get("startingOffsets") or "earliest", self.streams, "startingOffsets"
         )
@@ -228,7 +233,8 @@ class StreamlibStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 class StreamlibDataSource(DataSource):
     """spark.read / readStream / write / writeStream .format("streamlib").
 
-    Read options: metadata (the store's URI), stream (a name or a comma list),
+    Read options: metadata (the store's URI), stream (a name or a comma list; a
+    partitioned stream reads as its partitions, NAME-partition-I, each with its offsets),
     startingOffsets / endingOffsets (earliest | latest | JSON {stream: "ledger:entry:index"}),
     maxMessagesPerTrigger, numPartitions (input partitions of a read; default the cores of
     the planning machine: set it to the executors' cores on a cluster) and
@@ -243,10 +249,10 @@ class StreamlibDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return StreamlibBatchReader(Options(self.options))
+        return StreamlibBatchReader(Options(self.options, partitions=True))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamlibStreamReader(Options(self.options))
+        return StreamlibStreamReader(Options(self.options, partitions=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from streamlib.spark.sink import StreamlibWriter

@@ -142,3 +142,28 @@ def test_unbounded_streams_read_without_no_ops_and_from_the_first_retained_entry
     rows = _read(spark, uri, "trimmed-spark").collect()
     rows.sort(key=lambda r: (r.entry_id, r.batch_index))
     assert [bytes(r.value) for r in rows] == kept
+
+
+def test_a_partitioned_stream_reads_as_one_source_with_offsets_per_partition(
+    spark: SparkSession, uri: str
+) -> None:
+    run(uri, lambda client: client.streams.create("parted", 3, 2, 2, partitions=3))
+    values = [f"m{i}".encode() for i in range(60)]
+
+    async def send(client: Client) -> None:
+        producer = await client.create_producer("parted")
+        for i, value in enumerate(values):
+            await producer.send_async(value, key=f"k{i % 6}")
+        await producer.close()  # (its ledgers' LACs published: readers see every message)
+
+    run(uri, send)
+    df = _read(spark, uri, "parted")
+    rows = df.collect()
+    assert sorted(bytes(r.value) for r in rows) == sorted(values)
+    assert {r.stream for r in rows} == {f"parted-partition-{i}" for i in range(3)}
+    # Offsets are per partition: from the end of partition 0, only the others' messages.
+    ends = {f"parted-partition-{i}": "earliest" for i in range(3)}
+    ends["parted-partition-0"] = "latest"
+    later = _read(spark, uri, "parted", startingOffsets=json.dumps(ends)).collect()
+    assert {r.stream for r in later} == {"parted-partition-1", "parted-partition-2"}
+    assert len(later) == len([r for r in rows if r.stream != "parted-partition-0"])
