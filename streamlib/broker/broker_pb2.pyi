@@ -53,14 +53,22 @@ class MessageIdPb(_message.Message):
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., batch_index: _Optional[int] = ...) -> None: ...
 
 class ProducerOpen(_message.Message):
-    __slots__ = ("stream", "producer_name", "access_mode")
+    __slots__ = ("stream", "producer_name", "access_mode", "schema_type", "schema_definition", "schema_checked_type", "schema_checked_definition")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_CHECKED_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_CHECKED_DEFINITION_FIELD_NUMBER: _ClassVar[int]
     stream: str
     producer_name: str
     access_mode: str
-    def __init__(self, stream: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[str] = ...) -> None: ...
+    schema_type: str
+    schema_definition: str
+    schema_checked_type: str
+    schema_checked_definition: str
+    def __init__(self, stream: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[str] = ..., schema_type: _Optional[str] = ..., schema_definition: _Optional[str] = ..., schema_checked_type: _Optional[str] = ..., schema_checked_definition: _Optional[str] = ...) -> None: ...
 
 class Send(_message.Message):
     __slots__ = ("sequence_id", "payload", "key", "properties", "event_time_ms", "deliver_at_ms")

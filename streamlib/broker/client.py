@@ -19,6 +19,7 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -57,9 +58,13 @@ BACKOFF_MAX_S = 2.0
 SEND_BATCH_BYTES = 1 << 20
 SEND_BATCH_MESSAGES = 1000
 # A broken connection's errors that another lookup may cure.
-RETRYABLE = {"StreamGone", "NotOwnerError", "StreamFencedError", "BrokerUnavailableError",
+RETRYABLE = {"StreamGone", "SchemaChecked", "NotOwnerError", "StreamFencedError", "BrokerUnavailableError",
              "LedgerFencedError", "NotEnoughBookiesError", "BookieUnavailableError",
              "StreamlibError", "ClientClosedError", "LedgerClosedError"}  # fmt: skip
+
+
+class SchemaChecked(StreamlibError):
+    """(internal) The producer checked the stream's schema: open again at once."""
 
 
 def channel_options() -> list[tuple[str, Any]]:
@@ -511,6 +516,7 @@ class ServiceProducer(_Connection):
         self._block = block
         self.schema = schema
         self._initial = initial_sequence_id
+        self._schema_checked = ("", "")  # the stream's schema ours was found compatible with
         self.last_sequence_id = -1
         # Sent and not yet acknowledged, by sequence id, in order; the first `_sent` of
         # them went on this connection, the rest wait.
@@ -532,6 +538,14 @@ class ServiceProducer(_Connection):
     # (what the blocking facade reads)
     chunking_enabled = False
 
+    def _check_schema(self, stored: dict[str, str]) -> None:
+        """The stream has another schema: IncompatibleSchemaError unless ours reads what
+        was written with it; then the next open offers ours as checked against it."""
+        from streamlib.schema import SCHEMA_DEFINITION, SCHEMA_TYPE, check_against
+
+        check_against(self.schema, stored)
+        self._schema_checked = (stored[SCHEMA_TYPE], stored.get(SCHEMA_DEFINITION, ""))
+
     def next_partitions_turn(self) -> bool:
         """(A partitioned stream's round robin) the next partition's turn every 100
         messages, or when this one is idle."""
@@ -552,12 +566,22 @@ class ServiceProducer(_Connection):
     async def session(self, stub: pb_grpc.BrokerStub) -> None:
         call = stub.Produce(metadata=self.client.metadata)
         try:
-            await call.write(pb.ProduceRequest(open=pb.ProducerOpen(
-                stream=self.stream, producer_name=self.producer_name, access_mode=self.access_mode)))  # fmt: skip
+            opened = pb.ProducerOpen(
+                stream=self.stream, producer_name=self.producer_name, access_mode=self.access_mode
+            )
+            schema = self.schema
+            if schema is not None and schema.type_name != "bytes":
+                opened.schema_type = schema.type_name
+                opened.schema_definition = schema.definition()
+                opened.schema_checked_type, opened.schema_checked_definition = self._schema_checked
+            await call.write(pb.ProduceRequest(open=opened))
             first = await asyncio.wait_for(call.read(), OPEN_TIMEOUT_S)
             if first is _EOF:
                 raise BrokerUnavailableError("the broker closed the producer's stream")
             if first.WhichOneof("kind") == "error":
+                if first.error.code == "SchemaCheckNeeded":
+                    self._check_schema(json.loads(first.error.message))
+                    raise SchemaChecked("the schema was checked: open again")
                 raise error_from_pb(first.error)
             ready = first.ready
             self.connected = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -291,6 +292,18 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             self._authorize(context, Access.ADD)
             owned = await self.broker.own(opened.stream)
+            if opened.schema_type:
+                stored = await owned.client.streams.offer_schema(
+                    opened.stream,
+                    opened.schema_type,
+                    opened.schema_definition,
+                    (opened.schema_checked_type, opened.schema_checked_definition),
+                )
+                if stored is not None:  # the client checks it, and opens again
+                    yield pb.ProduceResponse(
+                        error=pb.Error(code="SchemaCheckNeeded", message=json.dumps(stored))
+                    )
+                    return
             session = await owned.add_producer(opened.producer_name, opened.access_mode or "shared")
         except Exception as error:
             yield pb.ProduceResponse(error=error_pb(error))

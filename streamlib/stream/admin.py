@@ -237,6 +237,30 @@ class StreamManager:
 
         await retry_cas(f"stream {name!r}: schema", attempt)
 
+    async def offer_schema(
+        self, name: str, type_name: str, definition: str, checked: tuple[str, str]
+    ) -> dict[str, str] | None:
+        """The stream service's schema rule (the broker cannot decode a schema: its
+        client checks compatibility). None when the stream now has (type_name,
+        definition): it had none, had it, or had `checked` -- the (type, definition) the
+        client found it compatible with -- and now has it; otherwise the stored one
+        ({SCHEMA_TYPE: ..., SCHEMA_DEFINITION: ...}) for the client to check."""
+        from streamlib.schema import SCHEMA_DEFINITION, SCHEMA_TYPE
+
+        async def attempt() -> dict[str, str] | None:
+            md, version = await self.read(name)
+            stored = (md.properties.get(SCHEMA_TYPE), md.properties.get(SCHEMA_DEFINITION, ""))
+            if stored == (type_name, definition):
+                return None
+            if stored[0] is not None and stored != checked:
+                return {SCHEMA_TYPE: stored[0], SCHEMA_DEFINITION: stored[1]}
+            md.properties[SCHEMA_TYPE] = type_name
+            md.properties[SCHEMA_DEFINITION] = definition
+            await self.registry.write(name, md, version)
+            return None
+
+        return await retry_cas(f"stream {name!r}: schema", attempt)
+
     async def ensure(self, name: str) -> StreamMetadata:
         """The stream's metadata, creating the stream with the defaults first if it does
         not exist (a producer's first send)."""

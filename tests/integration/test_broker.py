@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import json
 import sys
 
 import grpc
@@ -15,6 +17,7 @@ import streamlib.errors as errors
 from metadata.services.brokers import BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.schema import IncompatibleSchemaError, JsonSchema
 from streamlib.stream.positions import EARLIEST
 from tests.integration.conftest import script_process
 
@@ -327,3 +330,44 @@ async def test_a_partitioned_stream_through_the_service(cluster):
     registry = BrokerRegistry(direct.store)
     owners = {(await registry.owner(f"parts-partition-{i}")).broker_id for i in range(3)}
     assert len(owners) == 2  # the partitions are spread over the brokers
+
+
+@dataclasses.dataclass
+class Order:
+    id: int
+    item: str
+
+
+@dataclasses.dataclass
+class OrderV2:  # compatible: a new field with a default
+    id: int
+    item: str
+    gift: bool = False
+
+
+@dataclasses.dataclass
+class OrderRenamed:  # incompatible: a new required field
+    id: int
+    customer: str
+
+
+async def test_schemas_through_the_service(cluster):
+    """The stream keeps the first producer's schema; the broker cannot judge one, so
+    the client checks a different one against it, and only a compatible one is stored."""
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    first = await client.create_producer("orders", schema=JsonSchema(Order), producer_name="v1")
+    await first.send(Order(1, "book"))
+    with pytest.raises(IncompatibleSchemaError):
+        await client.create_producer("orders", schema=JsonSchema(OrderRenamed))
+    newer = await client.create_producer("orders", schema=JsonSchema(OrderV2), producer_name="v2")
+    await newer.send(OrderV2(2, "pen", gift=True))
+    stored = (await (await cluster.client()).streams.read("orders"))[0].properties
+    assert json.loads(stored["schema.definition"]) == json.loads(JsonSchema(OrderV2).definition())
+    # The first schema is no longer the stream's: checked, and compatible (v2 reads v1).
+    again = await client.create_producer("orders", schema=JsonSchema(Order), producer_name="v1b")
+    await again.send(Order(3, "ink"))
+    consumer = await client.subscribe("orders", "o", "earliest", schema=JsonSchema(OrderV2))
+    values = [(await consumer.receive(timeout=30)).value() for _ in range(3)]
+    assert values == [OrderV2(1, "book"), OrderV2(2, "pen", True), OrderV2(3, "ink")]
