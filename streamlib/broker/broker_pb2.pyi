@@ -198,14 +198,38 @@ class AckRequest(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[_Union[MessageIdPb, _Mapping]]] = ..., cumulative: _Optional[bool] = ..., negative: _Optional[bool] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("open", "flow", "ack")
+    __slots__ = ("open", "flow", "ack", "seek", "unsubscribe")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     FLOW_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    SEEK_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     open: ConsumerOpen
     flow: Flow
     ack: AckRequest
-    def __init__(self, open: _Optional[_Union[ConsumerOpen, _Mapping]] = ..., flow: _Optional[_Union[Flow, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ...) -> None: ...
+    seek: SeekRequest
+    unsubscribe: UnsubscribeRequest
+    def __init__(self, open: _Optional[_Union[ConsumerOpen, _Mapping]] = ..., flow: _Optional[_Union[Flow, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., seek: _Optional[_Union[SeekRequest, _Mapping]] = ..., unsubscribe: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ...) -> None: ...
+
+class SeekRequest(_message.Message):
+    __slots__ = ("message_id", "timestamp_ms")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    message_id: MessageIdPb
+    timestamp_ms: int
+    def __init__(self, message_id: _Optional[_Union[MessageIdPb, _Mapping]] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class UnsubscribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Done(_message.Message):
+    __slots__ = ("what", "error")
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    what: str
+    error: Error
+    def __init__(self, what: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class Delivered(_message.Message):
     __slots__ = ("id", "payload", "key", "properties", "publish_time_ms", "event_time_ms", "sequence_id", "producer_name", "redelivery_count")
@@ -255,15 +279,17 @@ class ActiveChange(_message.Message):
     def __init__(self, active: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("ready", "deliveries", "active", "error", "heartbeat")
+    __slots__ = ("ready", "deliveries", "active", "error", "heartbeat", "done")
     READY_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
     ready: ConsumerReady
     deliveries: Deliveries
     active: ActiveChange
     error: Error
     heartbeat: Heartbeat
-    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    done: Done
+    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...

@@ -442,6 +442,8 @@ class _Connection:
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
         self.connected = False  # the last attempt got as far as the broker's Ready
+        self.live_call: Any = None  # the call of the session that is up, if one is
+        self._over = asyncio.Event()  # set when that session ends
 
     def begin(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -492,6 +494,14 @@ class _Connection:
 
     async def stop(self) -> None:
         self.closed = True
+        call, over = self.live_call, self._over
+        if call is not None:
+            # Half-close, and wait (bounded) for the broker to end the call: it ends it
+            # once it let go of this producer / consumer, so one created right after
+            # this returns is not refused for this one (a name, exclusivity).
+            with contextlib.suppress(Exception):
+                await call.done_writing()
+                await asyncio.wait_for(over.wait(), 5)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -594,9 +604,13 @@ class ServiceProducer(_Connection):
             self._unsent = collections.deque(self._pending)
             self._wake.set()
             sender = asyncio.get_running_loop().create_task(self._send_loop(call))
+            self._over = asyncio.Event()
+            self.live_call = call
             try:
                 await self._receive_loop(call)
             finally:
+                self.live_call = None
+                self._over.set()
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
         finally:
@@ -837,6 +851,8 @@ class ServiceConsumer(_Connection):
         self._messages: asyncio.Queue[ServiceMessage | BaseException] = asyncio.Queue()
         self._taken = 0  # received since permits were last given back
         self._acks: list[tuple[MessageId, bool, bool]] = []  # (id, cumulative, negative)
+        self._control: list[pb.ConsumeRequest] = []  # seeks, unsubscribes: sent in order
+        self._asked: dict[str, asyncio.Future[None]] = {}  # what awaits the broker's Done
         self._call: Any = None
         self._flush = asyncio.Event()
         self._active = asyncio.Event()
@@ -875,6 +891,8 @@ class ServiceConsumer(_Connection):
                 self._messages.get_nowait()
             self._taken = 0
             self._call = call
+            self._over = asyncio.Event()
+            self.live_call = call
             await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=self._queue_size)))
             if not self.ready.done():
                 self.ready.set_result(None)
@@ -892,10 +910,19 @@ class ServiceConsumer(_Connection):
                             )
                     elif which == "active":
                         self._set_active(response.active.active)
+                    elif which == "done":
+                        self._done(response.done)
                     elif which == "error":
                         raise error_from_pb(response.error)
             finally:
                 self._call = None
+                self.live_call = None
+                self._over.set()
+                for what, asked in self._asked.items():  # (its Done can no longer come)
+                    if not asked.done():
+                        asked.set_exception(
+                            BrokerUnavailableError(f"the connection broke during a {what}")
+                        )
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
         finally:
@@ -914,12 +941,15 @@ class ServiceConsumer(_Connection):
             if self._taken >= max(1, self._queue_size // 2):
                 permits, self._taken = self._taken, 0
                 await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))
+            control, self._control = self._control, []
+            for request in control:
+                await call.write(request)
             acks, self._acks = self._acks, []
             for (cumulative, negative), group in _grouped(acks).items():
                 await call.write(pb.ConsumeRequest(ack=pb.AckRequest(
                     ids=[pb.MessageIdPb(ledger_id=m.ledger_id, entry_id=m.entry_id, batch_index=m.batch_index) for m in group],
                     cumulative=cumulative, negative=negative)))  # fmt: skip
-            if not self._acks and self._taken < max(1, self._queue_size // 2):
+            if not self._acks and not self._control and self._taken < max(1, self._queue_size // 2):
                 await self._flush.wait()
 
     def fail(self, error: BaseException) -> None:
@@ -989,16 +1019,62 @@ class ServiceConsumer(_Connection):
                 return
             await asyncio.sleep(0.005)
 
-    async def seek(self, target: Any) -> None:
-        raise BadRequestError("seek through the stream service is not offered yet: use direct mode")
+    async def seek(self, target: MessageId | int) -> None:
+        """Move the subscription's cursor: that message comes next (or the first
+        published at or after a time, epoch ms). As in Pulsar, every consumer of the
+        subscription is disconnected, and reconnects at the new position."""
+        if self._reader:
+            raise BadRequestError("seek through the stream service: consumers only, for now")
+        request = pb.SeekRequest()
+        if isinstance(target, MessageId):
+            target.checked()
+            request.message_id.CopyFrom(pb.MessageIdPb(
+                ledger_id=target.ledger_id, entry_id=target.entry_id, batch_index=target.batch_index))  # fmt: skip
+        elif isinstance(target, int) and not isinstance(target, bool):
+            request.timestamp_ms = target
+        else:
+            raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, got {target!r}")
+        await self._ask("seek", pb.ConsumeRequest(seek=request))
+
+    async def _ask(self, what: str, request: pb.ConsumeRequest) -> None:
+        """Send a seek / unsubscribe and wait for the broker's Done (its error raised)."""
+        if self.closed:
+            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
+        if self._call is None:
+            raise BrokerUnavailableError(f"consumer {self.subscription!r} is reconnecting")
+        if what in self._asked:
+            raise BadRequestError(f"a {what} of this consumer is in progress")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asked[what] = future
+        self._control.append(request)
+        self._flush.set()
+        try:
+            await asyncio.wait_for(future, OPEN_TIMEOUT_S)
+        finally:
+            self._asked.pop(what, None)
+
+    def _done(self, done: pb.Done) -> None:
+        if done.what == "seek":  # what came before it is from the old position
+            while not self._messages.empty():
+                self._messages.get_nowait()
+        future = self._asked.get(done.what)
+        if future is None or future.done():
+            return
+        if done.HasField("error"):
+            future.set_exception(error_from_pb(done.error))
+        else:
+            future.set_result(None)
 
     async def has_message_available(self) -> bool:
         raise BadRequestError("has_message_available through the stream service is not offered yet")
 
     async def unsubscribe(self) -> None:
-        raise BadRequestError(
-            "unsubscribe through the stream service is not offered yet: use admin"
-        )
+        """Delete the subscription and close (ConsumerBusyError while other consumers
+        of it are connected)."""
+        if self._reader:
+            raise BadRequestError("a reader has no subscription")
+        await self._ask("unsubscribe", pb.ConsumeRequest(unsubscribe=pb.UnsubscribeRequest()))
+        await self.close(persist=False)
 
     async def close(self, persist: bool = True) -> None:
         if self.closed:

@@ -51,13 +51,22 @@ class ProducerSession:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class Done:
+    what: str  # seek | unsubscribe
+    error: BaseException | None = None
+
+
 @dataclass
 class ConsumerSession:
     cid: int
     name: str
     kind: Kind
-    # Deliveries to send: filled by the dispatcher, drained by the RPC.
-    outbox: asyncio.Queue[list[Message] | BaseException] = field(default_factory=asyncio.Queue)
+    # Deliveries to send: filled by the dispatcher, drained by the RPC (a Done: a seek or
+    # unsubscribe it asked for is done; an error: the session ends with it).
+    outbox: asyncio.Queue[list[Message] | Done | BaseException] = field(
+        default_factory=asyncio.Queue
+    )
     active: bool = True
 
 
@@ -187,6 +196,36 @@ class SubscriptionDispatcher:
             session = self.sessions.get(cid)
             if session is not None:
                 session.outbox.put_nowait(messages)
+
+    async def seek(self, target: MessageId | int) -> None:
+        """Move the cursor (Pulsar's seek): what was read or handed out is forgotten,
+        the cursor is written, and every consumer is disconnected: each reconnects and
+        receives from the new position."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.dispatch.reset()
+        self._messages.clear()
+        try:
+            await self.inner.seek(target)
+        finally:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def disconnect_all(self, why: str, done: Done | None = None, to: int | None = None) -> None:
+        for cid, session in self.sessions.items():
+            if done is not None and cid == to:
+                session.outbox.put_nowait(done)
+            session.outbox.put_nowait(StreamGone(why))
+
+    async def unsubscribe(self, cid: int) -> None:
+        """Delete the subscription; ConsumerBusyError while others are connected."""
+        others = [c for c in self.sessions if c != cid]
+        if others:
+            raise ConsumerBusyError(
+                f"subscription {self.inner.subscription!r} has {len(others)} other consumers"
+            )
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.inner.unsubscribe()
 
     async def close(self) -> None:
         self._task.cancel()
@@ -366,16 +405,44 @@ class OwnedStream:
             dispatcher.add(session)
             return dispatcher, session
 
-    async def remove_consumer(self, subscription: str, session: ConsumerSession) -> None:
-        dispatcher = self.subscriptions.get(subscription)
-        if dispatcher is None:
-            return
+    async def remove_consumer(
+        self, subscription: str, dispatcher: SubscriptionDispatcher, session: ConsumerSession
+    ) -> None:
         dispatcher.remove(session.cid)
         if not dispatcher.sessions:  # the last one left: persist and stop reading
             async with self._subscribing[subscription]:
                 if not dispatcher.sessions and self.subscriptions.get(subscription) is dispatcher:
                     del self.subscriptions[subscription]
                     await dispatcher.close()
+
+    async def seek(
+        self,
+        subscription: str,
+        dispatcher: SubscriptionDispatcher,
+        cid: int,
+        target: MessageId | int,
+    ) -> None:
+        async with self._subscribing[subscription]:
+            try:
+                await dispatcher.seek(target)
+            except Exception as error:
+                dispatcher.sessions[cid].outbox.put_nowait(Done("seek", error))
+                return
+            dispatcher.disconnect_all("the subscription was reset (seek): reconnect",
+                                      Done("seek"), cid)  # fmt: skip
+
+    async def unsubscribe(
+        self, subscription: str, dispatcher: SubscriptionDispatcher, cid: int
+    ) -> None:
+        async with self._subscribing[subscription]:
+            try:
+                await dispatcher.unsubscribe(cid)
+            except Exception as error:
+                dispatcher.sessions[cid].outbox.put_nowait(Done("unsubscribe", error))
+                return
+            if self.subscriptions.get(subscription) is dispatcher:
+                del self.subscriptions[subscription]
+            dispatcher.disconnect_all("unsubscribed", Done("unsubscribe"), cid)
 
     # -- the end ------------------------------------------------------------------------
 

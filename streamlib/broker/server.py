@@ -32,7 +32,7 @@ from metadata.errors import NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
-from streamlib.broker.owned import OwnedStream, StreamGone
+from streamlib.broker.owned import Done, OwnedStream, StreamGone
 from streamlib.protocol.dispatch import Kind
 from streamlib.protocol.errors import BadRequestError, NoSuchStreamError, StreamlibError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
@@ -478,6 +478,16 @@ class BrokerService(pb_grpc.BrokerServicer):
                         dispatcher.nack(session.cid, ids)
                     else:
                         dispatcher.ack(session.cid, ids, request.ack.cumulative)
+                elif which == "seek":
+                    seek = request.seek
+                    target: MessageId | int = (
+                        id_from_pb(seek.message_id)
+                        if seek.WhichOneof("target") == "message_id"
+                        else int(seek.timestamp_ms)
+                    )
+                    await owned.seek(opened.subscription, dispatcher, session.cid, target)
+                elif which == "unsubscribe":
+                    await owned.unsubscribe(opened.subscription, dispatcher, session.cid)
             session.outbox.put_nowait(StreamGone("the consumer closed"))
 
         taker = loop.create_task(take_requests())
@@ -494,6 +504,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                     if not taker.done():
                         yield pb.ConsumeResponse(error=error_pb(item))
                     return
+                if isinstance(item, Done):
+                    done = pb.Done(what=item.what)
+                    if item.error is not None:
+                        done.error.CopyFrom(error_pb(item.error))
+                    yield pb.ConsumeResponse(done=done)
+                    continue
                 if session.active != active:
                     active = session.active
                     yield pb.ConsumeResponse(active=pb.ActiveChange(active=active))
@@ -503,7 +519,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
-            await owned.remove_consumer(opened.subscription, session)
+            await owned.remove_consumer(opened.subscription, dispatcher, session)
 
     async def _read(
         self, opened: pb.ConsumerOpen, iterator: AsyncIterator[pb.ConsumeRequest]

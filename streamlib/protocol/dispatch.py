@@ -106,6 +106,16 @@ class Dispatch:
         consumer = self._consumers.get(cid)
         return [] if consumer is None else list(consumer.unacked.values())
 
+    def reset(self) -> None:
+        """A seek moved the cursor: nothing delivered is outstanding any more, nothing
+        read is queued, and every consumer starts again without permits (each one
+        reconnects and gives its own)."""
+        self._queue.clear()
+        self._slot_unacked.clear()
+        for consumer in self._consumers.values():
+            consumer.unacked.clear()
+            consumer.permits = 0
+
     def consumers(self) -> list[Hashable]:
         return list(self._consumers)
 

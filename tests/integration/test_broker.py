@@ -371,3 +371,31 @@ async def test_schemas_through_the_service(cluster):
     consumer = await client.subscribe("orders", "o", "earliest", schema=JsonSchema(OrderV2))
     values = [(await consumer.receive(timeout=30)).value() for _ in range(3)]
     assert values == [OrderV2(1, "book"), OrderV2(2, "pen", True), OrderV2(3, "ink")]
+
+
+async def test_seek_and_unsubscribe_through_the_service(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("rewind")
+    ids = [await producer.send(b"%d" % i) for i in range(10)]
+    consumer = await client.subscribe("rewind", "s", "earliest", consumer_type="shared")
+    other = await client.subscribe("rewind", "s", consumer_type="shared")
+    for _ in range(10):  # everything acknowledged, by whichever got it
+        for c in (consumer, other):
+            for message in await c.batch_receive(10, 100):
+                c.acknowledge(message)
+    await consumer.seek(ids[4])  # message 4 comes next, to one of the two
+    again = set()
+    while len(again) < 6:
+        for c in (consumer, other):
+            for message in await c.batch_receive(10, 200):
+                again.add(message.data)
+                c.acknowledge(message)
+    assert again == {b"%d" % i for i in range(4, 10)}
+    with pytest.raises(errors.ConsumerBusyError):  # another consumer is connected
+        await consumer.unsubscribe()
+    await other.close()
+    await consumer.unsubscribe()
+    fresh = await client.subscribe("rewind", "s", "earliest", consumer_type="shared")
+    assert (await fresh.receive(timeout=30)).data == b"0"  # a new subscription from earliest
