@@ -69,8 +69,8 @@ class SchemaChecked(StreamlibError):
 
 def channel_options() -> list[tuple[str, Any]]:
     return [
-        ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+        ("grpc.max_send_message_length", 8 * 1024 * 1024),
         # A broker that stops answering (SIGSTOP, a partition) is noticed within seconds.
         ("grpc.keepalive_time_ms", 2_000),
         ("grpc.keepalive_timeout_ms", 2_000),

@@ -42,7 +42,8 @@ from streamlib.stream.subscription import parse_consumer_type
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
+PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then reading waits)
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
 HEARTBEAT_S = 1.0  # a quiet stream gets a heartbeat this often (clients' liveness check)
 KINDS = {
@@ -355,7 +356,9 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> None:
         """Each batch of sends: published in order; their receipts queued as a batch
         once every one of it is durable (batches settle in order: one stream, in order)."""
-        pending: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)  # batches waiting to settle
+        pending: asyncio.Queue[Any] = asyncio.Queue(
+            maxsize=PENDING_BATCHES
+        )  # batches waiting to settle
         settler = asyncio.get_running_loop().create_task(self._settle(pending, receipts))
         try:
             async for request in iterator:

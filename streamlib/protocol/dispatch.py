@@ -68,9 +68,13 @@ class ConsumerBusy(Exception):
 
 
 class Dispatch:
-    def __init__(self, kind: Kind, max_pending: int = 1000) -> None:
+    def __init__(self, kind: Kind, max_pending: int = 1000, max_unacked: int = 50_000) -> None:
         self.kind = kind
         self.max_pending = max_pending
+        # A consumer holding this many unacknowledged messages gets no more until it
+        # acknowledges (Pulsar's maxUnackedMessagesPerConsumer): its permits come back as
+        # it receives, so without this a consumer that never acks would grow the broker.
+        self.max_unacked = max_unacked
         self._consumers: dict[Hashable, _Consumer] = {}  # arrival order
         self._queue: collections.deque[Pending] = collections.deque()  # not yet delivered
         self._robin = 0
@@ -134,7 +138,10 @@ class Dispatch:
         """Whether reading another message from the cursor is useful now."""
         if len(self._queue) >= self.max_pending:
             return False
-        return any(c.permits > 0 for c in self._receivers())
+        return any(self._can_take(c) for c in self._receivers())
+
+    def _can_take(self, consumer: _Consumer) -> bool:
+        return consumer.permits > 0 and len(consumer.unacked) < self.max_unacked
 
     def offer(self, pending: Pending) -> None:
         self._queue.append(pending)
@@ -181,7 +188,7 @@ class Dispatch:
     def _next_with_permits(self, receivers: list[_Consumer]) -> _Consumer | None:
         for step in range(len(receivers)):
             candidate = receivers[(self._robin + step) % len(receivers)]
-            if candidate.permits > 0:
+            if self._can_take(candidate):
                 self._robin = (self._robin + step + 1) % len(receivers)
                 return candidate
         return None
@@ -225,7 +232,7 @@ class Dispatch:
                 target = self._consumers.get(self.owner(slot))  # type: ignore[arg-type]
                 holders = self._slot_unacked.get(slot)
                 free = target is not None and (not holders or all(c == target.cid for c in holders))
-                if free and target is not None and target.permits > 0:
+                if free and target is not None and self._can_take(target):
                     self._give(target, pending, out)
                     self._slot_unacked.setdefault(slot, collections.Counter())[target.cid] += 1
                     continue

@@ -19,6 +19,7 @@ from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.schema import IncompatibleSchemaError, JsonSchema
 from streamlib.stream.positions import EARLIEST
+from streamlib.stream.producer import ProducerQueueIsFullError
 from tests.integration.conftest import script_process
 
 pytestmark = pytest.mark.timeout(180)
@@ -399,3 +400,27 @@ async def test_seek_and_unsubscribe_through_the_service(cluster):
     await consumer.unsubscribe()
     fresh = await client.subscribe("rewind", "s", "earliest", consumer_type="shared")
     assert (await fresh.receive(timeout=30)).data == b"0"  # a new subscription from earliest
+
+
+async def test_a_producer_flooding_a_stopped_broker_meets_its_pending_limit(cluster):
+    """Backpressure, never unbounded memory: with the owner stopped, sends pile up only
+    to max_pending_messages; once it runs again every one of them is published."""
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer(
+        "flood", max_pending_messages=50, block_if_queue_full=False
+    )
+    await producer.send(b"first")
+    broker.pause()
+    try:
+        pending = [await producer.send_async(b"%d" % i) for i in range(50)]
+        with pytest.raises(ProducerQueueIsFullError):
+            await producer.send_async(b"one too many")
+    finally:
+        broker.resume()
+    ids = await asyncio.wait_for(asyncio.gather(*pending), 60)
+    assert len(set(ids)) == 50
+    assert [m.data for m in await read_all(cluster, "flood", 51)][1:] == [
+        b"%d" % i for i in range(50)
+    ]

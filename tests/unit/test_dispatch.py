@@ -613,3 +613,15 @@ def test_key_shared_keeps_per_key_order_under_random_operations(ops, eager):
 @given(operations, st.booleans())
 def test_key_shared_with_negative_acks_never_splits_a_slot_and_loses_nothing(ops, eager):
     run_model(ops, eager, with_nacks=True)
+
+
+def test_a_consumer_that_never_acknowledges_stops_getting_messages_at_max_unacked() -> None:
+    dispatch = Dispatch(Kind.SHARED, max_unacked=3)
+    dispatch.add("c", "c", Kind.SHARED)
+    dispatch.flow("c", 100)
+    for i in range(5):
+        dispatch.offer(Pending(i, i, i))
+    assert [p.message_id for _, p in dispatch.deliveries()] == [0, 1, 2]
+    assert not dispatch.wants_more()  # permits, but nothing more may go to it
+    dispatch.ack("c", 0)
+    assert [p.message_id for _, p in dispatch.deliveries()] == [3]
