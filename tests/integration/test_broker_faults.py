@@ -1,5 +1,5 @@
 """Brokers that die (SIGKILL) or stop past their session (SIGSTOP) while producer
-processes publish through them and shared consumers receive: the stream moves to
+processes publish through them and shared or key_shared consumers receive: the stream moves to
 another broker by fencing, clients follow on their own, and nothing acknowledged is
 lost, duplicated or reordered (deduplication by producer name and sequence id)."""
 
@@ -60,21 +60,43 @@ async def check_stream(cluster, stream: str, names: list[str], count: int) -> No
         assert seen[name] == [b"%s-%d" % (name.encode(), i) for i in range(count)], name
 
 
-async def consume(consumer, into: collections.Counter, stop: asyncio.Event, want: int) -> None:
-    """Receive and acknowledge until `want` distinct messages came (to either)."""
+async def consume(
+    consumer, into: collections.Counter, stop: asyncio.Event, want: int, log: list
+) -> None:
+    """Receive and acknowledge until `want` distinct messages came (to either); `log`
+    gets (key, message id, data) of each delivery, in the order they came (both
+    consumers run on this loop: one order)."""
     while not stop.is_set():
         try:
             message = await consumer.receive(timeout=0.5)
         except TimeoutError:
             continue
+        log.append((message.key, message.message_id, message.data))
         into[message.data] += 1
         consumer.acknowledge(message)
         if len(into) >= want:
             stop.set()
 
 
-@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
-async def test_a_broker_lost_while_producers_publish_and_consumers_share(cluster, fault):
+def first_deliveries_in_stream_order_per_key(log: list) -> None:
+    """Key_Shared: each key's messages are first delivered in stream order (a message
+    delivered again after a failover is not a first delivery)."""
+    seen: set[bytes] = set()
+    last: dict[str, object] = {}
+    for key, message_id, data in log:
+        if data in seen:
+            continue
+        seen.add(data)
+        assert key not in last or last[key] < message_id, (key, last[key], message_id)
+        last[key] = message_id
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [("sigkill", "shared"), ("sigstop", "shared"), ("sigkill", "key_shared"),
+     ("sigstop", "key_shared")],
+)  # fmt: skip
+async def test_a_broker_lost_while_producers_publish_and_consumers_share(cluster, fault, kind):
     cluster.start_bookies(3)
     brokers = cluster.start_brokers(2)
     url = cluster.service_url
@@ -82,12 +104,12 @@ async def test_a_broker_lost_while_producers_publish_and_consumers_share(cluster
     received: collections.Counter[bytes] = collections.Counter()
     stop = asyncio.Event()
     consumers = [
-        await client.subscribe("jobs", "workers", "earliest", consumer_type="shared")
-        for _ in range(2)
+        await client.subscribe("jobs", "workers", "earliest", consumer_type=kind) for _ in range(2)
     ]
     count = 1500
+    log: list = []
     tasks = [
-        asyncio.get_running_loop().create_task(consume(c, received, stop, 2 * count))
+        asyncio.get_running_loop().create_task(consume(c, received, stop, 2 * count, log))
         for c in consumers
     ]
     async with (
@@ -114,6 +136,8 @@ async def test_a_broker_lost_while_producers_publish_and_consumers_share(cluster
     await asyncio.wait_for(stop.wait(), 60)
     await asyncio.gather(*tasks)
     assert set(received) == everything  # every message delivered, at least once
+    if kind == "key_shared":
+        first_deliveries_in_stream_order_per_key(log)
     if fault == "sigstop":
         # The old owner, running again, does not serve the stream.
         assert (await owner_of(cluster, "jobs")).broker_id != lost.broker_id
