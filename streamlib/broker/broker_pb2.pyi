@@ -53,7 +53,7 @@ class MessageIdPb(_message.Message):
     def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., batch_index: _Optional[int] = ...) -> None: ...
 
 class ProducerOpen(_message.Message):
-    __slots__ = ("stream", "producer_name", "access_mode", "schema_type", "schema_definition", "schema_checked_type", "schema_checked_definition")
+    __slots__ = ("stream", "producer_name", "access_mode", "schema_type", "schema_definition", "schema_checked_type", "schema_checked_definition", "resume")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     ACCESS_MODE_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class ProducerOpen(_message.Message):
     SCHEMA_DEFINITION_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_CHECKED_TYPE_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_CHECKED_DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     stream: str
     producer_name: str
     access_mode: str
@@ -68,7 +69,8 @@ class ProducerOpen(_message.Message):
     schema_definition: str
     schema_checked_type: str
     schema_checked_definition: str
-    def __init__(self, stream: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[str] = ..., schema_type: _Optional[str] = ..., schema_definition: _Optional[str] = ..., schema_checked_type: _Optional[str] = ..., schema_checked_definition: _Optional[str] = ...) -> None: ...
+    resume: bool
+    def __init__(self, stream: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[str] = ..., schema_type: _Optional[str] = ..., schema_definition: _Optional[str] = ..., schema_checked_type: _Optional[str] = ..., schema_checked_definition: _Optional[str] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class Send(_message.Message):
     __slots__ = ("sequence_id", "payload", "key", "properties", "event_time_ms", "deliver_at_ms")
@@ -158,7 +160,7 @@ class SendFailed(_message.Message):
     def __init__(self, sequence_ids: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class ConsumerOpen(_message.Message):
-    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive")
+    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +171,7 @@ class ConsumerOpen(_message.Message):
     START_FIELD_NUMBER: _ClassVar[int]
     START_LATEST_FIELD_NUMBER: _ClassVar[int]
     START_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     stream: str
     subscription: str
     consumer_type: str
@@ -179,7 +182,8 @@ class ConsumerOpen(_message.Message):
     start: MessageIdPb
     start_latest: bool
     start_inclusive: bool
-    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ...) -> None: ...
+    resume: bool
+    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class Flow(_message.Message):
     __slots__ = ("permits",)

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -57,10 +58,14 @@ SILENCE_S = 5.0
 BACKOFF_MAX_S = 2.0
 SEND_BATCH_BYTES = 1 << 20
 SEND_BATCH_MESSAGES = 1000
-# A broken connection's errors that another lookup may cure.
-RETRYABLE = {"StreamGone", "SchemaChecked", "NotOwnerError", "StreamFencedError", "BrokerUnavailableError",
-             "LedgerFencedError", "NotEnoughBookiesError", "BookieUnavailableError",
-             "StreamlibError", "ClientClosedError", "LedgerClosedError"}  # fmt: skip
+# Errors no reconnect can cure: a producer or consumer that meets one fails with it.
+# Anything else (a broker gone, a stream moved, the metadata store or bookies briefly
+# unreachable) is retried: look the stream up again, reconnect, with bounded backoff.
+PERMANENT = {"BadRequestError", "UnauthorizedError", "UnauthenticatedError",
+             "ProducerFencedError", "IncompatibleSchemaError", "NoSuchStreamError",
+             "TooLargeError", "InvalidPositionError", "UnsupportedConsumerTypeError",
+             "ProducerBusyError", "ConsumerBusyError", "InvalidNameError",
+             "ClientClosedError"}  # fmt: skip
 
 
 class SchemaChecked(StreamlibError):
@@ -358,7 +363,8 @@ class ServiceClient:
             stream=stream,
             subscription=subscription,
             consumer_type=kind.value,
-            consumer_name=consumer_name or "",
+            # (named, so a reconnect can take its own old session's place)
+            consumer_name=consumer_name or f"consumer-{uuid.uuid4().hex[:10]}",
             initial_position=initial_position,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         )
@@ -471,7 +477,7 @@ class _Connection:
             except Exception as error:
                 retry = isinstance(
                     error, grpc.aio.AioRpcError | builtins.TimeoutError | OSError
-                ) or (isinstance(error, StreamlibError) and _code(error) in RETRYABLE)
+                ) or (isinstance(error, StreamlibError) and _code(error) not in PERMANENT)
                 if not self.ready.done() and (not retry or loop.time() > give_up_at):
                     self.ready.set_exception(error)
                     self.closed = True
@@ -577,7 +583,10 @@ class ServiceProducer(_Connection):
         call = stub.Produce(metadata=self.client.metadata)
         try:
             opened = pb.ProducerOpen(
-                stream=self.stream, producer_name=self.producer_name, access_mode=self.access_mode
+                stream=self.stream,
+                producer_name=self.producer_name,
+                access_mode=self.access_mode,
+                resume=self.ready.done(),  # (again: its old session may linger there)
             )
             schema = self.schema
             if schema is not None and schema.type_name != "bytes":
@@ -877,6 +886,7 @@ class ServiceConsumer(_Connection):
     async def session(self, stub: pb_grpc.BrokerStub) -> None:
         call = stub.Consume(metadata=self.client.metadata)
         try:
+            self._open_pb.resume = self.ready.done()  # (again: its old session may linger)
             await call.write(pb.ConsumeRequest(open=self._open_pb))
             first = await asyncio.wait_for(call.read(), OPEN_TIMEOUT_S)
             if first is _EOF:

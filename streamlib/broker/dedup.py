@@ -100,7 +100,6 @@ class Dedup:
             for name, s in self._names.items()
             if s.durable >= 0
         }
-        self.since_snapshot = 0
         return json.dumps({"position": list(self.position), "names": names}).encode()
 
     @classmethod

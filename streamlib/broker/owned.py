@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
 SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots
+MAX_NAME_CHARS = 256  # of a producer's name
 
 
 class StreamGone(StreamlibError):
@@ -74,14 +75,23 @@ class SubscriptionDispatcher:
     """Reads the subscription's cursor through one direct consumer (the broker's) and
     hands the messages out by the dispatch rules (streamlib/protocol/dispatch.py)."""
 
-    def __init__(self, inner: Consumer, kind: Kind, nack_delay_s: float) -> None:
+    def __init__(
+        self,
+        inner: Consumer,
+        kind: Kind,
+        nack_delay_s: float,
+        on_fail: Callable[[SubscriptionDispatcher, BaseException], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.dispatch = Dispatch(kind)
         self.sessions: dict[int, ConsumerSession] = {}
         self._nack_delay_s = nack_delay_s
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run())
         self._messages: dict[MessageId, Message] = {}
+        self._generation = 0  # a seek starts a new one: older redeliveries are dropped
+        self._on_fail = on_fail
+        self.failed: BaseException | None = None
+        self._task = self._start_task()
 
     def add(self, session: ConsumerSession) -> None:
         try:
@@ -116,21 +126,18 @@ class SubscriptionDispatcher:
         self._wake.set()
 
     def ack(self, cid: int, ids: list[MessageId], cumulative: bool) -> None:
-        for message_id in ids:
-            if cumulative:  # everything up to it that this consumer holds
-                held = [m for m in self._held_by(cid) if m <= message_id]
-            else:
-                held = [message_id]
-            for one in held:
-                if self.dispatch.ack(cid, one) is None:
-                    continue
-                message = self._messages.pop(one, None)
-                if message is not None:
-                    self.inner.acknowledge(message)
+        if cumulative and ids:  # everything up to the highest that this consumer holds
+            upto = max(ids)
+            ids = sorted(
+                p.message_id for p in self.dispatch.unacked_of(cid) if p.message_id <= upto
+            )
+        for one in ids:
+            if self.dispatch.ack(cid, one) is None:
+                continue
+            message = self._messages.pop(one, None)
+            if message is not None:
+                self.inner.acknowledge(message)
         self._wake.set()
-
-    def _held_by(self, cid: int) -> list[MessageId]:
-        return sorted(p.message_id for p in self.dispatch.unacked_of(cid))
 
     def nack(self, cid: int, ids: list[MessageId]) -> None:
         back = [p for p in (self.dispatch.take_back(cid, i) for i in ids) if p is not None]
@@ -138,11 +145,34 @@ class SubscriptionDispatcher:
             return
         for pending in back:
             pending.ref = pending.ref.redelivered()
-        asyncio.get_running_loop().call_later(self._nack_delay_s, self._redeliver, back)
+        asyncio.get_running_loop().call_later(
+            self._nack_delay_s, self._redeliver, back, self._generation
+        )
 
-    def _redeliver(self, back: list[Pending]) -> None:
+    def _redeliver(self, back: list[Pending], generation: int) -> None:
+        if generation != self._generation:  # a seek came between: these are the past
+            return
         self.dispatch.redeliver(back)
         self._wake.set()
+
+    def _start_task(self) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._run())
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """The reading loop stopped: cancelled (a seek, the end), or failed (a read no
+        bookie could serve, ...): then every consumer is told, and reconnects to a new
+        dispatcher."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        assert error is not None
+        log.warning("subscription %s: reading failed: %s", self.inner.subscription, error)
+        self.failed = StreamGone(f"the subscription's reading failed: {error}")
+        self.disconnect_all(str(self.failed))
+        if self._on_fail is not None:
+            self._on_fail(self, self.failed)
 
     async def _run(self) -> None:
         """Read while someone can take messages; deliver what the rules allow. (A read
@@ -200,15 +230,17 @@ class SubscriptionDispatcher:
     async def seek(self, target: MessageId | int) -> None:
         """Move the cursor (Pulsar's seek): what was read or handed out is forgotten,
         the cursor is written, and every consumer is disconnected: each reconnects and
-        receives from the new position."""
+        receives from the new position. (A seek that fails disconnects them too: they
+        start again from the cursor as it is.)"""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        self.dispatch.reset()
-        self._messages.clear()
         try:
             await self.inner.seek(target)
         finally:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._generation += 1
+            self.dispatch.reset()
+            self._messages.clear()
+            self._task = self._start_task()
 
     def disconnect_all(self, why: str, done: Done | None = None, to: int | None = None) -> None:
         for cid, session in self.sessions.items():
@@ -225,7 +257,11 @@ class SubscriptionDispatcher:
             )
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        await self.inner.unsubscribe()
+        try:
+            await self.inner.unsubscribe()
+        except BaseException:
+            self._task = self._start_task()  # it stays: reading goes on
+            raise
 
     async def close(self) -> None:
         self._task.cancel()
@@ -243,7 +279,7 @@ class OwnedStream:
         self.producers: dict[str, ProducerSession] = {}
         self._producers_changed = asyncio.Condition()
         self.subscriptions: dict[str, SubscriptionDispatcher] = {}
-        self._subscribing: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        self._subscribing = asyncio.Lock()  # subscriptions come, change and go one at a time
         self.gone: BaseException | None = None
         self.gone_event = asyncio.Event()
         self._snapshotting = False
@@ -277,16 +313,49 @@ class OwnedStream:
                 if message.producer_name:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
         self.dedup = dedup
+        if dedup.since_snapshot or data is None:
+            await self.write_snapshot()  # the next owner starts from here
+
+    def mark_gone(self, error: BaseException) -> None:
+        """Serve nothing more, from now: every producer is cut off, every consumer told,
+        and whoever waits to be admitted wakes to the error."""
+        if self.gone is not None:
+            return
+        self.gone = error
+        self.gone_event.set()
+        for session in self.producers.values():
+            session.error = session.error or error
+            session.fenced.set()
+        for dispatcher in self.subscriptions.values():
+            dispatcher.disconnect_all(str(error))
+
+        async def wake_waiters() -> None:
+            async with self._producers_changed:
+                self._producers_changed.notify_all()
+
+        asyncio.get_running_loop().create_task(wake_waiters())
 
     # -- producers ----------------------------------------------------------------------
 
-    async def add_producer(self, name: str, access_mode: str) -> ProducerSession:
+    async def add_producer(
+        self, name: str, access_mode: str, resume: bool = False
+    ) -> ProducerSession:
         if access_mode not in ACCESS_MODES:
             raise BadRequestError(
                 f"access_mode is one of {', '.join(ACCESS_MODES)}: {access_mode!r}"
             )
+        if len(name) > MAX_NAME_CHARS:
+            raise BadRequestError(f"a producer name is at most {MAX_NAME_CHARS} characters")
         name = name or f"{self.broker.broker_id}-{uuid.uuid4().hex[:10]}"
         async with self._producers_changed:
+            if self.gone is not None:
+                raise self.gone
+            if name in self.producers and resume:
+                # The same producer again, after its connection broke: the broker may
+                # not have noticed the old one's end yet. The new one takes its place.
+                old = self.producers.pop(name)
+                old.error = StreamGone(f"producer {name!r} reconnected")
+                old.fenced.set()
             if name in self.producers:
                 raise ProducerBusyError(
                     f"a producer named {name!r} is connected to {self.stream!r}"
@@ -309,6 +378,8 @@ class OwnedStream:
                     await self._producers_changed.wait()
                     continue
                 break
+            if self.gone is not None:  # (it went while this one waited)
+                raise self.gone
             if access_mode == "exclusive_with_fencing":
                 for other in list(self.producers.values()):
                     other.error = ProducerFencedError(
@@ -354,15 +425,20 @@ class OwnedStream:
             self.dedup.durable(name, sequence_id, None)
             error = done.exception() if not done.cancelled() else StreamGone("cancelled")
             # The writer failed: fenced by another owner, or out of bookies. Either way
-            # this broker can write no more of the stream: give it up.
-            self.broker.give_up(self.stream, error)
+            # this broker can write no more of the stream: give it up (at once: nothing
+            # more is taken, and no duplicate answered from a state that is now stale).
+            self.broker.give_up(self, error)
             return
         self.dedup.durable(name, sequence_id, done.result())
         if self.dedup.since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting:
-            self._snapshotting = True
-            asyncio.get_running_loop().create_task(self._snapshot())
+            asyncio.get_running_loop().create_task(self.write_snapshot())
 
-    async def _snapshot(self) -> None:
+    async def write_snapshot(self) -> None:
+        """Write the dedup state where the next owner starts (its tail scan covers what a
+        snapshot misses, so a failed one costs only time)."""
+        if self._snapshotting:
+            return
+        self._snapshotting = True
         try:
             data = self.dedup.snapshot()
             path = self._dedup_path()
@@ -371,7 +447,8 @@ class OwnedStream:
             except NoNodeError:
                 with contextlib.suppress(NodeExistsError):
                     await self.client.store.create(path, data)
-        except Exception as error:  # the tail scan covers what a snapshot misses
+            self.dedup.since_snapshot = 0
+        except Exception as error:
             log.warning("stream %s: dedup snapshot failed: %s", self.stream, error)
         finally:
             self._snapshotting = False
@@ -385,10 +462,11 @@ class OwnedStream:
         name: str,
         initial_position: str,
         nack_delay_ms: int,
+        resume: bool = False,
     ) -> tuple[SubscriptionDispatcher, ConsumerSession]:
         if self.gone is not None:
             raise self.gone
-        async with self._subscribing[subscription]:
+        async with self._subscribing:
             dispatcher = self.subscriptions.get(subscription)
             if dispatcher is None:
                 inner = await self.client.subscribe(
@@ -399,18 +477,37 @@ class OwnedStream:
                     consumer_name=self.broker.broker_id,
                     receiver_queue_size=1000,
                 )
-                dispatcher = SubscriptionDispatcher(inner, kind, nack_delay_ms / 1000.0)
+                if self.gone is not None:  # (it went while this one subscribed)
+                    await inner.close()
+                    raise self.gone
+                dispatcher = SubscriptionDispatcher(
+                    inner, kind, nack_delay_ms / 1000.0, on_fail=self._dispatcher_failed
+                )
                 self.subscriptions[subscription] = dispatcher
+            if resume and name:
+                # The same consumer again, after its connection broke: the old session
+                # may not have ended here yet. The new one takes its place.
+                for cid, old in list(dispatcher.sessions.items()):
+                    if old.name == name:
+                        old.outbox.put_nowait(StreamGone(f"consumer {name!r} reconnected"))
+                        dispatcher.remove(cid)
             session = ConsumerSession(next(self._consumer_ids), name or uuid.uuid4().hex[:8], kind)
             dispatcher.add(session)
             return dispatcher, session
+
+    def _dispatcher_failed(self, dispatcher: SubscriptionDispatcher, error: BaseException) -> None:
+        """Its reading failed (its consumers were told): the next consumer starts anew."""
+        for name, found in list(self.subscriptions.items()):
+            if found is dispatcher:
+                del self.subscriptions[name]
+        asyncio.get_running_loop().create_task(dispatcher.close())
 
     async def remove_consumer(
         self, subscription: str, dispatcher: SubscriptionDispatcher, session: ConsumerSession
     ) -> None:
         dispatcher.remove(session.cid)
         if not dispatcher.sessions:  # the last one left: persist and stop reading
-            async with self._subscribing[subscription]:
+            async with self._subscribing:
                 if not dispatcher.sessions and self.subscriptions.get(subscription) is dispatcher:
                     del self.subscriptions[subscription]
                     await dispatcher.close()
@@ -422,11 +519,13 @@ class OwnedStream:
         cid: int,
         target: MessageId | int,
     ) -> None:
-        async with self._subscribing[subscription]:
+        async with self._subscribing:
             try:
                 await dispatcher.seek(target)
             except Exception as error:
-                dispatcher.sessions[cid].outbox.put_nowait(Done("seek", error))
+                # What was read and handed out is forgotten either way: every consumer
+                # reconnects and starts again from the cursor as it is.
+                dispatcher.disconnect_all(f"a seek failed: {error}", Done("seek", error), cid)
                 return
             dispatcher.disconnect_all("the subscription was reset (seek): reconnect",
                                       Done("seek"), cid)  # fmt: skip
@@ -434,7 +533,7 @@ class OwnedStream:
     async def unsubscribe(
         self, subscription: str, dispatcher: SubscriptionDispatcher, cid: int
     ) -> None:
-        async with self._subscribing[subscription]:
+        async with self._subscribing:
             try:
                 await dispatcher.unsubscribe(cid)
             except Exception as error:
@@ -448,18 +547,13 @@ class OwnedStream:
 
     async def close(self, error: BaseException) -> None:
         """Stop serving: every session is told `error`."""
-        if self.gone is None:
-            self.gone = error
-        self.gone_event.set()
-        for session in self.producers.values():
-            session.error = session.error or error
-            session.fenced.set()
-        for dispatcher in list(self.subscriptions.values()):
-            for consumer in dispatcher.sessions.values():
-                consumer.outbox.put_nowait(error)
+        self.mark_gone(error)
+        async with self._subscribing:  # (none is being added meanwhile)
+            dispatchers = list(self.subscriptions.values())
+            self.subscriptions.clear()
+        for dispatcher in dispatchers:
             with contextlib.suppress(Exception):
                 await dispatcher.close()
-        self.subscriptions.clear()
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await self.producer.close()

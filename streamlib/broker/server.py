@@ -28,13 +28,19 @@ import grpc
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
 from bookie.ledger_rules import Access
-from metadata.errors import NodeExistsError
+from metadata.errors import InvalidNameError, NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.broker.owned import Done, OwnedStream, StreamGone
 from streamlib.protocol.dispatch import Kind
-from streamlib.protocol.errors import BadRequestError, NoSuchStreamError, StreamlibError
+from streamlib.protocol.errors import (
+    BadRequestError,
+    NoSuchStreamError,
+    ProducerFencedError,
+    StreamlibError,
+    TooLargeError,
+)
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message
@@ -44,6 +50,8 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
 PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then reading waits)
+MAX_SENDS_PER_REQUEST = 10_000
+ROOM_EVERY = 500  # sends between two checks for room in the stream's writer
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
 HEARTBEAT_S = 1.0  # a quiet stream gets a heartbeat this often (clients' liveness check)
 KINDS = {
@@ -86,7 +94,7 @@ class Broker:
         self.address = address
         self.registry = BrokerRegistry(client.store)
         self.owned: dict[str, OwnedStream] = {}
-        self._owning: dict[str, asyncio.Future[OwnedStream]] = {}
+        self._owning: dict[str, asyncio.Task[OwnedStream]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
 
@@ -120,24 +128,32 @@ class Broker:
         self._spawn(self._session_lost())
 
     async def _session_lost(self) -> None:
-        for stream in list(self.owned):
-            await self._drop(
-                stream, StreamGone(f"broker {self.broker_id} lost its metadata session")
-            )
+        error = StreamGone(f"broker {self.broker_id} lost its metadata session")
+        gone = [(name, owned) for name, owned in self.owned.items()]
+        for _name, owned in gone:
+            owned.mark_gone(error)  # at once, all of them: nothing more is served
+        await asyncio.gather(*(self._drop(n, o, error) for n, o in gone), return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.registry.register(self.info)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- ownership ----------------------------------------------------------------------
 
+    async def holds(self, stream: str) -> bool:
+        """Whether this broker's session still holds the stream's lease (a broker that
+        was stopped or cut off may not know yet that it lost it)."""
+        owner = await self.registry.owner(stream)
+        return owner is not None and owner.broker_id == self.broker_id
+
     async def lookup(self, stream: str) -> BrokerInfo:
-        """The broker that serves `stream`; one is assigned when none owns it."""
-        if stream in self.owned:
-            return self.info
+        """The broker that serves `stream`; one is assigned when none owns it (this one:
+        it starts taking the stream over and answers at once -- the client's producer or
+        consumer waits for the takeover, not the lookup)."""
         owner = await self.registry.owner(stream)
         if owner is not None:
             return owner
@@ -146,33 +162,29 @@ class Broker:
             return self.info
         least = min(live, key=lambda b: (b.owned, b.broker_id))
         if least.broker_id == self.broker_id or least.owned >= len(self.owned):
-            await self.own(stream)
+            self._start_owning(stream)
             return self.info
         return least
+
+    def _start_owning(self, stream: str) -> asyncio.Future[OwnedStream]:
+        """The takeover of `stream`, in a task of the broker's own: a caller that goes
+        away (a lookup's deadline) does not abort it half done."""
+        owning = self._owning.get(stream)
+        if owning is None:
+            owning = self._spawn(self._acquire(stream))
+            self._owning[stream] = owning
+            owning.add_done_callback(lambda done: self._owning.pop(stream, None))
+            owning.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return owning
 
     async def own(self, stream: str) -> OwnedStream:
         """The stream, served here: the lease taken and the stream taken over first."""
         if self.closed:
             raise StreamGone(f"broker {self.broker_id} is stopping")
         found = self.owned.get(stream)
-        if found is not None:
+        if found is not None and found.gone is None:
             return found
-        owning = self._owning.get(stream)
-        if owning is not None:
-            return await asyncio.shield(owning)
-        future: asyncio.Future[OwnedStream] = asyncio.get_running_loop().create_future()
-        self._owning[stream] = future
-        try:
-            owned = await self._acquire(stream)
-        except BaseException as error:
-            future.set_exception(error)
-            future.exception()  # (retrieved: nobody else may be waiting)
-            raise
-        else:
-            future.set_result(owned)
-            return owned
-        finally:
-            del self._owning[stream]
+        return await asyncio.shield(self._start_owning(stream))
 
     async def _acquire(self, stream: str) -> OwnedStream:
         await self.client.streams.ensure(stream)  # (NoSuchStream, bad names: before the lease)
@@ -197,30 +209,36 @@ class Broker:
         with contextlib.suppress(Exception):
             await self.registry.update(self.info)
 
-    def give_up(self, stream: str, error: BaseException | None) -> None:
+    def give_up(self, owned: OwnedStream, error: BaseException | None) -> None:
         """The stream's writer failed (fenced: someone else owns it now)."""
-        if stream in self.owned:
-            self._spawn(self._drop(stream, StreamGone(f"stream {stream!r} moved: {error}")))
+        gone = StreamGone(f"stream {owned.stream!r} moved: {error}")
+        owned.mark_gone(gone)
+        if self.owned.get(owned.stream) is owned:
+            self._spawn(self._drop(owned.stream, owned, gone))
 
-    async def _drop(self, stream: str, error: BaseException) -> None:
-        owned = self.owned.pop(stream, None)
-        if owned is None:
+    async def _drop(self, stream: str, owned: OwnedStream, error: BaseException) -> None:
+        """Stop serving this instance of the stream (not a newer one of the same name)."""
+        if self.owned.get(stream) is not owned:
             return
+        del self.owned[stream]
         await owned.close(error)
         with contextlib.suppress(Exception):
             await self.registry.release(stream, self.broker_id)
         await self._update_load()
 
     async def unload(self, stream: str) -> bool:
-        if stream not in self.owned:
+        owned = self.owned.get(stream)
+        if owned is None:
             return False
-        await self._drop(stream, StreamGone(f"stream {stream!r} was unloaded"))
+        await owned.write_snapshot()  # the next owner scans less
+        await self._drop(stream, owned, StreamGone(f"stream {stream!r} was unloaded"))
         return True
 
     async def close(self) -> None:
         self.closed = True
-        for stream in list(self.owned):
-            await self._drop(stream, StreamGone(f"broker {self.broker_id} stopped"))
+        for stream, owned in list(self.owned.items()):
+            await owned.write_snapshot()
+            await self._drop(stream, owned, StreamGone(f"broker {self.broker_id} stopped"))
         with contextlib.suppress(Exception):
             await self.registry.unregister(self.broker_id)
         for task in list(self._tasks):
@@ -262,14 +280,12 @@ class BrokerService(pb_grpc.BrokerServicer):
             if partitions:  # no owner: its partitions are streams of their own
                 return pb.LookupResponse(partitions=partitions)
             info = await self.broker.lookup(request.stream)
-        except StreamlibError as error:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}"
-            )
-        except Exception as error:  # a bad name (metadata's InvalidNameError), ...
+        except (InvalidNameError, BadRequestError) as error:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{type(error).__name__}: {error}"
             )
+        except Exception as error:  # the metadata store, a takeover: another try may do
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(error).__name__}: {error}")
         return pb.LookupResponse(broker_id=info.broker_id, address=info.address)
 
     async def Unload(self, request: pb.UnloadRequest, context: Any) -> pb.UnloadResponse:
@@ -305,7 +321,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                         error=pb.Error(code="SchemaCheckNeeded", message=json.dumps(stored))
                     )
                     return
-            session = await owned.add_producer(opened.producer_name, opened.access_mode or "shared")
+            session = await owned.add_producer(
+                opened.producer_name, opened.access_mode or "shared", resume=opened.resume
+            )
+            try:
+                await self._still_owner(owned)
+            except BaseException:
+                await owned.remove_producer(session)
+                raise
         except Exception as error:
             yield pb.ProduceResponse(error=error_pb(error))
             return
@@ -315,11 +338,13 @@ class BrokerService(pb_grpc.BrokerServicer):
                     producer_name=session.name, last_sequence_id=owned.dedup.last(session.name)
                 )
             )
-            receipts: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue()
-            reader = asyncio.get_running_loop().create_task(
-                self._take_sends(iterator, owned, session, receipts)
-            )
-            fenced = asyncio.get_running_loop().create_task(session.fenced.wait())
+            # (bounded: a client that does not read its receipts stops being read)
+            receipts: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue(PENDING_BATCHES)
+            pending: asyncio.Queue[Any] = asyncio.Queue(PENDING_BATCHES)  # batches to settle
+            loop = asyncio.get_running_loop()
+            reader = loop.create_task(self._take_sends(iterator, owned, session, pending))
+            settler = loop.create_task(self._settle(pending, receipts))
+            fenced = loop.create_task(session.fenced.wait())
             try:
                 while True:
                     getting = asyncio.get_running_loop().create_task(receipts.get())
@@ -341,62 +366,86 @@ class BrokerService(pb_grpc.BrokerServicer):
                         return
                     yield response
             finally:
-                reader.cancel()
-                fenced.cancel()
-                await asyncio.gather(reader, fenced, return_exceptions=True)
+                for task in (reader, settler, fenced):
+                    task.cancel()
+                await asyncio.gather(reader, settler, fenced, return_exceptions=True)
         finally:
             await owned.remove_producer(session)
+
+    async def _still_owner(self, owned: OwnedStream) -> None:
+        """Before a Ready: this broker still holds the stream's lease. (A broker that was
+        stopped or cut off past its session may not have noticed that another took the
+        stream over; its dedup state would tell a producer a stale last sequence id.)"""
+        if owned.gone is not None:
+            raise owned.gone
+        if not await self.broker.holds(owned.stream):
+            gone = NotOwnerError(f"this broker no longer owns {owned.stream!r}")
+            self.broker.give_up(owned, gone)
+            raise gone
 
     async def _take_sends(
         self,
         iterator: AsyncIterator[pb.ProduceRequest],
         owned: OwnedStream,
         session: Any,
-        receipts: asyncio.Queue[pb.ProduceResponse | None],
+        pending: asyncio.Queue[Any],
     ) -> None:
-        """Each batch of sends: published in order; their receipts queued as a batch
-        once every one of it is durable (batches settle in order: one stream, in order)."""
-        pending: asyncio.Queue[Any] = asyncio.Queue(
-            maxsize=PENDING_BATCHES
-        )  # batches waiting to settle
-        settler = asyncio.get_running_loop().create_task(self._settle(pending, receipts))
+        """Each batch of sends: published in order, and queued (bounded: a flood waits
+        here, and its gRPC stream stops being read) for _settle to answer once durable
+        (batches settle in order: one stream, in order). A message the broker refuses
+        (too large, bad) fails alone; a write that fails (fenced: the stream moved) ends
+        the session with a retryable error and no receipt, so the client sends again,
+        with the same sequence ids, to the next owner."""
+        async for request in iterator:
+            if request.WhichOneof("kind") != "send":
+                await pending.put(BadRequestError("a producer only sends"))
+                return
+            sends = request.send.sends
+            if len(sends) > MAX_SENDS_PER_REQUEST:
+                await pending.put(BadRequestError(
+                    f"at most {MAX_SENDS_PER_REQUEST} sends per request, got {len(sends)}"))  # fmt: skip
+                return
+            outcomes: list[tuple[int, Any]] = []
+            try:
+                for index, send in enumerate(sends):
+                    if index % ROOM_EVERY == 0:
+                        # Producers flooding one stream wait here, and their gRPC
+                        # streams stop being read: flow control pushes back on them.
+                        await owned.room()
+                    outcomes.append((send.sequence_id, self._publish(owned, session, send)))
+            except (StreamGone, NotOwnerError, ProducerFencedError) as error:
+                await pending.put(outcomes)
+                await pending.put(error)
+                return
+            await pending.put(outcomes)
+        await pending.put(None)  # the client is done sending
+
+    @staticmethod
+    def _publish(owned: OwnedStream, session: Any, send: pb.Send) -> Any:
+        """The outcome of one send: its write's future, a duplicate's position, or the
+        error that refuses this message alone (bad input)."""
         try:
-            async for request in iterator:
-                if request.WhichOneof("kind") != "send":
-                    receipts.put_nowait(
-                        pb.ProduceResponse(error=error_pb(BadRequestError("a producer only sends")))
-                    )
-                    break
-                # Many producers flooding one stream wait here, and their gRPC streams
-                # stop being read: flow control pushes back on them (bounded memory).
-                await owned.room()
-                outcomes: list[tuple[int, Any]] = []
-                for send in request.send.sends:
-                    try:
-                        checked = Producer._checked(
-                            send.payload,
-                            send.key if send.HasField("key") else None,
-                            dict(send.properties),
-                            send.event_time_ms or None,
-                            None,
-                            send.deliver_at_ms or None,
-                        )
-                        if send.sequence_id < 0:
-                            raise BadRequestError(f"sequence_id must be >= 0: {send.sequence_id}")
-                        outcomes.append(
-                            (send.sequence_id, owned.publish(session, send.sequence_id, checked))
-                        )
-                    except Exception as error:
-                        outcomes.append((send.sequence_id, error))
-                await pending.put(outcomes)  # (bounded: a flood waits here, not in memory)
-        finally:
-            await pending.put(None)
-            await settler
+            checked = Producer._checked(
+                send.payload,
+                send.key if send.HasField("key") else None,
+                dict(send.properties),
+                send.event_time_ms or None,
+                None,
+                send.deliver_at_ms or None,
+            )
+            if send.sequence_id < 0:
+                raise BadRequestError(f"sequence_id must be >= 0: {send.sequence_id}")
+        except (BadRequestError, TooLargeError) as error:
+            return error
+        return owned.publish(session, send.sequence_id, checked)
 
     async def _settle(
         self, pending: asyncio.Queue[Any], receipts: asyncio.Queue[pb.ProduceResponse | None]
     ) -> None:
         while (outcomes := await pending.get()) is not None:
+            if isinstance(outcomes, BaseException):  # the session ends with it
+                await receipts.put(pb.ProduceResponse(error=error_pb(outcomes)))
+                break
             batch = pb.ReceiptBatch()
             failed: list[int] = []
             failure: BaseException | None = None
@@ -408,23 +457,26 @@ class BrokerService(pb_grpc.BrokerServicer):
                 duplicate = not isinstance(outcome, asyncio.Future)
                 try:
                     where = outcome if duplicate else await outcome
-                except Exception as error:
-                    failed.append(sequence_id)
-                    failure = failure or error
-                    continue
+                except Exception as error:  # the write failed: not this message's fault
+                    if batch.receipts:
+                        await receipts.put(pb.ProduceResponse(receipts=batch))
+                    gone = StreamGone(f"the stream's writer failed: {error}")
+                    await receipts.put(pb.ProduceResponse(error=error_pb(gone)))
+                    await receipts.put(None)
+                    return
                 batch.receipts.add(
                     sequence_id=sequence_id, message_id=id_pb(where), duplicate=duplicate
                 )
             if batch.receipts:
-                receipts.put_nowait(pb.ProduceResponse(receipts=batch))
+                await receipts.put(pb.ProduceResponse(receipts=batch))
             if failed:
                 assert failure is not None
-                receipts.put_nowait(
+                await receipts.put(
                     pb.ProduceResponse(
                         failed=pb.SendFailed(sequence_ids=failed, error=error_pb(failure))
                     )
                 )
-        receipts.put_nowait(None)
+        await receipts.put(None)
 
     # -- consuming ----------------------------------------------------------------------
 
@@ -464,13 +516,25 @@ class BrokerService(pb_grpc.BrokerServicer):
                 opened.consumer_name,
                 opened.initial_position or "latest",
                 opened.negative_ack_redelivery_delay_ms or 1000,
+                resume=opened.resume,
             )
+            try:
+                await self._still_owner(owned)
+            except BaseException:
+                await owned.remove_consumer(opened.subscription, dispatcher, session)
+                raise
         except Exception as error:
             yield pb.ConsumeResponse(error=error_pb(error))
             return
         loop = asyncio.get_running_loop()
 
         async def take_requests() -> None:
+            try:
+                await serve_requests()
+            except Exception as error:  # bad input (a malformed id, ...): the session ends
+                session.outbox.put_nowait(error)
+
+        async def serve_requests() -> None:
             async for request in iterator:
                 which = request.WhichOneof("kind")
                 if which == "flow":
@@ -491,8 +555,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                     await owned.seek(opened.subscription, dispatcher, session.cid, target)
                 elif which == "unsubscribe":
                     await owned.unsubscribe(opened.subscription, dispatcher, session.cid)
-            session.outbox.put_nowait(StreamGone("the consumer closed"))
+            session.outbox.put_nowait(closed)
 
+        closed = StreamGone("the consumer closed")
         taker = loop.create_task(take_requests())
         try:
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=session.active))
@@ -504,7 +569,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
                     continue
                 if isinstance(item, BaseException):
-                    if not taker.done():
+                    if item is not closed:  # (the client half-closed: it reads no more)
                         yield pb.ConsumeResponse(error=error_pb(item))
                     return
                 if isinstance(item, Done):
@@ -528,42 +593,46 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, opened: pb.ConsumerOpen, iterator: AsyncIterator[pb.ConsumeRequest]
     ) -> AsyncIterator[pb.ConsumeResponse]:
         """A reader: non-durable, served by any broker (reading fences nothing)."""
-        if opened.start_latest:
-            start: MessageId | str = LATEST
-        elif opened.HasField("start"):
-            start = id_from_pb(opened.start)
-        else:
-            start = EARLIEST
         try:
+            if opened.start_latest:
+                start: MessageId | str = LATEST
+            elif opened.HasField("start"):
+                start = id_from_pb(opened.start)
+            else:
+                start = EARLIEST
             reader = await self.broker.client.create_reader(
                 opened.stream, start, start_message_id_inclusive=opened.start_inclusive
             )
         except Exception as error:
             yield pb.ConsumeResponse(error=error_pb(error))
             return
-        permits = asyncio.Semaphore(0)
+        permits = 0
+        given = asyncio.Event()
 
         async def take_requests() -> None:
+            nonlocal permits
             async for request in iterator:
                 if request.WhichOneof("kind") == "flow":
-                    for _ in range(min(request.flow.permits, 100_000)):
-                        permits.release()
+                    permits = min(permits + request.flow.permits, 1_000_000)
+                    given.set()
 
         taker = asyncio.get_running_loop().create_task(take_requests())
         try:
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=True))
             while not taker.done():
-                try:
-                    await asyncio.wait_for(permits.acquire(), HEARTBEAT_S)
-                except builtins.TimeoutError:
-                    yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
+                if permits <= 0:
+                    given.clear()
+                    try:
+                        await asyncio.wait_for(given.wait(), HEARTBEAT_S)
+                    except builtins.TimeoutError:
+                        yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
                     continue
                 try:
                     message = await reader.read_next(timeout=HEARTBEAT_S)
                 except builtins.TimeoutError:
-                    permits.release()
                     yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
                     continue
+                permits -= 1
                 for chunk in deliveries([message]):
                     yield pb.ConsumeResponse(deliveries=chunk)
         finally:

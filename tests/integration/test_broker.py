@@ -424,3 +424,67 @@ async def test_a_producer_flooding_a_stopped_broker_meets_its_pending_limit(clus
     assert [m.data for m in await read_all(cluster, "flood", 51)][1:] == [
         b"%d" % i for i in range(50)
     ]
+
+
+async def test_sends_in_flight_when_the_owners_writer_is_fenced_are_resent_not_failed(cluster):
+    """A direct-mode producer takes the stream over (fencing the broker's ledger) while
+    service sends are in flight: the broker gives the stream up, the client resends
+    with the same sequence ids, the broker takes the stream back -- and not one send
+    fails or is stored twice."""
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("contested", producer_name="svc")
+    futures = []
+    direct = await cluster.client()
+    for i in range(600):
+        futures.append(await producer.send_async(b"%d" % i))
+        if i == 300:
+            taker = await direct.create_producer("contested")  # fences the broker's writer
+            await taker.close()
+        if i % 50 == 0:
+            await asyncio.sleep(0)  # (let the broker's answers in)
+    results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 120)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    stored = [m.data for m in await read_all(cluster, "contested", 600)]
+    assert stored == [b"%d" % i for i in range(600)]
+
+
+async def test_a_reopened_producer_replaces_its_lingering_session_only_when_resuming(cluster):
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    channel, first, ready = await open_raw_producer(broker.address, "linger", "p")
+    try:
+        assert ready.WhichOneof("kind") == "ready"  # and it is never closed
+        async with grpc.aio.insecure_channel(broker.address) as other:
+            stub = pb_grpc.BrokerStub(other)
+            call = stub.Produce()
+            await call.write(pb.ProduceRequest(open=pb.ProducerOpen(stream="linger",
+                                                                    producer_name="p")))  # fmt: skip
+            assert (await call.read()).error.code == "ProducerBusyError"
+            call = stub.Produce()
+            await call.write(pb.ProduceRequest(open=pb.ProducerOpen(
+                stream="linger", producer_name="p", resume=True)))  # fmt: skip
+            assert (await call.read()).WhichOneof("kind") == "ready"
+            # The lingering one was cut off.
+            while (answer := await first.read()).WhichOneof("kind") == "heartbeat":
+                pass
+            assert answer.error.code == "StreamGone"
+            call.cancel()
+    finally:
+        first.cancel()
+        await channel.close()
+
+
+async def test_a_malformed_ack_ends_the_consumer_with_a_typed_error(cluster):
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        call = pb_grpc.BrokerStub(channel).Consume()
+        await call.write(pb.ConsumeRequest(open=pb.ConsumerOpen(stream="acks", subscription="s")))
+        assert (await call.read()).WhichOneof("kind") == "ready"
+        bad = pb.MessageIdPb(ledger_id=-5, entry_id=0, batch_index=0)
+        await call.write(pb.ConsumeRequest(ack=pb.AckRequest(ids=[bad])))
+        while (answer := await call.read()).WhichOneof("kind") == "heartbeat":
+            pass
+        assert answer.error.code == "InvalidPositionError"
