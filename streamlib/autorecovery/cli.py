@@ -18,7 +18,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -209,19 +208,9 @@ async def _daemon(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     identifier = args.id or f"{socket.gethostname()}:{os.getpid()}"
     client = await Client.connect(args.metadata, session_timeout_s=args.session_timeout)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if args.exit_with_stdin:
-        stdin = sys.stdin.fileno()
+    from streamlib.daemons import stop_event
 
-        def on_stdin() -> None:
-            if not os.read(stdin, 4096):  # EOF: the parent is gone
-                loop.remove_reader(stdin)
-                stop.set()
-
-        loop.add_reader(stdin, on_stdin)
+    stop = stop_event(args.exit_with_stdin)
     daemon = AutoRecoveryDaemon(
         client,
         identifier,

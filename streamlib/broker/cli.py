@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from typing import Any
 
@@ -106,19 +105,9 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     broker = Broker(client, args.broker_id or address, address)
     access = await _access_control(args, client)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if args.exit_with_stdin:
-        stdin = sys.stdin.fileno()
+    from streamlib.daemons import stop_event
 
-        def on_stdin() -> None:
-            if not os.read(stdin, 4096):  # EOF: the parent is gone
-                loop.remove_reader(stdin)
-                stop.set()
-
-        loop.add_reader(stdin, on_stdin)
+    stop = stop_event(args.exit_with_stdin)
     try:
         await broker.start(args.session_timeout)
         pb_grpc.add_BrokerServicer_to_server(BrokerService(broker, access), server)

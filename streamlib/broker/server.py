@@ -298,14 +298,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, requests: AsyncIterator[pb.ProduceRequest], context: Any
     ) -> AsyncIterator[pb.ProduceResponse]:
         iterator = requests.__aiter__()
-        try:
-            first = await iterator.__anext__()
-        except StopAsyncIteration:
+        opened = await _opening(iterator)
+        if not isinstance(opened, pb.ProducerOpen):
+            if opened is not None:
+                yield pb.ProduceResponse(error=error_pb(BadRequestError("open the producer first")))
             return
-        if first.WhichOneof("kind") != "open":
-            yield pb.ProduceResponse(error=error_pb(BadRequestError("open the producer first")))
-            return
-        opened = first.open
         try:
             self._authorize(context, Access.ADD)
             owned = await self.broker.own(opened.stream)
@@ -484,14 +481,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, requests: AsyncIterator[pb.ConsumeRequest], context: Any
     ) -> AsyncIterator[pb.ConsumeResponse]:
         iterator = requests.__aiter__()
-        try:
-            first = await iterator.__anext__()
-        except StopAsyncIteration:
+        opened = await _opening(iterator)
+        if not isinstance(opened, pb.ConsumerOpen):
+            if opened is not None:
+                yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
             return
-        if first.WhichOneof("kind") != "open":
-            yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
-            return
-        opened = first.open
         try:
             self._authorize(context, Access.READ)
         except Exception as error:
@@ -639,6 +633,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
             await reader.close()
+
+
+async def _opening(iterator: AsyncIterator[Any]) -> Any:
+    """The Open a producer's or consumer's call starts with; None if the call ended
+    first, and False if it started with something else."""
+    try:
+        first = await iterator.__anext__()
+    except StopAsyncIteration:
+        return None
+    return first.open if first.WhichOneof("kind") == "open" else False
 
 
 def delivered_pb(message: Message) -> pb.Delivered:
