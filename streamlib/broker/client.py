@@ -338,7 +338,8 @@ class ServiceClient:
                             name, subscription, initial_position, consumer_type=consumer_type,
                             consumer_name=consumer_name, receiver_queue_size=receiver_queue_size,
                             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                            schema=schema,
+                            schema=schema, dead_letter_policy=dead_letter_policy,
+                            ack_timeout_ms=ack_timeout_ms,
                         )
                     )  # fmt: skip
             except BaseException:
@@ -348,10 +349,8 @@ class ServiceClient:
             multi = MultiStreamConsumer(consumers)  # type: ignore[arg-type]
             self._open.append(multi)
             return multi  # type: ignore[return-value]
-        if dead_letter_policy is not None or ack_timeout_ms:
-            raise BadRequestError(
-                "dead-letter policies and ack timeouts: direct mode only, for now"
-            )
+        if not isinstance(ack_timeout_ms, int) or ack_timeout_ms < 0:
+            raise BadRequestError(f"ack_timeout_ms must be an int >= 0, got {ack_timeout_ms!r}")
         kind = parse_consumer_type(consumer_type, service=True)
         if initial_position not in ("latest", "earliest"):
             raise BadRequestError(
@@ -368,7 +367,10 @@ class ServiceClient:
             initial_position=initial_position,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
         )
-        consumer = ServiceConsumer(self, open_pb, receiver_queue_size, schema)
+        consumer = ServiceConsumer(
+            self, open_pb, receiver_queue_size, schema,
+            dead_letter_policy=dead_letter_policy, ack_timeout_ms=ack_timeout_ms,
+        )  # fmt: skip
         await consumer.start()
         self._open.append(consumer)
         if message_listener is not None:
@@ -850,6 +852,8 @@ class ServiceConsumer(_Connection):
         schema: Any,
         *,
         reader: bool = False,
+        dead_letter_policy: Any = None,
+        ack_timeout_ms: int = 0,
     ) -> None:
         super().__init__(client, opened.stream)
         self._open_pb = opened
@@ -867,6 +871,12 @@ class ServiceConsumer(_Connection):
         self._active = asyncio.Event()
         self._last: MessageId | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._dead_letter = dead_letter_policy
+        self._dead_letter_producer: Any = None
+        self.dead_lettered = 0
+        self._ack_timeout_s = ack_timeout_ms / 1000.0
+        self._unacked: dict[MessageId, tuple[ServiceMessage, float]] = {}
+        self._timeouts: asyncio.Task[None] | None = None
         self.received = 0
         self.acknowledged = 0
         self.negatively_acknowledged = 0
@@ -968,20 +978,66 @@ class ServiceConsumer(_Connection):
     # -- receiving ----------------------------------------------------------------------
 
     async def receive(self, timeout: float | None = None) -> ServiceMessage:
+        """The next message; TimeoutError after timeout seconds. A message delivered
+        again more often than the dead-letter policy allows goes to the dead-letter
+        stream instead (as in direct mode and in Pulsar's client)."""
         if self.closed:
             raise ClientClosedError(f"consumer {self.subscription!r} is closed")
         try:
             async with asyncio.timeout(timeout):
-                item = await self._messages.get()
+                while True:
+                    item = await self._messages.get()
+                    if isinstance(item, BaseException):
+                        self._messages.put_nowait(item)
+                        raise item
+                    self._taken += 1
+                    self._flush.set()
+                    policy = self._dead_letter
+                    if policy is None or item.redelivery_count <= policy.max_redeliver_count:
+                        break
+                    await self._to_dead_letter(item)
         except builtins.TimeoutError:
             raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
-        if isinstance(item, BaseException):
-            self._messages.put_nowait(item)
-            raise item
-        self._taken += 1
-        self._flush.set()
+        if self._ack_timeout_s > 0:
+            self._unacked[item.message_id] = (item, time.monotonic())
+            if self._timeouts is None:
+                self._timeouts = asyncio.get_running_loop().create_task(self._ack_timeouts())
         self.received += 1
         return item
+
+    async def _to_dead_letter(self, message: ServiceMessage) -> None:
+        """Publish it to the dead-letter stream, then acknowledge it; if that fails, it
+        comes again after the redelivery delay (at least once, in one of the two)."""
+        assert self._dead_letter is not None
+        stream = self._dead_letter.dead_letter_topic or f"{self.stream}-{self.subscription}-DLQ"
+        try:
+            if self._dead_letter_producer is None:
+                self._dead_letter_producer = await self.client.create_producer(stream)
+            properties = dict(message.properties)
+            properties["REAL_TOPIC"] = self.stream
+            properties["ORIGIN_MESSAGE_ID"] = str(message.message_id)
+            await self._dead_letter_producer.send(
+                message.data, key=message.key, properties=properties,
+                event_time=message.event_time_ms or None,
+            )  # fmt: skip
+        except StreamlibError as error:
+            log.warning("dead-lettering %s to %r failed: %s", message.message_id, stream, error)
+            self._ack(message, False, True)
+            return
+        self._ack(message, False, False)
+        self.dead_lettered += 1
+
+    async def _ack_timeouts(self) -> None:
+        """Messages left unacknowledged for ack_timeout_ms are given back (a negative
+        acknowledgement: the broker delivers them again after the redelivery delay)."""
+        period = max(0.01, self._ack_timeout_s / 4)
+        while not self.closed:
+            await asyncio.sleep(period)  # (a periodic check, as Pulsar's client's timer)
+            now = time.monotonic()
+            for position, (message, received_at) in list(self._unacked.items()):
+                if now - received_at >= self._ack_timeout_s:
+                    del self._unacked[position]
+                    self._ack(message, False, True)
 
     async def read_next(self, timeout: float | None = None) -> ServiceMessage:
         return await self.receive(timeout)
@@ -995,6 +1051,12 @@ class ServiceConsumer(_Connection):
         if self._reader:
             raise BadRequestError("a reader does not acknowledge")
         position = message if isinstance(message, MessageId) else message.message_id
+        if self._unacked:
+            if cumulative:
+                for held in [p for p in self._unacked if p <= position]:
+                    del self._unacked[held]
+            else:
+                self._unacked.pop(position, None)
         self._acks.append((position, cumulative, negative))
         self._flush.set()
 
@@ -1091,8 +1153,12 @@ class ServiceConsumer(_Connection):
             return
         if persist:
             await self.persist()
-        if self._listener is not None:
-            self._listener.cancel()
+        for task in (self._listener, self._timeouts):
+            if task is not None:
+                task.cancel()
+        if self._dead_letter_producer is not None:
+            with contextlib.suppress(Exception):
+                await self._dead_letter_producer.close()
         await self.stop()
         self.fail(ClientClosedError(f"consumer {self.subscription!r} is closed"))
 

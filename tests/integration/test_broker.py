@@ -13,6 +13,7 @@ import sys
 import grpc
 import pytest
 
+import streamlib
 import streamlib.errors as errors
 from metadata.services.brokers import BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
@@ -488,3 +489,43 @@ async def test_a_malformed_ack_ends_the_consumer_with_a_typed_error(cluster):
         while (answer := await call.read()).WhichOneof("kind") == "heartbeat":
             pass
         assert answer.error.code == "InvalidPositionError"
+
+
+async def test_dead_letters_and_ack_timeouts_through_the_service(cluster):
+    cluster.start_bookies(3)
+    cluster.start_brokers(1)
+    client = await cluster.service_client()
+    producer = await client.create_producer("poison")
+    await producer.send(b"poison", key="k", properties={"p": "1"})
+    await producer.send(b"fine")
+    consumer = await client.subscribe(
+        "poison", "s", "earliest", consumer_type="shared",
+        negative_ack_redelivery_delay_ms=50,
+        dead_letter_policy=streamlib.DeadLetterPolicy(max_redeliver_count=2),
+    )  # fmt: skip
+    deliveries = []
+    while not (consumer.dead_lettered and (b"fine", 0) in deliveries):
+        try:  # (the fourth delivery of the poison goes to the dead letters inside)
+            message = await consumer.receive(timeout=2)
+        except errors.TimeoutError:
+            continue
+        deliveries.append((message.data, message.redelivery_count))
+        if message.data == b"fine":
+            consumer.acknowledge(message)
+        else:
+            consumer.negative_acknowledge(message)  # poison: never handled
+    assert [d for d in deliveries if d[0] == b"poison"] == [(b"poison", n) for n in range(3)]
+    dead = await client.subscribe("poison-s-DLQ", "audit", "earliest")
+    letter = await dead.receive(timeout=30)
+    assert (letter.data, letter.key) == (b"poison", "k")
+    assert letter.properties["REAL_TOPIC"] == "poison" and letter.properties["p"] == "1"
+
+    # An ack timeout gives an unacknowledged message back: it comes again.
+    timed = await client.subscribe("poison", "t", "earliest", ack_timeout_ms=200,
+                                   negative_ack_redelivery_delay_ms=50)  # fmt: skip
+    first = await timed.receive(timeout=30)
+    again = await timed.receive(timeout=30)
+    while again.message_id != first.message_id:  # (the other message meanwhile)
+        timed.acknowledge(again)
+        again = await timed.receive(timeout=30)
+    assert again.redelivery_count == 1
