@@ -34,8 +34,8 @@ from streamlib.stream.consumer import (
     ranges_from_state,
     ranges_to_state,
 )
-from streamlib.stream.multi import MultiStreamConsumer
-from streamlib.stream.partitioned import PartitionedProducer
+from streamlib.stream.multi import subscribe_each
+from streamlib.stream.partitioned import produce_each
 from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message, Reader, StreamScanner
@@ -130,11 +130,9 @@ class Client:
         Producer.check_options(**options)
         partitions = partitions_of(await self.streams.ensure(stream))
         if partitions:  # one producer per partition, routed by key
-            parts = [
-                await self.create_producer(partition_name(stream, i), **options)
-                for i in range(partitions)
-            ]
-            routed = PartitionedProducer(stream, parts)
+            routed = await produce_each(
+                stream, partitions, lambda name: self.create_producer(name, **options)
+            )
             self._open.append(routed)
             return routed  # type: ignore[return-value]
         if options.get("schema") is not None:  # before taking the stream over
@@ -203,32 +201,22 @@ class Client:
         if not isinstance(stream, str):  # several streams, one subscription
             if message_listener is not None:
                 raise BadRequestError("a message listener takes one stream per consumer")
-            streams = list(stream)
-            if not streams or len(set(streams)) != len(streams):
-                raise BadRequestError(f"subscribe to distinct streams, got {streams!r}")
-            consumers: list[Consumer] = []
-            try:
-                for name in streams:
-                    consumers.append(
-                        await self.subscribe(
-                            name,
-                            subscription,
-                            initial_position,
-                            receiver_queue_size=receiver_queue_size,
-                            ack_timeout_ms=ack_timeout_ms,
-                            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                            cursor_persist_interval_ms=cursor_persist_interval_ms,
-                            consumer_type=consumer_type,
-                            consumer_name=consumer_name,
-                            dead_letter_policy=dead_letter_policy,
-                            schema=schema,
-                        )
-                    )
-            except BaseException:
-                for made in consumers:
-                    await made.close()
-                raise
-            multi = MultiStreamConsumer(consumers)
+            multi = await subscribe_each(
+                stream,
+                lambda name: self.subscribe(
+                    name,
+                    subscription,
+                    initial_position,
+                    receiver_queue_size=receiver_queue_size,
+                    ack_timeout_ms=ack_timeout_ms,
+                    negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                    cursor_persist_interval_ms=cursor_persist_interval_ms,
+                    consumer_type=consumer_type,
+                    consumer_name=consumer_name,
+                    dead_letter_policy=dead_letter_policy,
+                    schema=schema,
+                ),
+            )
             self._open.append(multi)  # closed first: its receives in flight end cleanly
             return multi  # type: ignore[return-value]
         kind = parse_consumer_type(consumer_type)

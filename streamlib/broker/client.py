@@ -39,7 +39,7 @@ from streamlib.protocol.errors import (
     TimeoutError,
 )
 from streamlib.stream.batch import Compression
-from streamlib.stream.consumer import batch_receive
+from streamlib.stream.consumer import batch_receive, send_dead_letter
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.producer import Checked, Producer, ProducerQueueIsFullError
 from streamlib.stream.reader import Message
@@ -268,28 +268,21 @@ class ServiceClient:
         if max_pending_messages < 1:
             raise BadRequestError("max_pending_messages must be >= 1")
         if count := await self.partitions(stream):  # one producer per partition, by key
-            from streamlib.stream.admin import partition_name
-            from streamlib.stream.partitioned import PartitionedProducer
+            from streamlib.stream.partitioned import produce_each
 
-            parts = []
-            try:
-                for i in range(count):
-                    parts.append(
-                        await self.create_producer(
-                            partition_name(stream, i),
-                            producer_name=producer_name,
-                            access_mode=access_mode,
-                            max_pending_messages=max_pending_messages,
-                            block_if_queue_full=block_if_queue_full,
-                            schema=schema,
-                            initial_sequence_id=initial_sequence_id,
-                        )
-                    )
-            except BaseException:
-                for made in parts:
-                    await made.close()
-                raise
-            routed = PartitionedProducer(stream, parts)  # type: ignore[arg-type]
+            routed = await produce_each(
+                stream,
+                count,
+                lambda name: self.create_producer(
+                    name,
+                    producer_name=producer_name,
+                    access_mode=access_mode,
+                    max_pending_messages=max_pending_messages,
+                    block_if_queue_full=block_if_queue_full,
+                    schema=schema,
+                    initial_sequence_id=initial_sequence_id,
+                ),
+            )
             self._open.append(routed)
             return routed  # type: ignore[return-value]
         producer = ServiceProducer(
@@ -323,30 +316,25 @@ class ServiceClient:
 
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
-            from streamlib.stream.multi import MultiStreamConsumer
+            from streamlib.stream.multi import subscribe_each
 
-            streams = list(stream)
-            if not streams or len(set(streams)) != len(streams) or message_listener:
-                raise BadRequestError(
-                    f"subscribe to distinct streams, without a listener: {streams!r}"
-                )
-            consumers: list[ServiceConsumer] = []
-            try:
-                for name in streams:
-                    consumers.append(
-                        await self.subscribe(
-                            name, subscription, initial_position, consumer_type=consumer_type,
-                            consumer_name=consumer_name, receiver_queue_size=receiver_queue_size,
-                            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                            schema=schema, dead_letter_policy=dead_letter_policy,
-                            ack_timeout_ms=ack_timeout_ms,
-                        )
-                    )  # fmt: skip
-            except BaseException:
-                for made in consumers:
-                    await made.close()
-                raise
-            multi = MultiStreamConsumer(consumers)  # type: ignore[arg-type]
+            if message_listener is not None:
+                raise BadRequestError("a message listener takes one stream per consumer")
+            multi = await subscribe_each(
+                stream,
+                lambda name: self.subscribe(
+                    name,
+                    subscription,
+                    initial_position,
+                    consumer_type=consumer_type,
+                    consumer_name=consumer_name,
+                    receiver_queue_size=receiver_queue_size,
+                    negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                    schema=schema,
+                    dead_letter_policy=dead_letter_policy,
+                    ack_timeout_ms=ack_timeout_ms,
+                ),
+            )
             self._open.append(multi)
             return multi  # type: ignore[return-value]
         if not isinstance(ack_timeout_ms, int) or ack_timeout_ms < 0:
@@ -1009,17 +997,11 @@ class ServiceConsumer(_Connection):
         """Publish it to the dead-letter stream, then acknowledge it; if that fails, it
         comes again after the redelivery delay (at least once, in one of the two)."""
         assert self._dead_letter is not None
-        stream = self._dead_letter.dead_letter_topic or f"{self.stream}-{self.subscription}-DLQ"
+        stream = self._dead_letter.stream_for(self.stream, self.subscription)
         try:
             if self._dead_letter_producer is None:
                 self._dead_letter_producer = await self.client.create_producer(stream)
-            properties = dict(message.properties)
-            properties["REAL_TOPIC"] = self.stream
-            properties["ORIGIN_MESSAGE_ID"] = str(message.message_id)
-            await self._dead_letter_producer.send(
-                message.data, key=message.key, properties=properties,
-                event_time=message.event_time_ms or None,
-            )  # fmt: skip
+            await send_dead_letter(self._dead_letter_producer, message, self.stream)
         except StreamlibError as error:
             log.warning("dead-lettering %s to %r failed: %s", message.message_id, stream, error)
             self._ack(message, False, True)

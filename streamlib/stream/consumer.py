@@ -112,6 +112,24 @@ class DeadLetterPolicy:
                 f"max_redeliver_count must be an int >= 0, got {self.max_redeliver_count!r}"
             )
 
+    def stream_for(self, stream: str, subscription: str) -> str:
+        """The dead-letter stream of a subscription."""
+        return self.dead_letter_topic or f"{stream}-{subscription}-DLQ"
+
+
+async def send_dead_letter(producer: Any, message: Message, real_topic: str) -> None:
+    """Publish a message to its dead-letter stream (direct and service consumers): its
+    data, key and event time, and its properties plus REAL_TOPIC and ORIGIN_MESSAGE_ID."""
+    properties = dict(message.properties)
+    properties["REAL_TOPIC"] = real_topic
+    properties["ORIGIN_MESSAGE_ID"] = str(message.message_id)
+    await producer.send(
+        message.data,
+        key=message.key,
+        properties=properties,
+        event_time=message.event_time_ms or None,
+    )
+
 
 ProducerFactory = Callable[[str], Awaitable[Producer]]
 
@@ -188,7 +206,7 @@ class Consumer:
     def dead_letter_stream(self) -> str | None:
         if self._dead_letter is None:
             return None
-        return self._dead_letter.dead_letter_topic or f"{self.stream}-{self.subscription}-DLQ"
+        return self._dead_letter.stream_for(self.stream, self.subscription)
 
     @property
     def consumer_type(self) -> str:
@@ -365,15 +383,7 @@ class Consumer:
         try:
             if self._dead_letter_producer is None:
                 self._dead_letter_producer = await self._producer_factory(stream)
-            properties = dict(message.properties)
-            properties["REAL_TOPIC"] = self.stream
-            properties["ORIGIN_MESSAGE_ID"] = str(message.message_id)
-            await self._dead_letter_producer.send(
-                message.data,
-                key=message.key,
-                properties=properties,
-                event_time=message.event_time_ms or None,
-            )
+            await send_dead_letter(self._dead_letter_producer, message, self.stream)
         except StreamlibError as error:
             log.warning("dead-lettering %s to %r failed: %s", message.message_id, stream, error)
             asyncio.get_running_loop().call_later(

@@ -5,7 +5,7 @@ come in each stream's order, the streams interleaved as their messages arrive.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from streamlib.protocol.errors import BadRequestError, TimeoutError
@@ -124,3 +124,22 @@ class MultiStreamConsumer:
 def _retrieved(task: asyncio.Task[Message]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def subscribe_each(
+    streams: Sequence[str], subscribe_one: Callable[[str], Awaitable[Any]]
+) -> MultiStreamConsumer:
+    """A consumer of each stream (subscribe_one(name): direct mode's or the service's),
+    behind one; those made are closed again if one fails."""
+    names = list(streams)
+    if not names or len(set(names)) != len(names):
+        raise BadRequestError(f"subscribe to distinct streams, got {names!r}")
+    consumers: list[Any] = []
+    try:
+        for name in names:
+            consumers.append(await subscribe_one(name))
+    except BaseException:
+        for made in consumers:
+            await made.close()
+        raise
+    return MultiStreamConsumer(consumers)

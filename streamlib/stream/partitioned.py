@@ -7,7 +7,7 @@ spread round robin, a batch at a time. Consumers of NAME consume every partition
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import crc32c
@@ -78,6 +78,24 @@ class PartitionedProducer:
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self._producers))
+
+
+async def produce_each(
+    stream: str, partitions: int, create_one: Callable[[str], Awaitable[Any]]
+) -> PartitionedProducer:
+    """A producer of each partition of `stream` (create_one(partition stream): direct
+    mode's or the service's) behind one; those made are closed again if one fails."""
+    from streamlib.stream.admin import partition_name
+
+    parts: list[Any] = []
+    try:
+        for i in range(partitions):
+            parts.append(await create_one(partition_name(stream, i)))
+    except BaseException:
+        for made in parts:
+            await made.close()
+        raise
+    return PartitionedProducer(stream, parts)
 
 
 def _key(checked: Checked) -> str | None:
