@@ -87,7 +87,6 @@ class SubscriptionDispatcher:
         self.sessions: dict[int, ConsumerSession] = {}
         self._nack_delay_s = nack_delay_s
         self._wake = asyncio.Event()
-        self._messages: dict[MessageId, Message] = {}
         self._generation = 0  # a seek starts a new one: older redeliveries are dropped
         self._on_fail = on_fail
         self.failed: BaseException | None = None
@@ -132,11 +131,9 @@ class SubscriptionDispatcher:
                 p.message_id for p in self.dispatch.unacked_of(cid) if p.message_id <= upto
             )
         for one in ids:
-            if self.dispatch.ack(cid, one) is None:
-                continue
-            message = self._messages.pop(one, None)
-            if message is not None:
-                self.inner.acknowledge(message)
+            pending = self.dispatch.ack(cid, one)
+            if pending is not None:  # (its ref: the message as this consumer got it)
+                self.inner.acknowledge(pending.ref)
         self._wake.set()
 
     def nack(self, cid: int, ids: list[MessageId]) -> None:
@@ -212,7 +209,6 @@ class SubscriptionDispatcher:
                 receiving.cancel()
 
     def _offer(self, message: Message) -> None:
-        self._messages[message.message_id] = message
         self.dispatch.offer(
             Pending(message, message.message_id, key_slot(message.key, message.message_id))
         )
@@ -220,7 +216,6 @@ class SubscriptionDispatcher:
     def _deliver(self) -> None:
         grouped: dict[Any, list[Message]] = collections.defaultdict(list)
         for cid, pending in self.dispatch.deliveries():
-            self._messages[pending.message_id] = pending.ref  # (a redelivery: a new count)
             grouped[cid].append(pending.ref)
         for cid, messages in grouped.items():
             session = self.sessions.get(cid)
@@ -239,7 +234,6 @@ class SubscriptionDispatcher:
         finally:
             self._generation += 1
             self.dispatch.reset()
-            self._messages.clear()
             self._task = self._start_task()
 
     def disconnect_all(self, why: str, done: Done | None = None, to: int | None = None) -> None:
@@ -281,7 +275,6 @@ class OwnedStream:
         self.subscriptions: dict[str, SubscriptionDispatcher] = {}
         self._subscribing = asyncio.Lock()  # subscriptions come, change and go one at a time
         self.gone: BaseException | None = None
-        self.gone_event = asyncio.Event()
         self._snapshotting = False
         self._consumer_ids = iter(range(1, 2**62))
 
@@ -322,7 +315,6 @@ class OwnedStream:
         if self.gone is not None:
             return
         self.gone = error
-        self.gone_event.set()
         for session in self.producers.values():
             session.error = session.error or error
             session.fenced.set()
@@ -557,11 +549,3 @@ class OwnedStream:
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await self.producer.close()
-
-
-def on_done_log(what: str) -> Callable[[asyncio.Task[Any]], None]:
-    def done(task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("%s failed: %s", what, task.exception())
-
-    return done
