@@ -229,11 +229,14 @@ class SubscriptionDispatcher:
         start again from the cursor as it is.)"""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        # Forget what was handed out BEFORE the cursor moves: an ack of it arriving while
+        # the seek runs must find nothing to pass on (applied to the moved cursor, it would
+        # skip that message for good). A seek that fails disconnects every consumer too.
+        self._generation += 1
+        self.dispatch.reset()
         try:
             await self.inner.seek(target)
         finally:
-            self._generation += 1
-            self.dispatch.reset()
             self._task = self._start_task()
 
     def disconnect_all(self, why: str, done: Done | None = None, to: int | None = None) -> None:

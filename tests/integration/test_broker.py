@@ -389,11 +389,12 @@ async def test_seek_and_unsubscribe_through_the_service(cluster):
                 c.acknowledge(message)
     await consumer.seek(ids[4])  # message 4 comes next, to one of the two
     again = set()
-    while len(again) < 6:
-        for c in (consumer, other):
-            for message in await c.batch_receive(10, 200):
-                again.add(message.data)
-                c.acknowledge(message)
+    async with asyncio.timeout(60):  # (bounded: a message lost to the seek fails here)
+        while len(again) < 6:
+            for c in (consumer, other):
+                for message in await c.batch_receive(10, 200):
+                    again.add(message.data)
+                    c.acknowledge(message)
     assert again == {b"%d" % i for i in range(4, 10)}
     with pytest.raises(errors.ConsumerBusyError):  # another consumer is connected
         await consumer.unsubscribe()
