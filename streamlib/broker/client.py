@@ -949,14 +949,15 @@ class ServiceConsumer(_Connection):
             if self._taken >= max(1, self._queue_size // 2):
                 permits, self._taken = self._taken, 0
                 await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))
-            control, self._control = self._control, []
-            for request in control:
-                await call.write(request)
+            # Acks first: those given before a seek or an unsubscribe apply before it.
             acks, self._acks = self._acks, []
             for (cumulative, negative), group in _grouped(acks).items():
                 await call.write(pb.ConsumeRequest(ack=pb.AckRequest(
                     ids=[pb.MessageIdPb(ledger_id=m.ledger_id, entry_id=m.entry_id, batch_index=m.batch_index) for m in group],
                     cumulative=cumulative, negative=negative)))  # fmt: skip
+            control, self._control = self._control, []
+            for request in control:
+                await call.write(request)
             if not self._acks and not self._control and self._taken < max(1, self._queue_size // 2):
                 await self._flush.wait()
 
