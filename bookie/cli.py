@@ -93,6 +93,19 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--journal-max-file-bytes", type=int, default=128 << 20)
     p.add_argument(
+        "--journal-prealloc-bytes",
+        type=int,
+        default=16 << 20,
+        help="journal files grow by this much at a time, so a sync needs no metadata commit",
+    )
+    p.add_argument(
+        "--journal-inline-sync-ms",
+        type=float,
+        default=2.0,
+        help="an idle journal commits on the event loop (no thread hop) while its last "
+        "sync took at most this long; 0: always in a worker thread",
+    )
+    p.add_argument(
         "--entrylog-max-file-bytes",
         type=int,
         default=512 << 20,
@@ -247,6 +260,8 @@ async def _serve(args: argparse.Namespace) -> int:
         flush_interval_s=args.flush_interval,
         flush_bytes=args.flush_bytes,
         journal_max_file_bytes=args.journal_max_file_bytes,
+        journal_prealloc_bytes=args.journal_prealloc_bytes,
+        journal_inline_sync_s=args.journal_inline_sync_ms / 1000,
         entrylog_max_file_bytes=args.entrylog_max_file_bytes,
         session_timeout_s=args.session_timeout,
         max_stream_answer_bytes=args.max_stream_answer_bytes,

@@ -73,6 +73,10 @@ class BookieConfig:
     flush_interval_s: float = 1.0
     flush_bytes: int = 64 << 20  # the write cache flushes at this size; refuses adds past 4x
     journal_max_file_bytes: int = 128 << 20
+    journal_prealloc_bytes: int = 16 << 20
+    # Commit on the event loop while the journal is idle and its last sync took at most
+    # this long (bookie/journal.py); 0: always in a worker thread.
+    journal_inline_sync_s: float = 0.002
     entrylog_max_file_bytes: int = 512 << 20
     session_timeout_s: float = 10.0
     # Limits (see grpc_server_options and BookieService.AddStream).
@@ -137,6 +141,8 @@ class BookieConfig:
             raise ValueError("the per-stream answer and in-flight limits must be > 0")
         if self.max_concurrent_rpcs <= 0:
             raise ValueError("max-concurrent-rpcs must be > 0")
+        if self.journal_prealloc_bytes < 0 or not self.journal_inline_sync_s >= 0:
+            raise ValueError("journal-prealloc-bytes and journal-inline-sync-ms must be >= 0")
         if min(self.keepalive_time_s, self.keepalive_timeout_s) <= 0:
             raise ValueError("keepalive time and timeout must be > 0")
         if min(self.min_client_ping_interval_s, self.max_connection_idle_s) < 0:
@@ -225,6 +231,8 @@ class BookieServer:
             flush_interval_s=config.flush_interval_s,
             flush_bytes=config.flush_bytes,
             journal_max_file_bytes=config.journal_max_file_bytes,
+            journal_prealloc_bytes=config.journal_prealloc_bytes,
+            journal_inline_sync_s=config.journal_inline_sync_s,
             entrylog_max_file_bytes=config.entrylog_max_file_bytes,
             on_commit=self._on_commit,
             on_fault=self._on_storage_fault,

@@ -110,6 +110,8 @@ class LedgerStorage:
         flush_interval_s: float = 1.0,
         flush_bytes: int = 64 << 20,
         journal_max_file_bytes: int = 128 << 20,
+        journal_prealloc_bytes: int = 16 << 20,
+        journal_inline_sync_s: float = 0.002,
         entrylog_max_file_bytes: int = 512 << 20,
         on_commit: CommitHook | None = None,
         ledger_exists: Callable[[int], Awaitable[bool]] | None = None,
@@ -118,6 +120,8 @@ class LedgerStorage:
         self.journal = Journal(
             journal_dir,
             max_file_bytes=journal_max_file_bytes,
+            prealloc_bytes=journal_prealloc_bytes,
+            inline_sync_s=journal_inline_sync_s,
             on_commit=on_commit,
             on_durable=self._apply,  # type: ignore[arg-type]
             on_fault=self._on_journal_fault,

@@ -260,6 +260,7 @@ async def _storage_with_an_add_on_its_way_to_disk(
     await submit(s, [stored(ledger, 0, term=term)])  # the ledger exists here
     release = threading.Event()
     write = s.journal._write
+    s.journal.inline_sync_s = 0  # in the writer thread: the loop runs on while it waits
 
     def slow_write(records: list[bytes]):  # type: ignore[no-untyped-def]
         assert release.wait(30)
