@@ -14,6 +14,8 @@ bookie.wire (the generated wire code); it must never import the bookie server
 
 from typing import TYPE_CHECKING, Any
 
+import bookie  # noqa: F401  # first: it sets gRPC's polling before grpc loads (see there)
+
 if TYPE_CHECKING:  # what type checkers see; at run time the names load lazily (below)
     from streamlib.client import Client as Client
     from streamlib.stream.batch import Compression as CompressionType
