@@ -321,8 +321,7 @@ class Journal:
             path.unlink(missing_ok=True)
             raise
         self._fd, self._seq, self._offset = fd, seq, len(header)
-        self._allocated = len(header)
-        self._preallocate(len(header))
+        self._allocated = len(header)  # preallocated by the first write (an idle file stays small)
 
     def _preallocate(self, end: int) -> None:
         """Make the current file at least ``end`` bytes, up to ``prealloc_bytes`` more
