@@ -73,13 +73,18 @@ def blocking_send_async(
 
 
 async def _fixed_rate(
-    client: Client, args: argparse.Namespace, rate: int
+    client: Client, args: argparse.Namespace, rate: int, consumer_client: Client | None = None
 ) -> tuple[list[float], list[float]]:
-    """Publish at rate msgs/s while a consumer tails; (publish, end-to-end) latencies."""
-    stream = f"bench-latency-{rate}"
+    """Publish at rate msgs/s while a consumer tails; (publish, end-to-end) latencies.
+    The consumer shares the producer's client (it learns each entry from the producer's
+    writer, as a Pulsar broker's cursors do) unless consumer_client is another one (it
+    long-polls the bookies, as a consumer in another process does)."""
+    stream = f"bench-latency-{rate}" + ("-other" if consumer_client is not None else "")
     await client.streams.create(stream, 3, 3, 2)
     producer = await client.create_producer(stream)
-    consumer = await client.subscribe(stream, "bench", initial_position="latest")
+    consumer = await (consumer_client or client).subscribe(
+        stream, "bench", initial_position="latest"
+    )
     payload = b"x" * args.message_bytes
     total = int(rate * args.seconds)
     publish: list[float] = []
@@ -151,6 +156,7 @@ async def _run(
     uri: str, args: argparse.Namespace, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     client = await Client.connect(uri, **(options or {}))
+    other = await Client.connect(uri, **(options or {}))
     figures: dict[str, Any] = {}
     try:
         # The latency phases first: after the throughput phase the bookies spend seconds
@@ -163,10 +169,15 @@ async def _run(
             figures[f"{name}_publish_p99_ms"] = 1000 * percentile(publish, 0.99)
             figures[f"{name}_e2e_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
             figures[f"{name}_e2e_p99_ms"] = 1000 * percentile(end_to_end, 0.99)
+            _, end_to_end = await _fixed_rate(client, args, rate, other)
+            end_to_end.sort()
+            figures[f"{name}_e2e_other_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
+            figures[f"{name}_e2e_other_p99_ms"] = 1000 * percentile(end_to_end, 0.99)
         figures["publish_msgs_per_s"] = await _publish_throughput(client, args)
         figures["catch_up_msgs_per_s"] = await _catch_up(client, args)
         figures["consumer_catch_up_msgs_per_s"] = await _consumer_catch_up(client, args)
     finally:
+        await other.close()
         await client.close()
     return figures
 
@@ -233,7 +244,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  at {rate:>5,} msgs/s       publish p50 {r[name + '_publish_p50_ms']:.2f} ms"
             f"  p99 {r[name + '_publish_p99_ms']:.2f} ms;  end-to-end (a consumer tailing)"
-            f" p50 {r[name + '_e2e_p50_ms']:.2f} ms  p99 {r[name + '_e2e_p99_ms']:.2f} ms"
+            f" p50 {r[name + '_e2e_p50_ms']:.2f} ms  p99 {r[name + '_e2e_p99_ms']:.2f} ms;"
+            f"  a consumer of another client p50 {r[name + '_e2e_other_p50_ms']:.2f} ms"
+            f"  p99 {r[name + '_e2e_other_p99_ms']:.2f} ms"
         )
     print(
         f"  catch-up reads       {r['catch_up_msgs_per_s']:,.0f} msgs/s (Reader)\n"

@@ -22,6 +22,7 @@ from streamlib.ledger.codec import (
     metadata_from_pb,
     metadata_to_pb,
 )
+from streamlib.ledger.local import LocalTails
 from streamlib.ledger.placement import PlacementPolicy
 from streamlib.ledger.pool import BookiePool
 from streamlib.protocol import LedgerMetadata
@@ -64,6 +65,8 @@ class Context:
         self.ledgers = ledgers
         self.pool = pool
         self.placement = placement
+        # Writers' acknowledged tails, for readers of the same client (local.py).
+        self.local_tails = LocalTails()
 
 
 class Driver:

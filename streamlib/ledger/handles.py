@@ -10,6 +10,7 @@ from bookie.wire import bookie_pb2 as pb
 from metadata.store import Watch
 from streamlib.ledger.codec import entry_from_pb, metadata_from_pb
 from streamlib.ledger.driver import Context, Driver
+from streamlib.ledger.local import LocalTail
 from streamlib.protocol import DigestManager, DigestType, EnsembleCoverage, LedgerMetadata
 from streamlib.protocol.actions import (
     Action,
@@ -31,6 +32,7 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.read_rules import (
     explicit_lac_bookies,
+    local_lac_usable,
     long_poll_bookie,
     refresh_before_using_lac,
     retry_read_after_refresh,
@@ -102,6 +104,12 @@ class WriteHandle:
         self._tight = False  # its last quiet moment ended within TIGHT_LOOP_S
         self._lac_timer: asyncio.TimerHandle | None = None
         self._lac_sent = -1
+        # Readers of this client learn acknowledged entries from here (local.py); the
+        # payloads of entries in flight are kept for them only while one follows.
+        self._tail = context.local_tails.start(
+            metadata.ledger_id, last_add_confirmed, metadata.term
+        )
+        self._unacked: dict[int, EntryData] = {}
 
     @property
     def ledger_id(self) -> int:
@@ -139,7 +147,9 @@ class WriteHandle:
         for data in datas:
             self._check(data)
         loop = asyncio.get_running_loop()
+        length = self._writer.length
         first, actions = self._writer.append(datas)
+        self._keep(first, datas, length)
         self._quiet_ended(loop.time())
         futures = []
         for entry_id in range(first, first + len(datas)):
@@ -160,7 +170,9 @@ class WriteHandle:
             return []
         for data in datas:
             self._check(data)
+        length = self._writer.length
         first, actions = self._writer.append(datas)
+        self._keep(first, datas, length)
         self._quiet_ended(asyncio.get_running_loop().time())
         last = first + len(datas) - 1
         # Completion is in order and a failure fails every pending add, so the last
@@ -170,6 +182,21 @@ class WriteHandle:
         self._driver.execute(actions)
         await done
         return list(range(first, last + 1))
+
+    def _keep(self, first: int, datas: Sequence[bytes], length: int) -> None:
+        """Keep the payloads of entries just sent for the local tail, if a reader follows."""
+        if not self._tail.keeping:
+            return
+        term = self._writer.term
+        for entry_id, data in enumerate(datas, first):
+            length += len(data)
+            self._unacked[entry_id] = EntryData(
+                entry_id, entry_id - 1, length, bytes(data), b"", 0, term
+            )
+
+    def _stop_tail(self) -> None:
+        self._context.local_tails.stop(self._tail)
+        self._unacked.clear()
 
     async def force(self) -> int:
         """Wait for every pending append; return the LAC. Acknowledged entries are
@@ -185,6 +212,7 @@ class WriteHandle:
             self._close_future = asyncio.get_running_loop().create_future()
             self._driver.execute(self._writer.close())
         metadata = await self._close_future
+        self._stop_tail()
         self._cancel_lac_timer()
         await self._driver.cancel_pending()
         return metadata
@@ -199,6 +227,7 @@ class WriteHandle:
         it over): wait for pending appends and publish the LAC to the bookies now, so
         readers can read every acknowledged entry. Returns the LAC."""
         lac = await self.force()
+        self._stop_tail()
         self._cancel_lac_timer()
         request = pb.WriteLacRequest(
             ledger_id=self.ledger_id,
@@ -218,6 +247,18 @@ class WriteHandle:
 
     def on_outcome(self, action: Action) -> None:
         if isinstance(action, CompleteAdds):
+            unacked = self._unacked
+            acked = (
+                [
+                    entry
+                    for entry_id in range(action.first_entry_id, action.last_entry_id + 1)
+                    if (entry := unacked.pop(entry_id, None)) is not None
+                ]
+                if unacked
+                else []
+            )
+            # Before the futures: a reader of this client woken by them finds it there.
+            self._tail.acknowledged(self._writer.last_add_confirmed, acked)
             for entry_id in range(action.first_entry_id, action.last_entry_id + 1):
                 future = self._futures.pop(entry_id, None)
                 if future is not None and not future.done():
@@ -235,11 +276,13 @@ class WriteHandle:
                 self._quiet_since = asyncio.get_running_loop().time()
                 self._schedule_explicit_lac(self._quiet_lac_delay_s if self._tight else 0.0)
         elif isinstance(action, FailAdds):
+            self._stop_tail()  # the writer is broken: readers go back to the bookies
             for entry_id in action.entry_ids:
                 future = self._futures.pop(entry_id, None)
                 if future is not None and not future.done():
                     future.set_exception(action.error)
         elif isinstance(action, Closed | CloseFailed):
+            self._stop_tail()
             closing = self._close_future
             if closing is None or closing.done():
                 return
@@ -325,6 +368,8 @@ class ReadHandle:
         self._watch: Watch | None = None  # of the ledger's metadata, while tailing
         self._poll_failures = 0
         self.long_polls = 0  # how many long-poll LAC reads tailing made (observability)
+        self.local_waits = 0  # ... and how many waits on a writer of this client instead
+        self._following: LocalTail | None = None
 
     @property
     def ledger_id(self) -> int:
@@ -394,6 +439,42 @@ class ReadHandle:
                         tried[entry_id].add(bookie)
                         negatives[entry_id] += negative
         return [found[e] for e in range(first, last + 1)]
+
+    def _follow(self, tail: LocalTail | None) -> None:
+        """Follow tail (a local writer keeps acknowledged payloads while followed)."""
+        if self._following is tail:
+            return
+        if self._following is not None:
+            self._following.followers -= 1
+        self._following = tail
+        if tail is not None:
+            tail.followers += 1
+
+    async def _wait_local(
+        self, local: LocalTail, watch: Watch, next_entry: int, timeout_s: float
+    ) -> None:
+        """wait_for_more from the writer of this client: its LAC, and the acknowledged
+        entries it kept, at once (local.py); the metadata watch still ends the wait (a
+        close, or a takeover by another client)."""
+        self._follow(local)
+        self.local_waits += 1
+        if local.lac < next_entry:
+            more = asyncio.ensure_future(local.wait(next_entry - 1, timeout_s))
+            changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))
+            try:
+                done, _ = await asyncio.wait({more, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (more, changed):
+                    if not task.done():
+                        task.cancel()
+                await asyncio.gather(more, changed, return_exceptions=True)
+            if changed in done:
+                await self.refresh_metadata()
+                return
+        if local.lac > self._lac:
+            self._lac = local.lac
+            for entry in local.entries_from(next_entry):
+                self._cache[entry.entry_id] = entry
 
     def _cover(self, tried: dict[int, set[str]], negatives: dict[int, int]) -> dict[str, list[int]]:
         """Which bookie to ask for which entries: for each entry a replica not asked yet,
@@ -541,7 +622,9 @@ class ReadHandle:
             await self.close()
 
     async def close(self) -> None:
-        """Release what tailing holds (the metadata watch)."""
+        """Release what tailing holds (the metadata watch, the following of a local
+        writer)."""
+        self._follow(None)
         if self._watch is not None:
             watch, self._watch = self._watch, None
             await watch.close()
@@ -553,6 +636,11 @@ class ReadHandle:
             self._watch = self._context.ledgers.watch(self.ledger_id)
         watch = self._watch
         md = self.metadata
+        local = self._context.local_tails.get(self.ledger_id)
+        if local is not None and local_lac_usable(local.open, local.term, md.term, md.state):
+            await self._wait_local(local, watch, next_entry, timeout_s)
+            return
+        self._follow(None)
         bookie = long_poll_bookie(md, next_entry, self._poll_failures)
         request = pb.ReadLacRequest(
             ledger_id=self.ledger_id,

@@ -61,3 +61,16 @@ def explicit_lac_bookies(metadata: LedgerMetadata, lac: int) -> tuple[str, ...]:
     holders = metadata.write_set_bookies(lac) if lac >= max(0, metadata.first_entry_id) else ()
     rest = tuple(b for b in metadata.last_fragment.ensemble if b not in holders)
     return (*holders, *rest)
+
+
+def local_lac_usable(
+    writer_open: bool, writer_term: int, metadata_term: int, state: LedgerState
+) -> bool:
+    """May a reader take the LAC (and the acknowledged entries) from a writer of the same
+    client (streamlib/ledger/local.py) instead of long-polling a bookie?
+
+    The writer's LAC is the ledger's: every entry up to it has an ack quorum. It stays so
+    while that writer writes: not once it stopped (closed, failed, released), nor once a
+    newer term took an unbounded ledger over (its LAC is no longer the newest), nor while
+    the ledger is being recovered or is closed (the metadata has the end then)."""
+    return writer_open and writer_term >= metadata_term and state is LedgerState.OPEN

@@ -34,6 +34,7 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
                 "blocking send",
                 "publish throughput",
                 "end-to-end (a consumer tailing)",
+                "a consumer of another client",
                 "catch-up reads",
                 "consumer catch-up",
             ],

@@ -1,0 +1,114 @@
+"""What a writer in this client has had acknowledged lately, for readers in the same client.
+
+Pulsar's broker serves a topic's tailing cursors from the managed ledger's cache of the
+entries it just added: they learn of an entry when its add completes, with no bookie
+round trip. A :class:`LocalTail` does that for a ledger whose writer (a WriteHandle) and
+readers (ReadHandles) share one client -- a stream's producer and its consumers in one
+process, or the stream service's broker, which writes and dispatches a stream.
+
+Safety (streamlib/protocol/read_rules.py, ``local_lac_usable``): the writer's LAC is the
+ledger's LAC -- every entry up to it is acknowledged by an ack quorum -- so a reader that
+takes it never reads past the LAC, and the bytes it takes are the very bytes the writer
+had acknowledged. Once the writer stops (closed, failed, released or replaced), its tail
+ends and readers go back to the bookies' long poll.
+
+Cost: the writer keeps acknowledged payloads only while some reader of this client
+follows the ledger, and then at most ``MAX_ENTRIES`` / ``MAX_BYTES`` of them (older ones
+are read from the bookies, as without a local writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from streamlib.protocol.actions import EntryData
+
+MAX_ENTRIES = 256
+MAX_BYTES = 8 << 20
+
+
+class LocalTail:
+    def __init__(self, ledger_id: int, lac: int, term: int = 0) -> None:
+        self.ledger_id = ledger_id
+        self.lac = lac
+        self.term = term  # the writer's (an unbounded ledger's newer term deposes it)
+        self.open = True
+        self.followers = 0  # readers of this client tailing the ledger
+        self._entries: OrderedDict[int, EntryData] = OrderedDict()
+        self._bytes = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def keeping(self) -> bool:
+        """Whether acknowledged payloads are worth keeping (a reader follows)."""
+        return self.open and self.followers > 0
+
+    def acknowledged(self, lac: int, entries: list[EntryData]) -> None:
+        """The writer's LAC moved to lac; entries: those it confirmed, if kept."""
+        if not self.open or lac <= self.lac:
+            return
+        self.lac = lac
+        for entry in entries:
+            self._entries[entry.entry_id] = entry
+            self._bytes += len(entry.payload)
+        while self._entries and (len(self._entries) > MAX_ENTRIES or self._bytes > MAX_BYTES):
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= len(old.payload)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        """The writer stopped: readers go back to the bookies."""
+        if self.open:
+            self.open = False
+            self._entries.clear()
+            self._bytes = 0
+            self._changed.set()
+
+    def entries_from(self, first: int) -> list[EntryData]:
+        """The kept entries first, first + 1, ... (up to the LAC), as far as they are
+        consecutive; [] when first is not kept."""
+        out = []
+        entry = self._entries.get(first)
+        while entry is not None and entry.entry_id <= self.lac:
+            out.append(entry)
+            entry = self._entries.get(entry.entry_id + 1)
+        return out
+
+    async def wait(self, after_lac: int, timeout_s: float) -> None:
+        """Until the LAC passes after_lac, the tail ends, or timeout_s passes."""
+        if self.lac > after_lac or not self.open:
+            return
+        changed = self._changed
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.lac <= after_lac and self.open:
+                    await changed.wait()
+                    changed = self._changed
+        except TimeoutError:
+            pass
+
+
+class LocalTails:
+    """The client's tails, by ledger id: at most one writer per ledger per client."""
+
+    def __init__(self) -> None:
+        self._tails: dict[int, LocalTail] = {}
+
+    def start(self, ledger_id: int, lac: int, term: int = 0) -> LocalTail:
+        """A writer begins (a newer one replaces an older one of the same ledger)."""
+        old = self._tails.get(ledger_id)
+        if old is not None:
+            old.end()
+        tail = self._tails[ledger_id] = LocalTail(ledger_id, lac, term)
+        return tail
+
+    def stop(self, tail: LocalTail) -> None:
+        tail.end()
+        if self._tails.get(tail.ledger_id) is tail:
+            del self._tails[tail.ledger_id]
+
+    def get(self, ledger_id: int) -> LocalTail | None:
+        tail = self._tails.get(ledger_id)
+        return tail if tail is not None and tail.open else None
