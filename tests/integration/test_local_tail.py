@@ -20,6 +20,15 @@ async def collect(reader, count: int, out: list[tuple[int, bytes]]) -> None:  # 
             return
 
 
+async def caught_up(reader, got: list, sent: list) -> None:  # type: ignore[no-untyped-def]
+    """Wait (bounded) until the tail has read what was sent and waits on the local writer."""
+    for _ in range(500):
+        if len(got) == len(sent) and reader.local_waits:
+            break
+        await asyncio.sleep(0.01)
+    assert got == sent and reader.local_waits
+
+
 async def test_a_reader_of_the_writers_client_tails_without_long_polls(cluster) -> None:
     cluster.start_bookies(3)
     client = await cluster.client()
@@ -53,11 +62,7 @@ async def test_the_tail_ends_when_another_client_recovers_the_ledger(cluster) ->
     reader = await client.ledgers.open(writer.ledger_id, recover=False)
     got: list[tuple[int, bytes]] = []
     tailing = asyncio.ensure_future(collect(reader, 1000, got))
-    for _ in range(200):  # bounded: it reads the five, then waits on the local writer
-        if len(got) == 5 and reader.local_waits:
-            break
-        await asyncio.sleep(0.01)
-    assert got == sent and reader.local_waits
+    await caught_up(reader, got, sent)
     recovered = await other.ledgers.open(writer.ledger_id)  # fences and closes it
     assert recovered.is_closed and recovered.last_entry_id == 4
     await asyncio.wait_for(tailing, 30)  # the closed ledger ends the tail: no hang
@@ -74,11 +79,7 @@ async def test_a_reader_follows_the_new_term_when_another_client_takes_over(clus
     reader = await client.ledgers.open(writer.ledger_id, password=b"pw", recover=False)
     got: list[tuple[int, bytes]] = []
     tailing = asyncio.ensure_future(collect(reader, 1000, got))
-    for _ in range(200):  # bounded: it reads the five, then waits on the local writer
-        if len(got) == 5 and reader.local_waits:
-            break
-        await asyncio.sleep(0.01)
-    assert got == sent and reader.local_waits
+    await caught_up(reader, got, sent)
     # Another client's writer takes over (term 2): our writer is deposed but does not
     # know yet -- it is idle -- and its tail is still open. The reader must not wait on it.
     successor = await other.ledgers.take_over(writer.ledger_id, password=b"pw")
