@@ -14,7 +14,7 @@ bookie.wire (the generated wire code); it must never import the bookie server
 
 from typing import TYPE_CHECKING, Any
 
-import bookie  # noqa: F401  # first: it sets gRPC's polling before grpc loads (see there)
+import bookie.wire  # noqa: F401  # first: bookie/__init__ sets gRPC's polling before grpc loads
 
 if TYPE_CHECKING:  # what type checkers see; at run time the names load lazily (below)
     from streamlib.client import Client as Client

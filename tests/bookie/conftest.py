@@ -51,7 +51,13 @@ class Client:
     """A synchronous gRPC client of one bookie (tests read like the scenario)."""
 
     def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
+        # Connections of its own: a client made after a bookie restart must dial the new
+        # process. (Sync channels share connections process-wide, and without gRPC's
+        # EventEngine client -- bookie/__init__.py -- nothing polls an idle one, so a
+        # connection to the process that died is found dead only when a call is sent.)
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self.stub = pb_grpc.BookieStub(self.channel)
 
     def close(self) -> None:
