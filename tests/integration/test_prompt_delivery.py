@@ -97,3 +97,34 @@ async def test_a_long_poll_brings_every_entry_up_to_the_lac_within_bounds(cluste
     assert answer.next_entry.entry_id == 0
     assert len(answer.more_entries) == MAX_PIGGYBACK_ENTRIES
     assert [e.entry_id for e in answer.more_entries] == list(range(1, 65))
+
+
+async def test_a_quiet_writers_lac_goes_out_after_the_sends_it_acknowledged_complete(
+    cluster, monkeypatch
+):
+    """The explicit LAC of a writer gone quiet costs the loop a stream write per bookie: it
+    comes after the completions of the acknowledged send (the producer's batch, the
+    caller's task), which it used to delay at every message of a low-rate writer."""
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("lac-after")
+    await producer.send(b"warm-up")  # connections, the ledger
+    order: list[str] = []
+    send_lac = BookieClient.send_lac
+
+    def recorded(self, request):  # type: ignore[no-untyped-def]
+        order.append("lac")
+        send_lac(self, request)
+
+    monkeypatch.setattr(BookieClient, "send_lac", recorded)
+    # Each send alone: nothing in flight, so each gets its LAC (the first after the 2 ms a
+    # send right after another waits; the others at once, which is what is checked).
+    for i in range(3):
+        await producer.send(b"m%d" % i)
+        order.append("sent")
+        for _ in range(5000):  # bounded polling: a few loop turns (2 ms after a tight send)
+            if order.count("lac") >= 3 * (i + 1):
+                break
+            await asyncio.sleep(0.001)
+    assert order == (["sent"] + ["lac"] * 3) * 3, order
+    await producer.close()
