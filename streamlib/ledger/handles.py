@@ -411,6 +411,8 @@ class ReadHandle:
     async def read(self, first: int, last: int) -> list[bytes]:
         """Entries first..last, all <= the LAC (or the last entry of a closed ledger)."""
         if last > self.last_entry_id:
+            self._lac = max(self._lac, self._local_lac())  # this client's writer knows more
+        if last > self.last_entry_id:
             raise NoSuchEntryError(
                 f"ledger {self.ledger_id}: entry {last} is past the last confirmed entry "
                 f"{self.last_entry_id}"
@@ -606,8 +608,18 @@ class ReadHandle:
             await self.refresh_metadata()
             if self.version != version:  # ask the bookies the fresh metadata names
                 return await self.read_last_add_confirmed()
-        self._lac = max(self._lac, best)
+        self._lac = max(self._lac, best, self._local_lac())
         return self._lac
+
+    def _local_lac(self) -> int:
+        """The LAC of this client's writer of the ledger where read_rules allow taking it
+        (local.py), else -1: a reader reads what its own client had acknowledged, even
+        before the bookies heard the LAC."""
+        local = self._context.local_tails.get(self.ledger_id)
+        md = self.metadata
+        if local is not None and local_lac_usable(local.open, local.term, md.term, md.state):
+            return local.lac
+        return -1
 
     async def refresh_metadata(self) -> LedgerMetadata:
         stored, self.version = await self._context.ledgers.read(self.ledger_id)

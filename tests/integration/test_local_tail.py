@@ -96,3 +96,23 @@ async def test_a_reader_follows_the_new_term_when_another_client_takes_over(clus
     tailing.cancel()
     await asyncio.gather(tailing, return_exceptions=True)
     await successor.release()
+
+
+async def test_a_reader_of_the_writers_client_reads_what_it_had_acknowledged(cluster) -> None:
+    """Read-your-writes within a client: the bookies have not heard the last entry's LAC
+    (no explicit LAC, no later entry), but this client's writer has it acknowledged."""
+    cluster.start_bookies(3)
+    client, other = await cluster.client(), await cluster.client()
+    writer = await client.ledgers.create(3, 3, 2)
+    writer._explicit_lac_interval_s = 0  # the bookies learn LACs only from later entries
+    last = None
+    for i in range(4):
+        last = await writer.append(b"w%d" % i)
+    reader = await client.ledgers.open(writer.ledger_id, recover=False)
+    assert reader.last_add_confirmed == last
+    assert await reader.read(last, last) == [b"w3"]
+    remote = await other.ledgers.open(writer.ledger_id, recover=False)
+    assert remote.last_add_confirmed == last - 1  # what the bookies know
+    await writer.close()
+    await reader.refresh_metadata()
+    assert reader._local_lac() == -1  # the writer is gone: nothing local any more
