@@ -615,11 +615,17 @@ class ReadHandle:
         """The LAC of this client's writer of the ledger where read_rules allow taking it
         (local.py), else -1: a reader reads what its own client had acknowledged, even
         before the bookies heard the LAC."""
+        local = self._usable_local()
+        return -1 if local is None else local.lac
+
+    def _usable_local(self) -> LocalTail | None:
+        """This client's writer of the ledger, if read_rules.local_lac_usable allows
+        taking its LAC now."""
         local = self._context.local_tails.get(self.ledger_id)
         md = self.metadata
         if local is not None and local_lac_usable(local.open, local.term, md.term, md.state):
-            return local.lac
-        return -1
+            return local
+        return None
 
     async def refresh_metadata(self) -> LedgerMetadata:
         stored, self.version = await self._context.ledgers.read(self.ledger_id)
@@ -666,8 +672,8 @@ class ReadHandle:
             self._watch = self._context.ledgers.watch(self.ledger_id)
         watch = self._watch
         md = self.metadata
-        local = self._context.local_tails.get(self.ledger_id)
-        if local is not None and local_lac_usable(local.open, local.term, md.term, md.state):
+        local = self._usable_local()
+        if local is not None:
             await self._wait_local(local, watch, next_entry, timeout_s)
             return
         self._follow(None)
