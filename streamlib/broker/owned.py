@@ -20,6 +20,7 @@ from typing import Any
 
 from metadata.errors import NodeExistsError, NoNodeError
 from streamlib.broker.dedup import Dedup
+from streamlib.closing import CloseOnce
 from streamlib.protocol.dispatch import ConsumerBusy, Dispatch, Kind, Pending, key_slot
 from streamlib.protocol.errors import (
     BadRequestError,
@@ -90,6 +91,7 @@ class SubscriptionDispatcher:
         self._generation = 0  # a seek starts a new one: older redeliveries are dropped
         self._on_fail = on_fail
         self.failed: BaseException | None = None
+        self._closing = CloseOnce()
         self._task = self._start_task()
 
     def add(self, session: ConsumerSession) -> None:
@@ -261,6 +263,12 @@ class SubscriptionDispatcher:
             raise
 
     async def close(self) -> None:
+        """Stop reading and close the direct consumer (persisting its cursor, leaving
+        the subscription's line): to its end even when the RPC that closes is cancelled
+        (closing.py), or the next dispatcher of the subscription waits behind it."""
+        await self._closing.run(self._close)
+
+    async def _close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await self.inner.close()

@@ -25,6 +25,7 @@ from typing import Any
 from metadata.errors import BadVersionError
 from metadata.schemas import CursorState, Position, PositionRange
 from metadata.services.streams import StreamRegistry
+from streamlib.closing import CloseOnce
 from streamlib.protocol.errors import (
     BadRequestError,
     ClientClosedError,
@@ -182,6 +183,7 @@ class Consumer:
         self._fill_task: asyncio.Task[None] | None = None
         self._timeout_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._closing = CloseOnce()
         self.persisted = 0  # cursor writes (observability)
         # The subscription type's say in who receives (subscription.py). A consumer that
         # becomes active (again) starts from the durable cursor: read it first.
@@ -544,9 +546,13 @@ class Consumer:
         await self._registry.delete_cursor(self.stream, self.subscription)
 
     async def close(self, persist: bool = True) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Persist the cursor (unless persist=False) and leave the subscription. Once
+        begun, the close runs to its end even if the caller is cancelled (closing.py);
+        a second call waits for the first."""
+        self._closed = True  # (at once: a receive() from here on raises)
+        await self._closing.run(lambda: self._close(persist))
+
+    async def _close(self, persist: bool) -> None:
         if self._persist_timer is not None:
             self._persist_timer.cancel()
         if self._held_timer is not None:

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from streamlib.closing import CloseOnce
 from streamlib.protocol.errors import BadRequestError, TimeoutError
 from streamlib.stream.consumer import Consumer, batch_receive
 from streamlib.stream.positions import MessageId
@@ -28,6 +29,7 @@ class MultiStreamConsumer:
         # another was taken is delivered next, never lost.
         self._waiting: dict[str, asyncio.Task[Message]] = {}
         self._turn = 0
+        self._closing = CloseOnce()
 
     def consumer(self, stream: str) -> Consumer:
         found = self._consumers.get(stream)
@@ -100,6 +102,10 @@ class MultiStreamConsumer:
             await consumer.unsubscribe()
 
     async def close(self) -> None:
+        """Close every stream's consumer: to the end once begun (closing.py)."""
+        await self._closing.run(self._close)
+
+    async def _close(self) -> None:
         await self._stop_waiting()
         for consumer in self._consumers.values():
             await consumer.close()

@@ -82,6 +82,36 @@ async def test_a_failover_standby_takes_over_from_the_cursor_when_the_active_one
     assert standby.is_active
 
 
+async def test_a_close_cancelled_halfway_still_hands_the_subscription_to_the_standby(
+    any_cluster,
+):
+    """Cancelling the task that closes a consumer (a broker's RPC ending under it, a
+    Ctrl-C in the blocking API) stops that task's wait, never the close: the cursor is
+    persisted and the line left, and the standby takes over. (A close cut off before
+    it left the line kept the lock's node for the session's life: the broker's next
+    reader of the subscription waited behind it for good, and a seek through the
+    service lost its messages.)"""
+    any_cluster.start_bookies(3)
+    client = await any_cluster.client()
+    await publish(client, "cut", 6)
+    active = await client.subscribe("cut", "sub", "earliest", consumer_type="failover")
+    for _ in range(3):
+        active.acknowledge(await active.receive(timeout=30))
+    standby = await client.subscribe("cut", "sub", consumer_type="failover")
+    assert not standby.is_active
+    closing = asyncio.ensure_future(active.close())
+    await asyncio.sleep(0)  # (one turn of the loop: the close has begun, and waits)
+    assert not closing.done()
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    rest = [(await standby.receive(timeout=30)).data for _ in range(3)]
+    assert rest == [b"3", b"4", b"5"]  # after the cursor the cut-off close persisted
+    await asyncio.wait_for(active.close(), 30)  # (again: waits for the same close)
+    with pytest.raises(errors.ClientClosedError):
+        await active.receive(timeout=1)
+
+
 STANDBY_SCRIPT = r"""
 import sys, streamlib
 client = streamlib.connect(sys.argv[1], session_timeout_s=2)

@@ -29,6 +29,7 @@ class Inner:
         self.acknowledged: list[MessageId] = []
         self.seeking = asyncio.Event()
         self.release = asyncio.Event()
+        self.closed = asyncio.Event()
 
     def receive_nowait(self) -> Message | None:
         return self.ready.pop(0) if self.ready else None
@@ -45,7 +46,7 @@ class Inner:
         await self.release.wait()
 
     async def close(self) -> None:
-        pass
+        self.closed.set()
 
 
 async def test_an_ack_that_arrives_while_the_cursor_moves_is_not_applied_after_it() -> None:
@@ -67,3 +68,22 @@ async def test_an_ack_that_arrives_while_the_cursor_moves_is_not_applied_after_i
     await asyncio.wait_for(seek, 5)
     assert inner.acknowledged == []
     await dispatcher.close()
+
+
+async def test_a_close_cancelled_while_reading_stops_still_closes_the_direct_consumer() -> None:
+    """The broker closes a subscription's dispatcher when its last consumer leaves, in
+    the finally of that consumer's RPC, which grpc cancels when the client goes: the
+    cancellation must not cut the close off before the direct consumer is closed (it
+    would hold the subscription, and the next dispatcher would wait behind it)."""
+    inner = Inner([])
+    dispatcher = SubscriptionDispatcher(inner, Kind.SHARED, 0.0)  # type: ignore[arg-type]
+    closing = asyncio.get_running_loop().create_task(dispatcher.close())
+    await asyncio.sleep(0)  # (one turn of the loop: the close has begun, and waits)
+    assert not closing.done()
+    closing.cancel()
+    try:
+        await closing
+    except asyncio.CancelledError:
+        pass
+    await asyncio.wait_for(inner.closed.wait(), 5)  # the close went on to its end
+    await asyncio.wait_for(dispatcher.close(), 5)  # (again: waits for the same close)
