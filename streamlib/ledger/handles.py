@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from bookie.wire import bookie_pb2 as pb
 from metadata.store import Watch
@@ -479,15 +480,10 @@ class ReadHandle:
         self._follow(local)
         self.local_waits += 1
         if local.lac < next_entry:
-            more = asyncio.ensure_future(local.wait(next_entry - 1, timeout_s))
             changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))
-            try:
-                done, _ = await asyncio.wait({more, changed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (more, changed):
-                    if not task.done():
-                        task.cancel()
-                await asyncio.gather(more, changed, return_exceptions=True)
+            done = await _first_of(
+                asyncio.ensure_future(local.wait(next_entry - 1, timeout_s)), changed
+            )
             if changed in done:
                 await self.refresh_metadata()
                 return
@@ -688,13 +684,7 @@ class ReadHandle:
         self.long_polls += 1
         poll = asyncio.ensure_future(self._context.pool.get(bookie).read_lac(request))
         changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))
-        try:
-            done, _ = await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:  # also when we are cancelled: leave no orphan behind
-            for task in (poll, changed):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(poll, changed, return_exceptions=True)
+        done = await _first_of(poll, changed)
         if poll in done and not poll.cancelled():
             try:
                 response = poll.result()
@@ -734,3 +724,16 @@ class ReadHandle:
                 return
         # The ledger's metadata changed (closed?), or the poll failed: look again.
         await self.refresh_metadata()
+
+
+async def _first_of(*futures: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
+    """Wait for the first of futures to end, then cancel and reap the others -- also
+    when the caller is cancelled: no orphan is left behind. The ones that ended."""
+    try:
+        done, _ = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+        await asyncio.gather(*futures, return_exceptions=True)
+    return done
