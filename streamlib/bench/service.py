@@ -1,16 +1,20 @@
 """`streamlib bench service`: the stream service next to direct mode, on three local
 bookies (E3/Qw3/Qa2, fsync) and one broker: publish throughput with 1 and 4 producer
 processes on one stream, and shared-subscription throughput with 1 and 4 consumer
-processes; direct mode's one producer and one consumer for comparison.
+processes; direct mode's one producer and one consumer for comparison; then publish and
+end-to-end latency through the broker at a low and a higher fixed rate.
 
-Every client is a process of its own (as a fleet of publishers or workers is), started
-and connected before the clock starts; a figure is the messages over the time from the
-common start to the last process's end.
+Every throughput client is a process of its own (as a fleet of publishers or workers
+is), started and connected before the clock starts; a figure is the messages over the
+time from the common start to the last process's end. The latency phase's producer and
+consumer are two clients of the broker in the benchmark's process (one clock for both
+ends), as `bench stream`'s "consumer of another client".
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
@@ -124,6 +128,30 @@ def _prefill(uri: str, stream: str, args: argparse.Namespace) -> None:
     publish(uri, stream, 1, args)
 
 
+async def _latency(url: str, args: argparse.Namespace) -> dict[str, float]:
+    """Publish at the low and the higher rate through the broker while a consumer of
+    another client of it tails (a shared subscription from the latest message)."""
+    from streamlib.bench import percentile
+    from streamlib.bench.stream import fixed_rate
+    from streamlib.client import Client
+
+    figures: dict[str, float] = {}
+    producing, consuming = await Client.connect(url), await Client.connect(url)
+    try:
+        for name, rate in (("low", args.low_rate), ("high", args.rate)):
+            publish, end_to_end = await fixed_rate(
+                producing, args, rate, consuming, stream=f"service-latency-{rate}"
+            )
+            for what, latencies in (("publish", publish), ("e2e", end_to_end)):
+                latencies.sort()
+                figures[f"{name}_{what}_p50_ms"] = 1000 * percentile(latencies, 0.5)
+                figures[f"{name}_{what}_p99_ms"] = 1000 * percentile(latencies, 0.99)
+    finally:
+        await consuming.close()
+        await producing.close()
+    return figures
+
+
 def run(args: argparse.Namespace) -> int:
     from streamlib.broker.launcher import BrokerProcess
 
@@ -136,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             url = f"streamlib://{broker.address}"
             direct = cluster.metadata_uri
+            # Latency first: after the throughput phases the bookies spend seconds
+            # flushing and indexing their hundreds of MB (as in `bench stream`).
+            latency = asyncio.run(_latency(url, args))
             figures["direct_publish_1"] = publish(direct, "direct-publish", 1, args)
             for n in (1, 4):
                 figures[f"service_publish_{n}"] = publish(url, f"service-publish-{n}", n, args)
@@ -158,8 +189,16 @@ def run(args: argparse.Namespace) -> int:
         f"  consume, direct mode (1 exclusive)      {figures['direct_consume_1']:>10,.0f} msgs/s\n"
         f"  consume, service, 1 shared consumer     {figures['service_consume_1']:>10,.0f} msgs/s\n"
         f"  consume, service, 4 shared consumers    {figures['service_consume_4']:>10,.0f} msgs/s",
-        flush=True,
     )
+    print("latency through the broker (a producer and a consumer, two clients of it):")
+    for name, rate in (("low", args.low_rate), ("high", args.rate)):
+        print(
+            f"  at {rate:>5,} msgs/s       publish p50 {latency[name + '_publish_p50_ms']:.2f} ms"
+            f"  p99 {latency[name + '_publish_p99_ms']:.2f} ms;  end-to-end"
+            f" p50 {latency[name + '_e2e_p50_ms']:.2f} ms  p99 {latency[name + '_e2e_p99_ms']:.2f} ms"
+        )
+    sys.stdout.flush()
+    figures.update({f"latency_{key}": value for key, value in latency.items()})
     if args.json:
         print(json.dumps(figures))
     return 0
@@ -167,8 +206,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _defaults(uri: str) -> None:
     """New streams: E3/Qw3/Qa2 as `bench stream` (every entry on all three bookies)."""
-    import asyncio
-
     from streamlib.client import Client
 
     async def set_defaults() -> None:
@@ -185,5 +222,8 @@ def add_parser(which: Any) -> None:
     parser = which.add_parser("service", help="the stream service next to direct mode")
     parser.add_argument("--messages", type=int, default=60_000)
     parser.add_argument("--message-bytes", type=int, default=1024)
+    parser.add_argument("--rate", type=int, default=2000, help="msgs/s of the higher-rate phase")
+    parser.add_argument("--low-rate", type=int, default=100, help="msgs/s of the low-rate phase")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each rate phase")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     parser.set_defaults(run=run)

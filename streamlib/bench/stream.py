@@ -72,15 +72,23 @@ def blocking_send_async(
     return args.messages / elapsed
 
 
-async def _fixed_rate(
-    client: Client, args: argparse.Namespace, rate: int, consumer_client: Client | None = None
+async def fixed_rate(
+    client: Any,
+    args: argparse.Namespace,
+    rate: int,
+    consumer_client: Any = None,
+    *,
+    stream: str | None = None,
 ) -> tuple[list[float], list[float]]:
     """Publish at rate msgs/s while a consumer tails; (publish, end-to-end) latencies.
     The consumer shares the producer's client (it learns each entry from the producer's
     writer, as a Pulsar broker's cursors do) unless consumer_client is another one (it
-    long-polls the bookies, as a consumer in another process does)."""
-    stream = f"bench-latency-{rate}" + ("-other" if consumer_client is not None else "")
-    await client.streams.create(stream, 3, 3, 2)
+    long-polls the bookies, as a consumer in another process does). With stream given,
+    the clients are the stream service's, and the broker made the stream (E3/Qw3/Qa2 by
+    the defaults `bench service` set)."""
+    if stream is None:
+        stream = f"bench-latency-{rate}" + ("-other" if consumer_client is not None else "")
+        await client.streams.create(stream, 3, 3, 2)
     producer = await client.create_producer(stream)
     consumer = await (consumer_client or client).subscribe(
         stream, "bench", initial_position="latest"
@@ -162,14 +170,14 @@ async def _run(
         # The latency phases first: after the throughput phase the bookies spend seconds
         # flushing and indexing its 100 MB, which would show in the low rate's tail.
         for name, rate in (("low", args.low_rate), ("high", args.rate)):
-            publish, end_to_end = await _fixed_rate(client, args, rate)
+            publish, end_to_end = await fixed_rate(client, args, rate)
             publish.sort()
             end_to_end.sort()
             figures[f"{name}_publish_p50_ms"] = 1000 * percentile(publish, 0.5)
             figures[f"{name}_publish_p99_ms"] = 1000 * percentile(publish, 0.99)
             figures[f"{name}_e2e_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
             figures[f"{name}_e2e_p99_ms"] = 1000 * percentile(end_to_end, 0.99)
-            _, end_to_end = await _fixed_rate(client, args, rate, other)
+            _, end_to_end = await fixed_rate(client, args, rate, other)
             end_to_end.sort()
             figures[f"{name}_e2e_other_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
             figures[f"{name}_e2e_other_p99_ms"] = 1000 * percentile(end_to_end, 0.99)

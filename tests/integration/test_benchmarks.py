@@ -39,8 +39,17 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
                 "consumer catch-up",
             ],
         ),
+        (
+            ["service", "--messages", "400", "--rate", "200", "--seconds", "0.5"],
+            [
+                "publish, service, 4 producers",
+                "consume, service, 4 shared consumers",
+                "latency through the broker",
+                "end-to-end p50",
+            ],
+        ),
     ],
-    ids=["protocol", "metadata", "ledger", "stream"],
+    ids=["protocol", "metadata", "ledger", "stream", "service"],
 )
 def test_benchmark_prints_its_figures(args, expected):
     result = subprocess.run([*STREAMLIB, *args], capture_output=True, text=True, timeout=300)
