@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from types import TracebackType
 from typing import Any, TypeVar
 
-from streamlib.protocol.errors import ClientClosedError
+from streamlib.protocol.errors import BadRequestError, ClientClosedError
 from streamlib.schema import Schema
 from streamlib.stream import consumer as aconsumer
 from streamlib.stream import producer as aproducer
@@ -287,6 +287,12 @@ class Consumer:
         self.stream: str = target.stream
         self.subscription: str = target.subscription
         self._listener: threading.Thread | None = None
+        # The streams whose messages it takes (several: a consumer of several streams).
+        self._streams = frozenset(getattr(target, "streams", [target.stream]))
+        # Acknowledgements handed over and not yet applied on the loop, in order.
+        self._acks: collections.deque[tuple[Callable[[Any], None], Message]] = collections.deque()
+        self._acks_lock = threading.Lock()
+        self._acks_scheduled = False
 
     @property
     def consumer_type(self) -> str:
@@ -332,17 +338,57 @@ class Consumer:
         )
         self._listener.start()
 
+    # Acknowledging: a message as received is handed to the loop and the call returns
+    # (pulsar-client's acknowledge does not wait either); one hop to the loop for however
+    # many gather meanwhile. A call made after it (receive, persist, seek, close) is
+    # scheduled on the loop after that hop, so it sees the acknowledgement. A MessageId
+    # is checked on the loop (it must be one this consumer received): that call waits.
+
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (as received, or its id)."""
-        self._runner.call(self._target.acknowledge, message)
+        self._ack(self._target.acknowledge, message)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and every one before it."""
-        self._runner.call(self._target.acknowledge_cumulative, message)
+        self._ack(self._target.acknowledge_cumulative, message)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Have the message delivered again after negative_ack_redelivery_delay_ms."""
-        self._runner.call(self._target.negative_acknowledge, message)
+        self._ack(self._target.negative_acknowledge, message)
+
+    def _ack(self, apply: Callable[[Any], None], message: Message | MessageId) -> None:
+        if isinstance(message, MessageId):
+            self._runner.call(apply, message)
+            return
+        if not isinstance(message, Message):
+            raise BadRequestError(f"acknowledge a Message or a MessageId, got {message!r}")
+        if message.stream not in self._streams:
+            raise BadRequestError(
+                f"message {message.message_id} is of stream {message.stream!r}, which this "
+                f"consumer does not consume"
+            )
+        with self._acks_lock:
+            if self._runner.closed:
+                raise ClientClosedError("the client is closed")
+            self._acks.append((apply, message))
+            schedule, self._acks_scheduled = not self._acks_scheduled, True
+        if schedule:
+            try:
+                self._runner.loop.call_soon_threadsafe(self._apply_acks)
+            except RuntimeError:  # the loop closed under us (client.close elsewhere)
+                raise ClientClosedError("the client is closed") from None
+
+    def _apply_acks(self) -> None:
+        """On the loop: every acknowledgement handed over since the last hop, in order."""
+        with self._acks_lock:
+            items = list(self._acks)
+            self._acks.clear()
+            self._acks_scheduled = False
+        for apply, message in items:
+            try:
+                apply(message)
+            except Exception:  # (checked when handed over: nothing expected here)
+                log.exception("acknowledging %s on %r failed", message, self.subscription)
 
     def seek(self, target: MessageId | int) -> None:
         """Deliver again from a message id (that message first) or from the first

@@ -107,6 +107,48 @@ def test_iteration_context_managers_and_timeouts(uri: str) -> None:
                 reader.read_next(timeout=0.3)
 
 
+def test_acknowledging_does_not_wait_for_the_clients_loop_and_keeps_its_order(uri: str) -> None:
+    """pulsar-client's acknowledge hands the ack over and returns; ours is queued for the
+    client's loop (one hop for however many gather), so a loop busy elsewhere does not
+    hold the caller up, and what the caller does next (close, here) comes after it. (It
+    was a round trip to the loop per ack: two thirds of a receive-and-acknowledge loop.)"""
+    with streamlib.connect(uri) as client:
+        producer = client.create_producer("acks")
+        for i in range(10):
+            producer.send(b"%d" % i)
+        consumer = client.subscribe("acks", "sub", "earliest")
+        messages = [consumer.receive(timeout=30) for _ in range(10)]
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_loop(*_: object) -> None:  # (a callback runs on the client's loop)
+            held.set()
+            release.wait(60)
+
+        producer.send_async(b"more", callback=hold_the_loop)
+        assert held.wait(30)
+
+        def acknowledge() -> None:
+            for message in messages[:4]:
+                consumer.acknowledge(message)
+            consumer.negative_acknowledge(messages[4])
+            consumer.acknowledge(messages[5])
+
+        acking = threading.Thread(target=acknowledge)
+        try:
+            acking.start()
+            acking.join(timeout=10)  # bounded: on a loop that waits, it would not return
+            assert not acking.is_alive(), "acknowledge waited for the client's loop"
+        finally:
+            release.set()
+        acking.join(timeout=30)
+        consumer.close()  # after the acks: the cursor it persists has them
+        again = client.subscribe("acks", "sub")
+        got = sorted(again.receive(timeout=30).data for _ in range(5))
+        assert got == [b"4", b"6", b"7", b"8", b"9"]  # 4: negatively acknowledged
+        with pytest.raises(errors.BadRequestError):  # bad input: at once, as before
+            again.acknowledge("not a message")  # type: ignore[arg-type]
+
+
 def test_a_closed_client_says_so(uri: str) -> None:
     client = streamlib.connect(uri)
     producer = client.create_producer("closed")
