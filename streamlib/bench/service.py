@@ -219,7 +219,9 @@ def _defaults(uri: str) -> None:
 
 
 def add_parser(which: Any) -> None:
-    parser = which.add_parser("service", help="the stream service next to direct mode")
+    parser = which.add_parser(
+        "service", help="the stream service next to direct mode: throughput, latency"
+    )
     parser.add_argument("--messages", type=int, default=60_000)
     parser.add_argument("--message-bytes", type=int, default=1024)
     parser.add_argument("--rate", type=int, default=2000, help="msgs/s of the higher-rate phase")
