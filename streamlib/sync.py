@@ -184,15 +184,17 @@ class Producer:
                 self._room.release()
                 raise ClientClosedError("the client is closed")
             self._outbox.append((checked, sequence_id, outcome, callback))
-            schedule, self._drain_scheduled = not self._drain_scheduled, True
-        if schedule:  # one hop to the loop for however many sends gather meanwhile
-            try:
-                self._runner.loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop closed under us (client.close elsewhere)
-                self._drain_scheduled = False
-                self._outbox.clear()
-                self._room.release()
-                raise ClientClosedError("the client is closed") from None
+            # One hop to the loop for however many sends gather meanwhile -- scheduled
+            # under the lock: another thread's send that finds it scheduled, then calls
+            # flush(), must find the drain on the loop ahead of its flush.
+            if not self._drain_scheduled:
+                try:
+                    self._runner.loop.call_soon_threadsafe(self._drain)
+                except RuntimeError:  # the loop closed under us (client.close elsewhere)
+                    self._outbox.clear()
+                    self._room.release()
+                    raise ClientClosedError("the client is closed") from None
+                self._drain_scheduled = True
         return outcome
 
     def _drain(self) -> None:
@@ -340,8 +342,8 @@ class Consumer:
 
     # Acknowledging: a message as received is handed to the loop and the call returns
     # (pulsar-client's acknowledge does not wait either); one hop to the loop for however
-    # many gather meanwhile. A call made after it (receive, persist, seek, close) is
-    # scheduled on the loop after that hop, so it sees the acknowledgement. A MessageId
+    # many gather meanwhile. A call made after it, in any thread (receive, persist, seek,
+    # close), is scheduled on the loop after that hop, so it sees the acknowledgement. A MessageId
     # is checked on the loop (it must be one this consumer received): that call waits.
 
     def acknowledge(self, message: Message | MessageId) -> None:
@@ -371,12 +373,13 @@ class Consumer:
             if self._runner.closed:
                 raise ClientClosedError("the client is closed")
             self._acks.append((apply, message))
-            schedule, self._acks_scheduled = not self._acks_scheduled, True
-        if schedule:
-            try:
-                self._runner.loop.call_soon_threadsafe(self._apply_acks)
-            except RuntimeError:  # the loop closed under us (client.close elsewhere)
-                raise ClientClosedError("the client is closed") from None
+            if not self._acks_scheduled:  # (under the lock: see Producer.send_async)
+                try:
+                    self._runner.loop.call_soon_threadsafe(self._apply_acks)
+                except RuntimeError:  # the loop closed under us (client.close elsewhere)
+                    self._acks.clear()
+                    raise ClientClosedError("the client is closed") from None
+                self._acks_scheduled = True
 
     def _apply_acks(self) -> None:
         """On the loop: every acknowledgement handed over since the last hop, in order."""

@@ -140,7 +140,7 @@ async def _latency(url: str, args: argparse.Namespace) -> dict[str, float]:
     try:
         for name, rate in (("low", args.low_rate), ("high", args.rate)):
             publish, end_to_end = await fixed_rate(
-                producing, args, rate, consuming, stream=f"service-latency-{rate}"
+                producing, args, rate, consuming, stream=f"service-latency-{name}"
             )
             for what, latencies in (("publish", publish), ("e2e", end_to_end)):
                 latencies.sort()

@@ -375,7 +375,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     task.cancel()
                 await asyncio.gather(reader, settler, fenced, return_exceptions=True)
         finally:
-            await asyncio.shield(owned.remove_producer(session))  # (see _stop_then)
+            await _stop_then([], lambda: owned.remove_producer(session))
 
     async def _still_owner(self, owned: OwnedStream) -> None:
         """Before a Ready: this broker still holds the stream's lease. (A broker that was
@@ -676,7 +676,19 @@ async def _stop_then(tasks: list[asyncio.Task[Any]], then: Callable[[], Awaitabl
         await asyncio.gather(*tasks, return_exceptions=True)
         await then()
 
-    await asyncio.shield(run())
+    ending = asyncio.get_running_loop().create_task(run())
+    _ENDING.add(ending)  # (held here: the loop keeps only weak references to tasks)
+    ending.add_done_callback(_ended)
+    await asyncio.shield(ending)
+
+
+_ENDING: set[asyncio.Task[None]] = set()  # session ends under way
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    _ENDING.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("ending a session failed: %r", task.exception())
 
 
 async def _opening(iterator: AsyncIterator[Any]) -> Any:

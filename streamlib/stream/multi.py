@@ -107,8 +107,14 @@ class MultiStreamConsumer:
 
     async def _close(self) -> None:
         await self._stop_waiting()
-        for consumer in self._consumers.values():
-            await consumer.close()
+        # Each one closes whatever another's close does (a failed one must not keep the
+        # rest in their subscriptions' lines); the first error is raised.
+        outcomes = await asyncio.gather(
+            *(consumer.close() for consumer in self._consumers.values()), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _stop_waiting(self) -> None:
         waiting, self._waiting = list(self._waiting.values()), {}
