@@ -29,7 +29,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from streamlib.protocol.errors import BadRequestError, ClientClosedError
 from streamlib.schema import Schema
@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 _INTERRUPT_CHECK_S = 0.2
 
 SendCallback = Callable[[BaseException | None, MessageId | None], None]
+# A message handed over by send_async: what the loop queues, and whom it tells.
+_Outgoing = tuple[
+    aproducer.Checked, int | None, concurrent.futures.Future[MessageId], SendCallback | None
+]
 
 
 class _LoopThread:
@@ -88,6 +92,41 @@ class _LoopThread:
             self.loop.close()
 
 
+class _HandOver(Generic[T]):
+    """Items handed from callers' threads to the client's loop, in order: one hop to the
+    loop for however many gather meanwhile. The hop is scheduled under the lock, so a
+    caller of any thread that finds it scheduled, then makes a call of its own (flush,
+    seek, close), finds the hop on the loop ahead of that call."""
+
+    def __init__(self, runner: _LoopThread, apply: Callable[[list[T]], None]) -> None:
+        self._runner = runner
+        self._apply = apply  # (on the loop: the items since the last hop)
+        self._items: collections.deque[T] = collections.deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def put(self, item: T) -> None:
+        """Hand item over; ClientClosedError, the item not taken, once the client closed."""
+        with self._lock:
+            if self._runner.closed:
+                raise ClientClosedError("the client is closed")
+            self._items.append(item)
+            if not self._scheduled:
+                try:
+                    self._runner.loop.call_soon_threadsafe(self._run)
+                except RuntimeError:  # the loop closed under us (client.close elsewhere)
+                    self._items.clear()
+                    raise ClientClosedError("the client is closed") from None
+                self._scheduled = True
+
+    def _run(self) -> None:
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self._scheduled = False
+        self._apply(items)
+
+
 def wait(future: concurrent.futures.Future[T]) -> T:
     """The future's result, waking now and then so Ctrl-C is handled; an interrupted
     wait cancels the future (and so the coroutine on the loop)."""
@@ -119,16 +158,7 @@ class Producer:
         self._chunking = target.chunking_enabled
         self._schema = target.schema
         # Messages handed over by send_async and not yet queued on the loop.
-        self._outbox: collections.deque[
-            tuple[
-                aproducer.Checked,
-                int | None,
-                concurrent.futures.Future[MessageId],
-                SendCallback | None,
-            ]
-        ] = collections.deque()
-        self._outbox_lock = threading.Lock()
-        self._drain_scheduled = False
+        self._outbox: _HandOver[_Outgoing] = _HandOver(runner, self._drain)
 
     def send(
         self,
@@ -179,30 +209,15 @@ class Producer:
         )
         self._take_room()
         outcome: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
-        with self._outbox_lock:
-            if self._runner.closed:
-                self._room.release()
-                raise ClientClosedError("the client is closed")
-            self._outbox.append((checked, sequence_id, outcome, callback))
-            # One hop to the loop for however many sends gather meanwhile -- scheduled
-            # under the lock: another thread's send that finds it scheduled, then calls
-            # flush(), must find the drain on the loop ahead of its flush.
-            if not self._drain_scheduled:
-                try:
-                    self._runner.loop.call_soon_threadsafe(self._drain)
-                except RuntimeError:  # the loop closed under us (client.close elsewhere)
-                    self._outbox.clear()
-                    self._room.release()
-                    raise ClientClosedError("the client is closed") from None
-                self._drain_scheduled = True
+        try:
+            self._outbox.put((checked, sequence_id, outcome, callback))
+        except ClientClosedError:
+            self._room.release()
+            raise
         return outcome
 
-    def _drain(self) -> None:
+    def _drain(self, items: list[_Outgoing]) -> None:
         """On the loop: queue every message sent since the last drain, in order."""
-        with self._outbox_lock:
-            items = list(self._outbox)
-            self._outbox.clear()
-            self._drain_scheduled = False
         for checked, sequence_id, outcome, callback in items:
             try:
                 durable = self._target.queue_checked(checked, sequence_id)
@@ -292,9 +307,9 @@ class Consumer:
         # The streams whose messages it takes (several: a consumer of several streams).
         self._streams = frozenset(getattr(target, "streams", [target.stream]))
         # Acknowledgements handed over and not yet applied on the loop, in order.
-        self._acks: collections.deque[tuple[Callable[[Any], None], Message]] = collections.deque()
-        self._acks_lock = threading.Lock()
-        self._acks_scheduled = False
+        self._acks: _HandOver[tuple[Callable[[Any], None], Message]] = _HandOver(
+            runner, self._apply_acks
+        )
 
     @property
     def consumer_type(self) -> str:
@@ -341,10 +356,9 @@ class Consumer:
         self._listener.start()
 
     # Acknowledging: a message as received is handed to the loop and the call returns
-    # (pulsar-client's acknowledge does not wait either); one hop to the loop for however
-    # many gather meanwhile. A call made after it, in any thread (receive, persist, seek,
-    # close), is scheduled on the loop after that hop, so it sees the acknowledgement. A MessageId
-    # is checked on the loop (it must be one this consumer received): that call waits.
+    # (pulsar-client's acknowledge does not wait either; _HandOver: a later call of any
+    # thread sees it). A MessageId is checked on the loop (it must be one this consumer
+    # received): that call waits.
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (as received, or its id)."""
@@ -369,24 +383,10 @@ class Consumer:
                 f"message {message.message_id} is of stream {message.stream!r}, which this "
                 f"consumer does not consume"
             )
-        with self._acks_lock:
-            if self._runner.closed:
-                raise ClientClosedError("the client is closed")
-            self._acks.append((apply, message))
-            if not self._acks_scheduled:  # (under the lock: see Producer.send_async)
-                try:
-                    self._runner.loop.call_soon_threadsafe(self._apply_acks)
-                except RuntimeError:  # the loop closed under us (client.close elsewhere)
-                    self._acks.clear()
-                    raise ClientClosedError("the client is closed") from None
-                self._acks_scheduled = True
+        self._acks.put((apply, message))
 
-    def _apply_acks(self) -> None:
+    def _apply_acks(self, items: list[tuple[Callable[[Any], None], Message]]) -> None:
         """On the loop: every acknowledgement handed over since the last hop, in order."""
-        with self._acks_lock:
-            items = list(self._acks)
-            self._acks.clear()
-            self._acks_scheduled = False
         for apply, message in items:
             try:
                 apply(message)
