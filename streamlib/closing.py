@@ -10,31 +10,43 @@ for the metadata session's life, and the next consumer waits behind it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+_UNDER_WAY: set[asyncio.Task[None]] = set()  # (the loop keeps only weak references)
+
+
+def to_its_end(work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+    """Start work in a task of its own, held until it ends, its error logged as `what`
+    failing (a caller cancelled meanwhile never sees it). Await it shielded: a cancelled
+    caller then stops waiting, and the work goes on."""
+    task = asyncio.get_running_loop().create_task(work)
+    _UNDER_WAY.add(task)
+    task.add_done_callback(functools.partial(_ended, what))
+    return task
+
+
+def _ended(what: str, task: asyncio.Task[None]) -> None:
+    _UNDER_WAY.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("%s failed: %r", what, task.exception())
+
 
 class CloseOnce:
-    """Runs one close in a task of its own: a cancelled caller stops waiting for it;
+    """Runs one close to its end (to_its_end): a cancelled caller stops waiting for it;
     a caller while it runs waits for it (its error raised to each); a caller after it
-    ended returns at once, as a second close() always did. An error is logged too (a
-    caller cancelled meanwhile never sees it)."""
+    ended returns at once, as a second close() always did."""
 
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
 
     async def run(self, close: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(close())
-            self._task.add_done_callback(_log_error)
+            self._task = to_its_end(close(), "a close")
         elif self._task.done():
             return
         await asyncio.shield(self._task)
-
-
-def _log_error(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("a close failed: %r", task.exception())

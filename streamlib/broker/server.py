@@ -33,6 +33,7 @@ from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.broker.owned import Done, OwnedStream, StreamGone
+from streamlib.closing import to_its_end
 from streamlib.protocol.dispatch import Kind
 from streamlib.protocol.errors import (
     BadRequestError,
@@ -330,6 +331,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         except Exception as error:
             yield pb.ProduceResponse(error=error_pb(error))
             return
+        tasks: list[asyncio.Task[Any]] = []  # the session's: stopped at its end
         try:
             yield pb.ProduceResponse(
                 ready=pb.ProducerReady(
@@ -343,16 +345,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             reader = loop.create_task(self._take_sends(iterator, owned, session, pending))
             settler = loop.create_task(self._settle(pending, receipts))
             fenced = loop.create_task(session.fenced.wait())
+            tasks += (reader, settler, fenced)
             held: list[pb.ProduceResponse | None] = []  # taken while merging, answered next
-            try:
-                while True:
-                    if held:
-                        response = held.pop()
-                        if response is None:
-                            return
-                        yield _merged_receipts(response, receipts, held)
-                        continue
-                    getting = asyncio.get_running_loop().create_task(receipts.get())
+            while True:
+                if held:
+                    response = held.pop()
+                else:
+                    getting = loop.create_task(receipts.get())
                     done, _ = await asyncio.wait(
                         {getting, fenced}, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED
                     )
@@ -367,15 +366,11 @@ class BrokerService(pb_grpc.BrokerServicer):
                         )
                         return
                     response = getting.result()
-                    if response is None:
-                        return
-                    yield _merged_receipts(response, receipts, held)
-            finally:
-                for task in (reader, settler, fenced):
-                    task.cancel()
-                await asyncio.gather(reader, settler, fenced, return_exceptions=True)
+                if response is None:
+                    return
+                yield _merged_receipts(response, receipts, held)
         finally:
-            await _stop_then([], lambda: owned.remove_producer(session))
+            await _stop_then(tasks, lambda: owned.remove_producer(session))
 
     async def _still_owner(self, owned: OwnedStream) -> None:
         """Before a Ready: this broker still holds the stream's lease. (A broker that was
@@ -668,7 +663,7 @@ async def _stop_then(tasks: list[asyncio.Task[Any]], then: Callable[[], Awaitabl
     of its own, to the end even if the RPC is cancelled meanwhile (grpc cancels the
     handler of a call its client cancelled, and the client cancels a call as soon as it
     has read the error that ended it). A consumer's session left in its dispatcher would
-    be handed messages nobody reads; see also streamlib/closing.py."""
+    be handed messages nobody reads."""
 
     async def run() -> None:
         for task in tasks:
@@ -676,19 +671,7 @@ async def _stop_then(tasks: list[asyncio.Task[Any]], then: Callable[[], Awaitabl
         await asyncio.gather(*tasks, return_exceptions=True)
         await then()
 
-    ending = asyncio.get_running_loop().create_task(run())
-    _ENDING.add(ending)  # (held here: the loop keeps only weak references to tasks)
-    ending.add_done_callback(_ended)
-    await asyncio.shield(ending)
-
-
-_ENDING: set[asyncio.Task[None]] = set()  # session ends under way
-
-
-def _ended(task: asyncio.Task[None]) -> None:
-    _ENDING.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("ending a session failed: %r", task.exception())
+    await asyncio.shield(to_its_end(run(), "ending a session"))
 
 
 async def _opening(iterator: AsyncIterator[Any]) -> Any:
