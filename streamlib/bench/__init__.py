@@ -26,4 +26,13 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
-__all__ = ["argparse", "percentile"]
+def p50_p99_ms(key: str, latencies: list[float]) -> dict[str, float]:
+    """{KEY_p50_ms, KEY_p99_ms} of latencies given in seconds (sorted here, in place)."""
+    latencies.sort()
+    return {
+        f"{key}_p50_ms": 1000 * percentile(latencies, 0.5),
+        f"{key}_p99_ms": 1000 * percentile(latencies, 0.99),
+    }
+
+
+__all__ = ["argparse", "p50_p99_ms", "percentile"]

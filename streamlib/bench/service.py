@@ -131,7 +131,7 @@ def _prefill(uri: str, stream: str, args: argparse.Namespace) -> None:
 async def _latency(url: str, args: argparse.Namespace) -> dict[str, float]:
     """Publish at the low and the higher rate through the broker while a consumer of
     another client of it tails (a shared subscription from the latest message)."""
-    from streamlib.bench import percentile
+    from streamlib.bench import p50_p99_ms
     from streamlib.bench.stream import fixed_rate
     from streamlib.client import Client
 
@@ -142,10 +142,8 @@ async def _latency(url: str, args: argparse.Namespace) -> dict[str, float]:
             publish, end_to_end = await fixed_rate(
                 producing, args, rate, consuming, stream=f"service-latency-{name}"
             )
-            for what, latencies in (("publish", publish), ("e2e", end_to_end)):
-                latencies.sort()
-                figures[f"{name}_{what}_p50_ms"] = 1000 * percentile(latencies, 0.5)
-                figures[f"{name}_{what}_p99_ms"] = 1000 * percentile(latencies, 0.99)
+            figures.update(p50_p99_ms(f"{name}_publish", publish))
+            figures.update(p50_p99_ms(f"{name}_e2e", end_to_end))
     finally:
         await consuming.close()
         await producing.close()

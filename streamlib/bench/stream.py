@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any
 
-from streamlib.bench import percentile
+from streamlib.bench import p50_p99_ms
 from streamlib.bench.cluster import local_cluster
 from streamlib.client import Client
 from streamlib.stream.positions import EARLIEST
@@ -171,16 +171,10 @@ async def _run(
         # flushing and indexing its 100 MB, which would show in the low rate's tail.
         for name, rate in (("low", args.low_rate), ("high", args.rate)):
             publish, end_to_end = await fixed_rate(client, args, rate)
-            publish.sort()
-            end_to_end.sort()
-            figures[f"{name}_publish_p50_ms"] = 1000 * percentile(publish, 0.5)
-            figures[f"{name}_publish_p99_ms"] = 1000 * percentile(publish, 0.99)
-            figures[f"{name}_e2e_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
-            figures[f"{name}_e2e_p99_ms"] = 1000 * percentile(end_to_end, 0.99)
+            figures.update(p50_p99_ms(f"{name}_publish", publish))
+            figures.update(p50_p99_ms(f"{name}_e2e", end_to_end))
             _, end_to_end = await fixed_rate(client, args, rate, other)
-            end_to_end.sort()
-            figures[f"{name}_e2e_other_p50_ms"] = 1000 * percentile(end_to_end, 0.5)
-            figures[f"{name}_e2e_other_p99_ms"] = 1000 * percentile(end_to_end, 0.99)
+            figures.update(p50_p99_ms(f"{name}_e2e_other", end_to_end))
         figures["publish_msgs_per_s"] = await _publish_throughput(client, args)
         figures["catch_up_msgs_per_s"] = await _catch_up(client, args)
         figures["consumer_catch_up_msgs_per_s"] = await _consumer_catch_up(client, args)
@@ -199,8 +193,7 @@ def _measure(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> dic
         figures[f"blocking_send_async_{codec}_msgs_per_s"] = blocking_send_async(
             uri, args, options, codec
         )
-    figures["blocking_p50_ms"] = 1000 * percentile(blocking, 0.5)
-    figures["blocking_p99_ms"] = 1000 * percentile(blocking, 0.99)
+    figures.update(p50_p99_ms("blocking", blocking))
     return figures
 
 

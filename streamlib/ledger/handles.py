@@ -413,11 +413,11 @@ class ReadHandle:
         """Entries first..last, all <= the LAC (or the last entry of a closed ledger)."""
         if last > self.last_entry_id:
             self._lac = max(self._lac, self._local_lac())  # this client's writer knows more
-        if last > self.last_entry_id:
-            raise NoSuchEntryError(
-                f"ledger {self.ledger_id}: entry {last} is past the last confirmed entry "
-                f"{self.last_entry_id}"
-            )
+            if last > self.last_entry_id:
+                raise NoSuchEntryError(
+                    f"ledger {self.ledger_id}: entry {last} is past the last confirmed entry "
+                    f"{self.last_entry_id}"
+                )
         return _payloads(await self.read_entries(first, last))
 
     async def read_unconfirmed(self, first: int, last: int) -> list[bytes]:
