@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,8 +201,12 @@ class AccessControl:
         try:
             check_access(principal, self.roles.get(principal, frozenset()), access)
         except Exception as e:
-            self._refused("role", principal, str(e))
+            self.refused_role(principal, str(e))
             raise
+
+    def refused_role(self, principal: str, message: str) -> None:
+        """Count and log (once) a principal refused for what its roles do not allow."""
+        self._refused("role", principal, message)
 
     def authorize(self, context: Any, access: Access) -> str | None:
         principal = self.principal(context)
@@ -228,15 +232,22 @@ async def follow_principals(store: Any, control: AccessControl, ready: asyncio.E
     with none: it refuses every principal until the map is read -- fail closed)."""
     from metadata.services.principals import PrincipalRoles
 
-    roles = PrincipalRoles(store)
-    async with store.watch(roles.node) as watch:
+    await follow_node(PrincipalRoles(store), control.set_roles, ready)
+
+
+async def follow_node(
+    service: Any, apply: Callable[[dict[str, tuple[str, ...]]], None], ready: asyncio.Event
+) -> None:
+    """apply(service.read()'s map) now and after every change of service.node; ready is
+    set after the first read that worked."""
+    async with service.store.watch(service.node) as watch:
         while True:
             try:
-                current, _ = await roles.read()
-                control.set_roles(current)
+                current, _ = await service.read()
+                apply(current)
                 ready.set()
             except Exception as e:  # the store is unreachable or the node malformed
-                log.error("cannot read the principal map (keeping the last one): %s", e)
+                log.error("cannot read %s (keeping the last one): %s", service.node, e)
             try:
                 await watch.next(timeout_s=30.0)
             except TimeoutError:

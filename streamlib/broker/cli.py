@@ -12,6 +12,14 @@ import os
 import sys
 from typing import Any
 
+from streamlib.broker.access import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+    BrokerAccess,
+    Budgets,
+    SessionLimits,
+)
+
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
 
@@ -40,6 +48,47 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     serve.add_argument(
         "--auth-token-public-key-file", help="... or by RS256 tokens checked with this key"
     )
+    serve.add_argument(
+        "--allow-auto-create",
+        choices=["true", "false"],
+        default="true",
+        help="whether a producer, consumer or lookup naming a stream that does not exist "
+        "creates it, for a caller that may create streams (Pulsar's allowAutoTopicCreation; "
+        "default true; the secure sandbox sets false)",
+    )
+    serve.add_argument(
+        "--max-sessions",
+        type=_positive,
+        default=DEFAULT_MAX_SESSIONS,
+        help=f"producers, consumers and readers this broker serves at once (default "
+        f"{DEFAULT_MAX_SESSIONS}); one more is refused with TooManySessionsError",
+    )
+    serve.add_argument(
+        "--max-sessions-per-principal",
+        type=_positive,
+        default=DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+        help=f"... of them one principal may hold (default {DEFAULT_MAX_SESSIONS_PER_PRINCIPAL})",
+    )
+    defaults = Budgets()
+    serve.add_argument(
+        "--max-read-ahead-bytes-per-subscription",
+        type=_positive,
+        default=defaults.read_ahead_bytes_per_subscription,
+        help="bytes a subscription reads ahead of its consumers (default 4 MiB)",
+    )
+    serve.add_argument(
+        "--max-unacked-bytes-per-consumer",
+        type=_positive,
+        default=defaults.unacked_bytes_per_consumer,
+        help="bytes handed to a consumer and not yet acknowledged before it gets no more "
+        "(default 16 MiB; at least one message always goes)",
+    )
+    serve.add_argument(
+        "--max-unacked-messages-per-consumer",
+        type=_positive,
+        default=defaults.unacked_messages_per_consumer,
+        help="... and messages (Pulsar's maxUnackedMessagesPerConsumer; default 50000)",
+    )
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
@@ -49,6 +98,16 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
     admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
     admin.set_defaults(run=_run_admin)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return value
 
 
 def _fail(message: str) -> int:
@@ -103,14 +162,26 @@ async def _serve(args: argparse.Namespace) -> int:
         **({"tls_ca": args.tls_ca} if args.tls_ca else {}),
         **({"token": args.token} if args.token else {}),
     )
-    broker = Broker(client, args.broker_id or address, address)
+    budgets = Budgets(
+        read_ahead_bytes_per_subscription=args.max_read_ahead_bytes_per_subscription,
+        unacked_bytes_per_consumer=args.max_unacked_bytes_per_consumer,
+        unacked_messages_per_consumer=args.max_unacked_messages_per_consumer,
+    )
+    broker = Broker(
+        client,
+        args.broker_id or address,
+        address,
+        allow_auto_create=args.allow_auto_create == "true",
+        budgets=budgets,
+    )
     access = await _access_control(args, client)
+    limits = SessionLimits(args.max_sessions, args.max_sessions_per_principal)
     from streamlib.daemons import stop_event
 
     stop = stop_event(args.exit_with_stdin)
     try:
         await broker.start(args.session_timeout)
-        pb_grpc.add_BrokerServicer_to_server(BrokerService(broker, access), server)
+        pb_grpc.add_BrokerServicer_to_server(BrokerService(broker, access, limits), server)
         await server.start()
         print(f"broker {broker.broker_id} listening on {address}", flush=True)
         await stop.wait()
@@ -121,26 +192,35 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _access_control(args: argparse.Namespace, client: Any) -> Any:
-    """The bookies' authentication and roles (bookie/auth.py), when asked for; None: off.
-    Roles come from the metadata store's principal map (`streamlib admin principals`)."""
+async def _access_control(args: argparse.Namespace, client: Any) -> BrokerAccess:
+    """The bookies' authentication and roles (bookie/auth.py), when asked for, and the
+    brokers' subscription grants (streamlib/broker/access.py); off: everyone may do
+    everything. Roles and grants come from the metadata store (`streamlib admin
+    principals`), followed by watches."""
     from pathlib import Path
 
     from bookie.auth import AccessControl, TokenVerifier, follow_principals
+    from streamlib.broker.access import follow_grants
 
     secret, public = args.auth_token_secret_file, args.auth_token_public_key_file
     if secret is None and public is None and not args.tls_client_auth:
-        return None
+        return BrokerAccess()
     tokens = None
     if secret is not None or public is not None:
         tokens = TokenVerifier.from_files(
             Path(secret) if secret else None, Path(public) if public else None
         )
-    access = AccessControl(_BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth)
-    ready = asyncio.Event()
-    task = asyncio.get_running_loop().create_task(follow_principals(client.store, access, ready))
-    _FOLLOWING.add(task)  # (a reference, so the task lives as long as the broker)
-    await asyncio.wait_for(ready.wait(), 30)
+    control = AccessControl(_BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth)
+    access = BrokerAccess(control)
+    loop = asyncio.get_running_loop()
+    roles_read, grants_read = asyncio.Event(), asyncio.Event()
+    for following in (
+        follow_principals(client.store, control, roles_read),
+        follow_grants(client.store, access, grants_read),
+    ):
+        task = loop.create_task(following)
+        _FOLLOWING.add(task)  # (a reference, so the task lives as long as the broker)
+    await asyncio.wait_for(asyncio.gather(roles_read.wait(), grants_read.wait()), 30)
     return access
 
 

@@ -1,10 +1,15 @@
 """A stream a broker owns: its one writer, the producers publishing through it, and
 the dispatch of its subscriptions.
 
-A broker serves a stream only after it holds the stream's lease AND its writer took the
-stream over (fenced the last two ledgers, created one, CAS'd the list: StreamWriter).
-If the writer fails -- another broker took over and fenced it -- the stream is given up
-at once: every producer and consumer of it here is told, and looks the stream up again.
+A broker serves a stream only after it holds the stream's lease. It takes the stream
+over as writer (fences the last two ledgers, creates one, CAS's the list: StreamWriter)
+when its first producer arrives, and only then takes sends: the fencing is what makes a
+deposed owner unable to acknowledge anything. Consumers and readers need no takeover
+(their safety is the subscription's lock and the cursor's CAS, as in direct mode), so
+one that only reads fences no writer -- a direct-mode producer of the stream included.
+If the writer fails -- another broker or writer took over and fenced it -- the stream
+is given up at once: every producer and consumer of it here is told, and looks the
+stream up again.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metadata.errors import NodeExistsError, NoNodeError
+from streamlib.broker.access import Budgets
 from streamlib.broker.dedup import Dedup
 from streamlib.closing import CloseOnce
-from streamlib.protocol.dispatch import ConsumerBusy, Dispatch, Kind, Pending, key_slot
+from streamlib.protocol.dispatch import ConsumerBusy, Kind, Pending, key_slot
 from streamlib.protocol.errors import (
     BadRequestError,
     ConsumerBusyError,
@@ -82,9 +88,10 @@ class SubscriptionDispatcher:
         kind: Kind,
         nack_delay_s: float,
         on_fail: Callable[[SubscriptionDispatcher, BaseException], None] | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         self.inner = inner
-        self.dispatch = Dispatch(kind)
+        self.dispatch = (budgets or Budgets()).dispatch(kind)
         self.sessions: dict[int, ConsumerSession] = {}
         self._nack_delay_s = nack_delay_s
         self._wake = asyncio.Event()
@@ -212,7 +219,12 @@ class SubscriptionDispatcher:
 
     def _offer(self, message: Message) -> None:
         self.dispatch.offer(
-            Pending(message, message.message_id, key_slot(message.key, message.message_id))
+            Pending(
+                message,
+                message.message_id,
+                key_slot(message.key, message.message_id),
+                len(message.data),
+            )
         )
 
     def _deliver(self) -> None:
@@ -288,16 +300,41 @@ class OwnedStream:
         self.gone: BaseException | None = None
         self._snapshotting = False
         self._consumer_ids = iter(range(1, 2**62))
+        self._taking_over = asyncio.Lock()
 
     def _dedup_path(self) -> str:
         return f"{self.client.streams.registry.stream_path(self.stream)}/dedup"
 
-    async def start(self) -> None:
+    async def ensure_writer(self) -> None:
+        """Take the stream over as its writer, once (its first producer's open waits for
+        it; a failed takeover is tried again by the next)."""
+        if self.producer is not None:
+            return
+        async with self._taking_over:
+            if self.gone is not None:
+                raise self.gone
+            if self.producer is None:
+                await self._take_over()
+
+    async def _take_over(self) -> None:
         """Take the stream over (fencing whoever wrote it), then rebuild the dedup state
         from the snapshot and the tail after it."""
-        self.producer = await self.client.create_producer(
+        producer = await self.client.create_producer(
             self.stream, initial_sequence_id=-1, batching_max_publish_delay_ms=1.0
         )
+        try:
+            await self._restore_dedup()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.close()
+            raise
+        self.producer = producer
+        if self.gone is not None:  # (it went meanwhile: close() may have missed it)
+            with contextlib.suppress(Exception):
+                await producer.close()
+            raise self.gone
+
+    async def _restore_dedup(self) -> None:
         try:
             data: bytes | None = (await self.client.store.get(self._dedup_path())).data
         except NoNodeError:
@@ -318,7 +355,7 @@ class OwnedStream:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
         self.dedup = dedup
         if dedup.since_snapshot or data is None:
-            await self.write_snapshot()  # the next owner starts from here
+            await self.write_snapshot(force=True)  # the next owner starts from here
 
     def mark_gone(self, error: BaseException) -> None:
         """Serve nothing more, from now: every producer is cut off, every consumer told,
@@ -436,10 +473,10 @@ class OwnedStream:
         if self.dedup.since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting:
             asyncio.get_running_loop().create_task(self.write_snapshot())
 
-    async def write_snapshot(self) -> None:
+    async def write_snapshot(self, force: bool = False) -> None:
         """Write the dedup state where the next owner starts (its tail scan covers what a
-        snapshot misses, so a failed one costs only time)."""
-        if self._snapshotting:
+        snapshot misses, so a failed one costs only time). Only a writer has one."""
+        if self._snapshotting or (self.producer is None and not force):
             return
         self._snapshotting = True
         try:
@@ -484,7 +521,11 @@ class OwnedStream:
                     await inner.close()
                     raise self.gone
                 dispatcher = SubscriptionDispatcher(
-                    inner, kind, nack_delay_ms / 1000.0, on_fail=self._dispatcher_failed
+                    inner,
+                    kind,
+                    nack_delay_ms / 1000.0,
+                    on_fail=self._dispatcher_failed,
+                    budgets=self.broker.budgets,
                 )
                 self.subscriptions[subscription] = dispatcher
             if resume and name:

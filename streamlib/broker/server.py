@@ -27,11 +27,11 @@ import grpc
 
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
-from bookie.ledger_rules import Access
 from metadata.errors import InvalidNameError, NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.broker.access import BrokerAccess, Budgets, SessionLimits
 from streamlib.broker.owned import Done, OwnedStream, StreamGone
 from streamlib.closing import to_its_end
 from streamlib.protocol.dispatch import Kind
@@ -41,7 +41,9 @@ from streamlib.protocol.errors import (
     ProducerFencedError,
     StreamlibError,
     TooLargeError,
+    UnauthorizedError,
 )
+from streamlib.protocol.service_access import Caller, Operation, may_create
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message
@@ -55,7 +57,7 @@ PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then rea
 MAX_SENDS_PER_REQUEST = 10_000
 ROOM_EVERY = 500  # sends between two checks for room in the stream's writer
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
-HEARTBEAT_S = 1.0  # a quiet stream gets a heartbeat this often (clients' liveness check)
+LOOK_AGAIN_S = 5.0  # a reader's session checks this often whether its client half-closed
 KINDS = {
     "exclusive": Kind.EXCLUSIVE,
     "failover": Kind.FAILOVER,
@@ -90,8 +92,20 @@ class NotOwnerError(StreamlibError):
 
 
 class Broker:
-    def __init__(self, client: Any, broker_id: str, address: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        broker_id: str,
+        address: str,
+        *,
+        allow_auto_create: bool = True,
+        budgets: Budgets | None = None,
+    ) -> None:
         self.client = client
+        #: Whether naming a stream that does not exist creates it (for a caller that may
+        #: create streams): Pulsar's allowAutoTopicCreation.
+        self.allow_auto_create = allow_auto_create
+        self.budgets = budgets or Budgets()
         self.broker_id = broker_id
         self.address = address
         self.registry = BrokerRegistry(client.store)
@@ -189,19 +203,14 @@ class Broker:
         return await asyncio.shield(self._start_owning(stream))
 
     async def _acquire(self, stream: str) -> OwnedStream:
-        await self.client.streams.ensure(stream)  # (NoSuchStream, bad names: before the lease)
+        """The lease (the stream must exist: the caller created it if it may). The
+        writer's takeover waits for the first producer (OwnedStream.ensure_writer)."""
+        await self.client.streams.read(stream)  # (NoSuchStream, bad names: before the lease)
         if not await self.registry.try_own(stream, self.info):
             owner = await self.registry.owner(stream)
             where = owner.address if owner is not None else "(released meanwhile)"
             raise NotOwnerError(f"stream {stream!r} is owned by broker at {where}")
         owned = OwnedStream(self, stream)
-        try:
-            await owned.start()
-        except BaseException:
-            await owned.close(StreamGone("the takeover failed"))
-            with contextlib.suppress(Exception):
-                await self.registry.release(stream, self.broker_id)
-            raise
         self.owned[stream] = owned
         await self._update_load()
         log.info("broker %s owns %s", self.broker_id, stream)
@@ -249,36 +258,66 @@ class Broker:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    """access: the bookies' authentication and roles (bookie/auth.py), None: off.
-    Producing needs the write role, consuming and reading any role, unloading admin."""
+    """The gRPC front end. access: who calls and what they may do (access.py; None:
+    authentication off, everyone may do everything); limits: sessions per broker and
+    per principal. Every operation is checked against the caller's principal
+    (streamlib/protocol/service_access.py) before the broker does anything for it."""
 
-    def __init__(self, broker: Broker, access: Any = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        access: BrokerAccess | None = None,
+        limits: SessionLimits | None = None,
+    ) -> None:
         self.broker = broker
-        self.access = access
+        self.access = access or BrokerAccess()
+        self.limits = limits or SessionLimits()
 
-    def _authorize(self, context: Any, what: Access) -> None:
-        if self.access is not None:
-            self.access.authorize(context, what)
-
-    async def _check(self, context: Any, what: Access) -> None:
-        """For unary calls: abort with UNAUTHENTICATED / PERMISSION_DENIED."""
+    async def _caller(self, context: Any) -> Caller:
+        """For unary calls: abort with UNAUTHENTICATED when nobody the broker accepts."""
         try:
-            self._authorize(context, what)
+            return self.access.caller(context)
         except BookieUnauthenticated as error:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"UnauthenticatedError: {error}")
-        except BookieUnauthorized as error:
+            raise  # (abort raises)
+
+    async def _allowed(
+        self, context: Any, caller: Caller, operation: Operation, stream: str = ""
+    ) -> None:
+        """For unary calls: abort with PERMISSION_DENIED unless the caller may."""
+        try:
+            self.access.check(caller, operation, stream)
+        except UnauthorizedError as error:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"UnauthorizedError: {error}")
 
+    async def _exists(self, caller: Caller, stream: str) -> int:
+        """The stream's partitions (0: not partitioned), after creating the stream if it
+        does not exist and the cluster's policy and the caller's roles allow; else
+        NoSuchStreamError, and nothing is made."""
+        streams = self.broker.client.streams
+        try:
+            return int(await streams.partitions(stream))
+        except NoSuchStreamError:
+            if not may_create(caller, self.broker.allow_auto_create):
+                why = (
+                    "this cluster does not create streams on first use (allow_auto_create "
+                    "is off): create it with `streamlib admin streams create`"
+                    if not self.broker.allow_auto_create
+                    else f"principal {caller.principal!r} may not create streams (the "
+                    "write role may)"
+                )
+                raise NoSuchStreamError(f"stream {stream!r} does not exist: {why}") from None
+        await streams.ensure(stream)
+        return 0
+
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        await self._check(context, Access.INFO)
+        caller = await self._caller(context)
         if not request.stream:  # (a client checking a broker answers)
             me = self.broker.info
             return pb.LookupResponse(broker_id=me.broker_id, address=me.address)
+        await self._allowed(context, caller, Operation.LOOKUP, request.stream)
         try:
-            try:
-                partitions = await self.broker.client.streams.partitions(request.stream)
-            except NoSuchStreamError:
-                partitions = 0  # (created on its first producer or consumer)
+            partitions = await self._exists(caller, request.stream)
             if partitions:  # no owner: its partitions are streams of their own
                 return pb.LookupResponse(partitions=partitions)
             info = await self.broker.lookup(request.stream)
@@ -286,12 +325,17 @@ class BrokerService(pb_grpc.BrokerServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{type(error).__name__}: {error}"
             )
+        except NoSuchStreamError as error:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"{type(error).__name__}: {error}"
+            )
         except Exception as error:  # the metadata store, a takeover: another try may do
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(error).__name__}: {error}")
         return pb.LookupResponse(broker_id=info.broker_id, address=info.address)
 
     async def Unload(self, request: pb.UnloadRequest, context: Any) -> pb.UnloadResponse:
-        await self._check(context, Access.ADMIN)
+        caller = await self._caller(context)
+        await self._allowed(context, caller, Operation.UNLOAD, request.stream)
         return pb.UnloadResponse(unloaded=await self.broker.unload(request.stream))
 
     # -- producing ----------------------------------------------------------------------
@@ -306,8 +350,33 @@ class BrokerService(pb_grpc.BrokerServicer):
                 yield pb.ProduceResponse(error=error_pb(BadRequestError("open the producer first")))
             return
         try:
-            self._authorize(context, Access.ADD)
+            caller = self._admit(context, Operation.PRODUCE, opened.stream)
+        except Exception as error:
+            yield pb.ProduceResponse(error=error_pb(error))
+            return
+        try:
+            async for response in self._produce(opened, iterator, caller):
+                yield response
+        finally:
+            self.limits.give_back(caller)
+
+    def _admit(
+        self, context: Any, operation: Operation, stream: str, subscription: str | None = None
+    ) -> Caller:
+        """The caller of a session, authorized for operation and holding a session (give
+        it back at the session's end)."""
+        caller = self.access.caller(context)
+        self.access.check(caller, operation, stream, subscription)
+        self.limits.take(caller)
+        return caller
+
+    async def _produce(
+        self, opened: pb.ProducerOpen, iterator: AsyncIterator[pb.ProduceRequest], caller: Caller
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        try:
+            await self._exists(caller, opened.stream)
             owned = await self.broker.own(opened.stream)
+            await owned.ensure_writer()
             if opened.schema_type:
                 stored = await owned.client.streams.offer_schema(
                     opened.stream,
@@ -351,14 +420,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if held:
                     response = held.pop()
                 else:
+                    # (No heartbeats: gRPC's keepalive checks each connection, once for
+                    # however many sessions it carries.)
                     getting = loop.create_task(receipts.get())
                     done, _ = await asyncio.wait(
-                        {getting, fenced}, timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED
+                        {getting, fenced}, return_when=asyncio.FIRST_COMPLETED
                     )
-                    if not done:
-                        getting.cancel()
-                        yield pb.ProduceResponse(heartbeat=pb.Heartbeat())
-                        continue
                     if getting not in done:
                         getting.cancel()
                         yield pb.ProduceResponse(
@@ -489,16 +556,29 @@ class BrokerService(pb_grpc.BrokerServicer):
             if opened is not None:
                 yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
             return
+        subscription = opened.subscription or None  # (none: a reader)
+        operation = Operation.READ if subscription is None else Operation.CONSUME
         try:
-            self._authorize(context, Access.READ)
+            caller = self._admit(context, operation, opened.stream, subscription)
         except Exception as error:
             yield pb.ConsumeResponse(error=error_pb(error))
             return
-        if not opened.subscription:
-            async for response in self._read(opened, iterator):
-                yield response
-            return
         try:
+            serve = (
+                self._read(opened, iterator)
+                if subscription is None
+                else self._consume(opened, iterator, caller)
+            )
+            async for response in serve:
+                yield response
+        finally:
+            self.limits.give_back(caller)
+
+    async def _consume(
+        self, opened: pb.ConsumerOpen, iterator: AsyncIterator[pb.ConsumeRequest], caller: Caller
+    ) -> AsyncIterator[pb.ConsumeResponse]:
+        try:
+            await self._exists(caller, opened.stream)
             kind = KINDS[
                 parse_consumer_type(opened.consumer_type or "exclusive", service=True).value
             ]
@@ -542,6 +622,18 @@ class BrokerService(pb_grpc.BrokerServicer):
                         dispatcher.nack(session.cid, ids)
                     else:
                         dispatcher.ack(session.cid, ids, request.ack.cumulative)
+                elif which in ("seek", "unsubscribe") and not self.access.may(
+                    caller, Operation.MANAGE_SUBSCRIPTION, opened.stream, opened.subscription
+                ):
+                    try:
+                        self.access.check(
+                            caller,
+                            Operation.MANAGE_SUBSCRIPTION,
+                            opened.stream,
+                            opened.subscription,
+                        )
+                    except UnauthorizedError as refused:  # (the session goes on)
+                        session.outbox.put_nowait(Done(which, refused))
                 elif which == "seek":
                     seek = request.seek
                     target: MessageId | int = (
@@ -560,11 +652,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=session.active))
             active = session.active
             while True:
-                try:
-                    item = await asyncio.wait_for(session.outbox.get(), HEARTBEAT_S)
-                except builtins.TimeoutError:
-                    yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
-                    continue
+                item = await session.outbox.get()  # (no heartbeats: see _produce)
                 if isinstance(item, BaseException):
                     if item is not closed:  # (the client half-closed: it reads no more)
                         yield pb.ConsumeResponse(error=error_pb(item))
@@ -616,18 +704,17 @@ class BrokerService(pb_grpc.BrokerServicer):
         taker = asyncio.get_running_loop().create_task(take_requests())
         try:
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=True))
+            # (No heartbeats, see _produce: a wait ends now and then only to notice a
+            # client that half-closed.)
             while not taker.done():
                 if permits <= 0:
                     given.clear()
-                    try:
-                        await asyncio.wait_for(given.wait(), HEARTBEAT_S)
-                    except builtins.TimeoutError:
-                        yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
+                    with contextlib.suppress(builtins.TimeoutError):
+                        await asyncio.wait_for(given.wait(), LOOK_AGAIN_S)
                     continue
                 try:
-                    message = await reader.read_next(timeout=HEARTBEAT_S)
+                    message = await reader.read_next(timeout=LOOK_AGAIN_S)
                 except builtins.TimeoutError:
-                    yield pb.ConsumeResponse(heartbeat=pb.Heartbeat())
                     continue
                 permits -= 1
                 for chunk in deliveries([message]):

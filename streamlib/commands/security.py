@@ -1,13 +1,17 @@
 """Security commands: who holds which role, and tokens.
 
     streamlib admin principals grant NAME ROLE [ROLE ...]   read | write | admin | bookie
+    streamlib admin principals grant NAME consume STREAM/SUB [...]   one subscription (or
+                                                            a prefix: orders/*), brokers only
     streamlib admin principals revoke NAME [ROLE ...]       all roles when none is named
+    streamlib admin principals revoke NAME consume [STREAM/SUB ...]   (all grants: none named)
     streamlib admin principals list [--json]
     streamlib token create-secret --output FILE             a new HS256 key (file 0600)
     streamlib token create --secret-file FILE --subject NAME [--expires-in SECONDS]
 
 The principal map lives in the metadata store (metadata/services/principals.py); every
-authenticating bookie follows it. Tokens are printed on stdout, for a file or a secret
+authenticating bookie and broker follows it, and the brokers the grants beside it
+(streamlib/protocol/service_access.py says what each role and grant allows there). Tokens are printed on stdout, for a file or a secret
 store -- hand them to clients through STREAMLIB_TOKEN / STREAMLIB_TOKEN_FILE.
 """
 
@@ -18,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from metadata.services.principals import ROLES, PrincipalRoles
+from metadata.services.principals import ROLES, PrincipalRoles, SubscriptionGrants
 from streamlib.commands.common import (
     Subparsers,
     add_common,
@@ -37,12 +41,19 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     grant = actions.add_parser("grant", help="give a principal roles")
     grant.add_argument("principal", help="a token's subject or a certificate's common name")
-    grant.add_argument("roles", nargs="+", choices=ROLES, metavar="ROLE", help="/".join(ROLES))
+    grant.add_argument(
+        "roles",
+        nargs="+",
+        metavar="ROLE",
+        help=f"{'/'.join(ROLES)}; or consume STREAM/SUB ... (a subscription, or a prefix ending in *)",
+    )
     add_common(grant)
     grant.set_defaults(run=run_with_client(_grant))
     revoke = actions.add_parser("revoke", help="take roles (default: all) from a principal")
     revoke.add_argument("principal")
-    revoke.add_argument("roles", nargs="*", metavar="ROLE", help="/".join(ROLES))
+    revoke.add_argument(
+        "roles", nargs="*", metavar="ROLE", help=f"{'/'.join(ROLES)}; or consume [STREAM/SUB ...]"
+    )
     add_common(revoke)
     revoke.set_defaults(run=run_with_client(_revoke))
     listing = actions.add_parser("list", help="every principal and its roles")
@@ -63,34 +74,75 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     create.set_defaults(run=_create_token)
 
 
+def _consume_grants(words: list[str]) -> list[str] | None:
+    """The grants of `consume STREAM/SUB ...`; None when words are roles."""
+    if not words or words[0] != "consume":
+        unknown = sorted(set(words) - set(ROLES))
+        if unknown:
+            raise ValueError(
+                f"unknown role(s) {unknown}: the roles are {', '.join(ROLES)}, "
+                "or `consume STREAM/SUB` grants one subscription"
+            )
+        return None
+    return words[1:]
+
+
 async def _grant(client: Client, args: argparse.Namespace) -> int:
-    roles = await PrincipalRoles(client.store).grant(args.principal, args.roles)
-    _show(args, args.principal, roles)
+    try:
+        grants = _consume_grants(args.roles)
+    except ValueError as e:
+        return fail(str(e))
+    if grants is None:
+        roles = await PrincipalRoles(client.store).grant(args.principal, args.roles)
+        _show(args, args.principal, roles)
+        return 0
+    if not grants:
+        return fail("grant NAME consume needs STREAM/SUB (or a prefix ending in *)")
+    _show(
+        args,
+        args.principal,
+        await SubscriptionGrants(client.store).grant(args.principal, grants),
+        "consume",
+    )
     return 0
 
 
 async def _revoke(client: Client, args: argparse.Namespace) -> int:
-    roles = await PrincipalRoles(client.store).revoke(args.principal, args.roles or None)
-    _show(args, args.principal, roles)
+    try:
+        grants = _consume_grants(args.roles)
+    except ValueError as e:
+        return fail(str(e))
+    if grants is None:
+        roles = await PrincipalRoles(client.store).revoke(args.principal, args.roles or None)
+        _show(args, args.principal, roles)
+        return 0
+    left = await SubscriptionGrants(client.store).revoke(args.principal, grants or None)
+    _show(args, args.principal, left, "consume")
     return 0
 
 
-def _show(args: argparse.Namespace, principal: str, roles: tuple[str, ...]) -> None:
+def _show(
+    args: argparse.Namespace, principal: str, names: tuple[str, ...], what: str = "roles"
+) -> None:
     if args.json:
-        print_json({"principal": principal, "roles": list(roles)})
+        print_json({"principal": principal, what: list(names)})
     else:
-        print(f"{principal}: {' '.join(roles) or '(no roles)'}")
+        label = "" if what == "roles" else f"{what} "
+        print(f"{principal}: {label}{' '.join(names) or f'(no {what})'}")
 
 
 async def _list(client: Client, args: argparse.Namespace) -> int:
     principals, _ = await PrincipalRoles(client.store).read()
+    grants, _ = await SubscriptionGrants(client.store).read()
+    names = sorted({*principals, *grants})
     if args.json:
-        print_json({p: list(r) for p, r in sorted(principals.items())})
-    elif not principals:
+        print_json({p: list(principals.get(p, ())) for p in sorted(principals)})
+    elif not names:
         print("no principal has a role")
     else:
         print_table(
-            ["principal", "roles"], [(p, " ".join(r)) for p, r in sorted(principals.items())]
+            ["principal", "roles", "consume"],
+            [(p, " ".join(principals.get(p, ())), " ".join(grants.get(p, ()))) for p in names],
         )
     return 0
 

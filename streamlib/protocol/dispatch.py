@@ -16,8 +16,11 @@ answers with the deliveries to make. One Dispatch per subscription on its owning
   behind them (Pulsar's Key_Shared with its "recently joined consumers" rule does the
   same thing by read position).
 
-Messages are opaque to it (a `Pending(ref, message_id, slot)`); it never reads ahead
-more than `max_pending` messages, so a subscription with no permits holds bounded memory.
+Messages are opaque to it (a `Pending(ref, message_id, slot, size)`); it never reads
+ahead more than `max_pending` messages or `max_pending_bytes`, and hands a consumer no
+more while it holds `max_unacked` messages or `max_unacked_bytes` unacknowledged (at
+least one message always goes: a message larger than a budget is not stuck), so a
+subscription's memory is bounded in bytes whatever permits its consumers grant.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Pending:
     ref: Any  # what the broker delivers (its Message)
     message_id: Any  # ordered and hashable (a MessageId)
     slot: int
+    size: int = 0  # bytes it holds (its payload)
 
 
 @dataclass
@@ -61,6 +65,7 @@ class _Consumer:
     name: str
     permits: int = 0
     unacked: dict[Hashable, Pending] = field(default_factory=dict)
+    unacked_bytes: int = 0
 
 
 class ConsumerBusy(Exception):
@@ -68,15 +73,26 @@ class ConsumerBusy(Exception):
 
 
 class Dispatch:
-    def __init__(self, kind: Kind, max_pending: int = 1000, max_unacked: int = 50_000) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        max_pending: int = 1000,
+        max_unacked: int = 50_000,
+        *,
+        max_pending_bytes: int = 4 << 20,
+        max_unacked_bytes: int = 16 << 20,
+    ) -> None:
         self.kind = kind
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.max_unacked_bytes = max_unacked_bytes
         # A consumer holding this many unacknowledged messages gets no more until it
         # acknowledges (Pulsar's maxUnackedMessagesPerConsumer): its permits come back as
         # it receives, so without this a consumer that never acks would grow the broker.
         self.max_unacked = max_unacked
         self._consumers: dict[Hashable, _Consumer] = {}  # arrival order
         self._queue: collections.deque[Pending] = collections.deque()  # not yet delivered
+        self._queue_bytes = 0
         self._robin = 0
         self._ring: list[tuple[int, Hashable]] = []  # key_shared: (point, consumer)
         # key_shared: per slot, consumer -> its unacknowledged messages of the slot.
@@ -103,7 +119,7 @@ class Dispatch:
         back = sorted(gone.unacked.values(), key=lambda p: p.message_id)
         for pending in back:
             self._forget_slot(pending.slot, cid)
-        self._queue.extendleft(reversed(back))
+        self._queue_first(back)
         self._rebuild_ring()
 
     def unacked_of(self, cid: Hashable) -> list[Pending]:
@@ -115,9 +131,11 @@ class Dispatch:
         read is queued, and every consumer starts again without permits (each one
         reconnects and gives its own)."""
         self._queue.clear()
+        self._queue_bytes = 0
         self._slot_unacked.clear()
         for consumer in self._consumers.values():
             consumer.unacked.clear()
+            consumer.unacked_bytes = 0
             consumer.permits = 0
 
     def consumers(self) -> list[Hashable]:
@@ -136,19 +154,28 @@ class Dispatch:
 
     def wants_more(self) -> bool:
         """Whether reading another message from the cursor is useful now."""
-        if len(self._queue) >= self.max_pending:
+        if len(self._queue) >= self.max_pending or self._queue_bytes >= self.max_pending_bytes:
             return False
         return any(self._can_take(c) for c in self._receivers())
 
     def _can_take(self, consumer: _Consumer) -> bool:
-        return consumer.permits > 0 and len(consumer.unacked) < self.max_unacked
+        return (
+            consumer.permits > 0
+            and len(consumer.unacked) < self.max_unacked
+            and consumer.unacked_bytes < self.max_unacked_bytes
+        )
 
     def offer(self, pending: Pending) -> None:
         self._queue.append(pending)
+        self._queue_bytes += pending.size
 
     def redeliver(self, pendings: Iterable[Pending]) -> None:
         """Messages to deliver again before the others (a negative ack's, when due)."""
-        self._queue.extendleft(reversed(sorted(pendings, key=lambda p: p.message_id)))
+        self._queue_first(sorted(pendings, key=lambda p: p.message_id))
+
+    def _queue_first(self, pendings: list[Pending]) -> None:
+        self._queue.extendleft(reversed(pendings))
+        self._queue_bytes += sum(p.size for p in pendings)
 
     def ack(self, cid: Hashable, message_id: Hashable) -> Pending | None:
         consumer = self._consumers.get(cid)
@@ -156,6 +183,7 @@ class Dispatch:
             return None
         pending = consumer.unacked.pop(message_id, None)
         if pending is not None:
+            consumer.unacked_bytes -= pending.size
             self._forget_slot(pending.slot, cid)
         return pending
 
@@ -198,6 +226,8 @@ class Dispatch:
     ) -> None:
         consumer.permits -= 1
         consumer.unacked[pending.message_id] = pending
+        consumer.unacked_bytes += pending.size
+        self._queue_bytes -= pending.size
         out.append((consumer.cid, pending))
 
     # -- key_shared ---------------------------------------------------------------------

@@ -145,6 +145,12 @@ class NotEnoughBookiesError(StreamlibError):
     """Fewer writable bookies than the ensemble needs."""
 
 
+class TooManySessionsError(StreamlibError):
+    """A broker holds as many sessions (producers, consumers, readers) as it may, for
+    everyone or for this principal: retry later (the service client does, with
+    backoff), or close some."""
+
+
 class TooManyEnsembleChangesError(StreamlibError):
     """The writer hit its cap on ensemble changes for one ledger."""
 

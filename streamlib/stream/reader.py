@@ -257,6 +257,7 @@ LOOK_BACK_ENTRIES = 8  # entries read at a time looking back past no-ops for the
 FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
 READ_BYTES = 4 << 20  # ... up to about this many bytes (measured: 2-4 MiB reads beat 16 MiB)
 READ_AHEAD = 3  # ranges in flight while one is consumed
+RECEIVER_QUEUE_BYTES = 4 << 20  # payload bytes a consumer's or reader's queue reads ahead
 READ_RETRY_S = 30.0  # how long a read that no replica could serve is retried
 
 
@@ -571,16 +572,30 @@ def reading_failed(stream: str, error: Exception) -> StreamlibError:
     return failed
 
 
-class EntryQueue:
-    """Entries read ahead, up to `limit` messages in all (and always at least one
-    entry), or an error that ends the reading; and the entry messages are taken from now.
-    `ready` is set whenever an item is put (a consumer shares it with its redeliveries)."""
+def _payload_bytes(item: EntryMessages | BaseException) -> int:
+    return sum(map(len, item.payloads)) if isinstance(item, EntryMessages) else 0
 
-    def __init__(self, limit: int, ready: asyncio.Event | None = None, schema: Any = None) -> None:
+
+class EntryQueue:
+    """Entries read ahead, up to `limit` messages and `max_bytes` of payload in all (and
+    always at least one entry), or an error that ends the reading; and the entry messages
+    are taken from now. `ready` is set whenever an item is put (a consumer shares it with
+    its redeliveries). The bytes bound is what keeps a queue of large messages small: a
+    count alone let 1,000 messages of 100 KiB fill 100 MB."""
+
+    def __init__(
+        self,
+        limit: int,
+        ready: asyncio.Event | None = None,
+        schema: Any = None,
+        max_bytes: int = RECEIVER_QUEUE_BYTES,
+    ) -> None:
         self._schema = schema
         self._items: collections.deque[EntryMessages | BaseException] = collections.deque()
         self._limit = max(1, limit)
+        self._max_bytes = max(1, max_bytes)
         self._count = 0  # messages held
+        self._bytes = 0  # their payloads' bytes
         self.ready = ready or asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -607,13 +622,14 @@ class EntryQueue:
             await self.put(reading_failed(scanner.name, error))
 
     async def put(self, item: EntryMessages | BaseException) -> None:
-        while self._count >= self._limit:
+        while self._count >= self._limit or self._bytes >= self._max_bytes:
             self._room.clear()
             await self._room.wait()
         if self._schema is not None and isinstance(item, EntryMessages):
             item.schema = self._schema
         self._items.append(item)
         self._count += len(item) if isinstance(item, EntryMessages) else 1
+        self._bytes += _payload_bytes(item)
         self.ready.set()
 
     def take_nowait(self) -> Message | None:
@@ -628,6 +644,7 @@ class EntryQueue:
                 return None
             item = self._items.popleft()
             self._count -= len(item) if isinstance(item, EntryMessages) else 1
+            self._bytes -= _payload_bytes(item)
             self._room.set()
             if isinstance(item, BaseException):
                 raise item

@@ -14,6 +14,7 @@ class Message:
     def __init__(self, entry: int) -> None:
         self.message_id = MessageId(1, entry, 0)
         self.key = None
+        self.data = b"payload"
 
     def redelivered(self) -> Message:
         return self
