@@ -65,7 +65,7 @@ PERMANENT = {"BadRequestError", "UnauthorizedError", "UnauthenticatedError",
              "ProducerFencedError", "IncompatibleSchemaError", "NoSuchStreamError",
              "TooLargeError", "InvalidPositionError", "UnsupportedConsumerTypeError",
              "ProducerBusyError", "ConsumerBusyError", "InvalidNameError",
-             "ClientClosedError"}  # fmt: skip
+             "ClientClosedError", "InvalidSchemaError"}  # fmt: skip
 
 
 class SchemaChecked(StreamlibError):
