@@ -20,6 +20,10 @@ old one wrote) or gets IncompatibleSchemaError: the same type; for JSON, new fie
 with defaults and no field changing its type; for Avro the same schema (messages carry no
 schema version yet, and Avro needs the writer's schema to read); for Protobuf the same
 message type. A producer without a schema (bytes) may always write.
+
+Nothing is stored unchecked: validate_definition refuses (InvalidSchemaError, naming
+why) a definition that is not what its type says, and a stream's stored definition that
+fails it (stored before that check) makes a typed producer IncompatibleSchemaError.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import abc
 import dataclasses
 import io
 import json
+import re
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 import fastavro
@@ -37,7 +43,7 @@ import pydantic
 from google.protobuf.message import Message as ProtobufMessage
 from pydantic_core import PydanticUndefined
 
-from streamlib.protocol.errors import BadRequestError, StreamlibError
+from streamlib.protocol.errors import BadRequestError, InvalidSchemaError, StreamlibError
 
 T = TypeVar("T")
 
@@ -203,10 +209,7 @@ class AvroSchema(Schema[T]):
         else:
             self.record = record
             raw = _avro_of_record(record)
-        try:
-            self._parsed = fastavro.parse_schema(raw)
-        except Exception as error:  # fastavro's SchemaParseException and friends
-            raise BadRequestError(f"not an Avro schema: {error}") from None
+        self._parsed = _parsed_avro(raw)
         self._definition = json.dumps(raw, sort_keys=True)
 
     def encode(self, value: T) -> bytes:
@@ -277,15 +280,145 @@ class ProtobufSchema(Schema[T]):
             )
 
 
+# -- what a stream may keep ------------------------------------------------------------
+
+# The definition lives in the stream's metadata record, which the metadata store caps at
+# 1 MiB (metadata.MAX_VALUE_BYTES) together with the stream's ledger list: a quarter of
+# it, so a schema never crowds the ledgers out. What the schema types produce is far
+# smaller (JsonSchema's definition refers to nested models through $defs).
+MAX_DEFINITION_BYTES = 256 * 1024
+# Deep enough for any record a schema describes; shallow enough that nothing walking a
+# definition recursively (fastavro, the compatibility checks) nears Python's stack limit.
+MAX_DEFINITION_NESTING = 64
+# A protobuf definition is the message's full name (ProtobufSchema.definition).
+_PROTOBUF_FULL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects nest in a parsed JSON value (1: a flat object),
+    walked without recursion, stopping once past MAX_DEFINITION_NESTING."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack and deepest <= MAX_DEFINITION_NESTING:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _json_object(definition: str, kind: str) -> dict[str, Any]:
+    too_deep = f"{kind} schema nests deeper than {MAX_DEFINITION_NESTING} levels"
+    try:
+        parsed = json.loads(definition)
+    except RecursionError:  # (json.loads recurses; far past the limit, it gives up)
+        raise InvalidSchemaError(too_deep) from None
+    except ValueError as error:  # json.JSONDecodeError
+        raise InvalidSchemaError(f"{kind} schema is not JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidSchemaError(
+            f"{kind} schema is not a JSON object: it is a JSON {type(parsed).__name__}"
+        )
+    if _nesting(parsed) > MAX_DEFINITION_NESTING:
+        raise InvalidSchemaError(too_deep)
+    return parsed
+
+
+def _parsed_avro(schema: Any) -> Any:
+    try:
+        return fastavro.parse_schema(schema)
+    except Exception as error:  # SchemaParseException, UnknownType, KeyError, TypeError...
+        raise InvalidSchemaError(
+            f"an Avro schema fastavro refuses: {type(error).__name__}: {str(error)[:200]}"
+        ) from None
+
+
+def _check_json(definition: str) -> None:
+    """A JSON Schema object whose fields JsonSchema.check_compatible can compare."""
+    schema = _json_object(definition, "a JSON")
+    properties = schema.get("properties", {})
+    if not (isinstance(properties, dict) and all(isinstance(p, dict) for p in properties.values())):
+        raise InvalidSchemaError(
+            "a JSON schema's properties must be an object of field schemas (objects)"
+        )
+    required = schema.get("required", [])
+    if not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise InvalidSchemaError("a JSON schema's required must be a list of field names")
+
+
+def _check_avro(definition: str) -> None:
+    """An Avro schema as AvroSchema keeps one: a JSON object fastavro parses."""
+    _parsed_avro(_json_object(definition, "an Avro"))
+
+
+def _check_protobuf(definition: str) -> None:
+    if not _PROTOBUF_FULL_NAME.fullmatch(definition):
+        raise InvalidSchemaError(
+            f"a protobuf schema is a message's full name (package.Message), not {definition[:80]!r}"
+        )
+
+
+def _check_string(definition: str) -> None:
+    if definition:
+        raise InvalidSchemaError(
+            f"a string schema has no definition (it is UTF-8 text), got {definition[:80]!r}"
+        )
+
+
+# The types a stream keeps (a bytes producer has no schema, so nothing is stored for it).
+_CHECKS = {
+    JsonSchema.type_name: _check_json,
+    AvroSchema.type_name: _check_avro,
+    ProtobufSchema.type_name: _check_protobuf,
+    StringSchema.type_name: _check_string,
+}
+
+
+def validate_definition(type_name: str, definition: str) -> None:
+    """InvalidSchemaError, naming why, unless a stream may keep this schema: a type it
+    keeps (json, avro, protobuf, string), a definition of at most MAX_DEFINITION_BYTES,
+    and what that type's schema class would produce -- JSON: a JSON Schema object
+    (properties an object of objects, required a list of names); Avro: a JSON object
+    that fastavro parses; protobuf: a message's full name; string: none. JSON nests at
+    most MAX_DEFINITION_NESTING levels, checked without recursing over it."""
+    check = _CHECKS.get(type_name)
+    if check is None:
+        raise InvalidSchemaError(
+            f"unknown schema type {type_name[:40]!r}: a stream keeps one of "
+            f"{', '.join(_CHECKS)} (a bytes producer has no schema to keep)"
+        )
+    if not isinstance(definition, str):
+        raise InvalidSchemaError(f"a schema definition is a str, not {type(definition).__name__}")
+    try:
+        size = len(definition.encode())
+    except UnicodeEncodeError as error:  # (lone surrogates: no store keeps those)
+        raise InvalidSchemaError(f"the {type_name} schema is not UTF-8 text: {error}") from None
+    if size > MAX_DEFINITION_BYTES:
+        raise InvalidSchemaError(
+            f"the {type_name} schema is larger than {MAX_DEFINITION_BYTES} bytes ({size})"
+        )
+    check(definition)
+
+
 SCHEMA_TYPE = "schema.type"
 SCHEMA_DEFINITION = "schema.definition"
 
 
+def validate_schema_properties(properties: Mapping[str, str]) -> None:
+    """InvalidSchemaError unless the schema properties about to be stored (a stream's,
+    or a stream's to be) are none or a schema a stream may keep."""
+    if SCHEMA_TYPE in properties or SCHEMA_DEFINITION in properties:
+        validate_definition(properties.get(SCHEMA_TYPE, ""), properties.get(SCHEMA_DEFINITION, ""))
+
+
 def check_against(schema: Schema[Any], properties: dict[str, str]) -> dict[str, str] | None:
     """The stream properties to store for a producer's schema (None: nothing to store),
-    or IncompatibleSchemaError."""
+    InvalidSchemaError if the producer's definition is none a stream may keep, or
+    IncompatibleSchemaError (also when the stream's is: stored before that was checked)."""
     if isinstance(schema, BytesSchema):
         return None  # bytes write anywhere, as Pulsar's AUTO_PRODUCE_BYTES would not check
+    validate_definition(schema.type_name, schema.definition())
     stored_type = properties.get(SCHEMA_TYPE)
     if stored_type is None:
         return {SCHEMA_TYPE: schema.type_name, SCHEMA_DEFINITION: schema.definition()}
@@ -293,6 +426,13 @@ def check_against(schema: Schema[Any], properties: dict[str, str]) -> dict[str, 
         raise IncompatibleSchemaError(
             f"the stream's schema is {stored_type}; a {schema.type_name} producer may not write"
         )
+    try:
+        validate_definition(stored_type, properties.get(SCHEMA_DEFINITION, ""))
+    except InvalidSchemaError as error:
+        raise IncompatibleSchemaError(
+            f"the stream's {stored_type} schema is unusable: {error}; no {stored_type} "
+            f"producer can be checked against it (a producer without a schema may still write)"
+        ) from None
     schema.check_compatible(properties.get(SCHEMA_DEFINITION, ""))
     if properties.get(SCHEMA_DEFINITION) == schema.definition():
         return None

@@ -62,7 +62,7 @@ PERMANENT = {"BadRequestError", "UnauthorizedError", "UnauthenticatedError",
              "ProducerFencedError", "IncompatibleSchemaError", "NoSuchStreamError",
              "TooLargeError", "InvalidPositionError", "UnsupportedConsumerTypeError",
              "ProducerBusyError", "ConsumerBusyError", "InvalidNameError",
-             "ClientClosedError"}  # fmt: skip
+             "ClientClosedError", "InvalidSchemaError"}  # fmt: skip
 
 
 class SchemaChecked(StreamlibError):

@@ -119,6 +119,12 @@ class InvalidLedgerConfigError(BadRequestError):
     """Ledger creation parameters break E >= Qw >= Qa >= 1 (or another rule)."""
 
 
+class InvalidSchemaError(BadRequestError):
+    """A schema definition no stream may keep (streamlib.schema.validate_definition):
+    not what its type says -- not JSON, not a JSON object, nested or sized past the
+    limits, an Avro schema fastavro refuses, an unknown type. The message says which."""
+
+
 class IllegalTransitionError(StreamlibError):
     """A ledger state change the state table does not allow."""
 

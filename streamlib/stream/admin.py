@@ -173,7 +173,13 @@ class StreamManager:
     ) -> StreamMetadata:
         """Create a stream. What is not given comes from the cluster's defaults
         (defaults()). rollover: max_entries / max_bytes / max_age_ms; retention:
-        time_ms / size_bytes (0 = unlimited; see stream_rules for the exact rule)."""
+        time_ms / size_bytes (0 = unlimited; see stream_rules for the exact rule).
+        Schema properties (schema.type, schema.definition) must be a schema a stream may
+        keep (streamlib.schema.validate_definition), or InvalidSchemaError."""
+        if properties:
+            from streamlib.schema import validate_schema_properties
+
+            validate_schema_properties(properties)
         base = await self.defaults()
         config = base.ledger_config
         ensemble = config.ensemble_size if ensemble is None else ensemble
@@ -244,8 +250,12 @@ class StreamManager:
         client checks compatibility). None when the stream now has (type_name,
         definition): it had none, had it, or had `checked` -- the (type, definition) the
         client found it compatible with -- and now has it; otherwise the stored one
-        ({SCHEMA_TYPE: ..., SCHEMA_DEFINITION: ...}) for the client to check."""
-        from streamlib.schema import SCHEMA_DEFINITION, SCHEMA_TYPE
+        ({SCHEMA_TYPE: ..., SCHEMA_DEFINITION: ...}) for the client to check.
+        InvalidSchemaError, before anything is read or stored, for a definition no
+        stream may keep (the broker cannot judge compatibility, but it can judge that)."""
+        from streamlib.schema import SCHEMA_DEFINITION, SCHEMA_TYPE, validate_definition
+
+        validate_definition(type_name, definition)
 
         async def attempt() -> dict[str, str] | None:
             md, version = await self.read(name)

@@ -4,20 +4,28 @@ keeps the schema so an incompatible producer is refused before it takes the stre
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
+import grpc
 import pydantic
 import pytest
 
 import streamlib
 from metadata.schemas import LedgerConfig, Position
-from streamlib.errors import BadRequestError
+from streamlib.broker import broker_pb2 as pb
+from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.broker.client import FIRST_CONNECT_S
+from streamlib.errors import BadRequestError, InvalidSchemaError, NoSuchStreamError
 from streamlib.schema import (
+    SCHEMA_DEFINITION,
+    SCHEMA_TYPE,
     AvroSchema,
     BytesSchema,
     IncompatibleSchemaError,
     JsonSchema,
     ProtobufSchema,
+    Schema,
     SchemaDecodeError,
     StringSchema,
 )
@@ -112,3 +120,109 @@ def test_avro_protobuf_string_and_bytes(cluster):
                 reader.read_next(timeout=30).value()
         with client.create_reader("text") as plain:  # no schema: the bytes
             assert plain.read_next(timeout=30).value() == "grüße".encode()
+
+
+# -- definitions a stream may not keep ------------------------------------------------
+
+GARBAGE_FIRST_SCHEMAS = [
+    ("json", "{{{", "not JSON"),
+    ("json", "[]", "not a JSON object"),
+    ("json", "[" * 100_000 + "]" * 100_000, "deeper than 64"),
+    ("json", "[" * 300_000 + "]" * 300_000, "larger than"),
+    ("avro", '{"type": "nope"}', "fastavro refuses"),
+    ("bytes", "", "unknown schema type"),
+]
+
+
+class HandMadeJson(Schema[bytes]):
+    """A schema class of the user's own, whose definition is not a JSON object."""
+
+    type_name = "json"
+
+    def encode(self, value: bytes) -> bytes:
+        return value
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+    def definition(self) -> str:
+        return "[]"
+
+
+async def stored_schema(cluster, stream: str) -> tuple[str | None, str | None]:
+    properties = (await (await cluster.client()).streams.read(stream))[0].properties
+    return properties.get(SCHEMA_TYPE), properties.get(SCHEMA_DEFINITION)
+
+
+async def store_unchecked(cluster, stream: str, type_name: str, definition: str) -> None:
+    """A schema stored as streams were before definitions were checked (the stream's
+    metadata written as it is, past the rule)."""
+    streams = (await cluster.client()).streams
+    md, version = await streams.read(stream)
+    md.properties[SCHEMA_TYPE] = type_name
+    md.properties[SCHEMA_DEFINITION] = definition
+    await streams.registry.write(stream, md, version)
+
+
+async def test_the_service_stores_no_garbage_first_schema(cluster):
+    """A Produce open offering a first schema that is not what its type says is refused
+    with InvalidSchemaError, naming why, and the stream keeps no schema; a garbage one
+    stored before this check makes a typed producer IncompatibleSchemaError, not a
+    crash of its compatibility check."""
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        for type_name, definition, why in GARBAGE_FIRST_SCHEMAS:
+            call = stub.Produce()
+            opened = pb.ProducerOpen(
+                stream="raw", schema_type=type_name, schema_definition=definition
+            )
+            await call.write(pb.ProduceRequest(open=opened))
+            answer = await call.read()
+            assert answer.WhichOneof("kind") == "error", (type_name, definition[:12])
+            assert answer.error.code == "InvalidSchemaError"
+            assert why in answer.error.message
+            call.cancel()
+            assert await stored_schema(cluster, "raw") == (None, None)
+
+    client = await cluster.service_client()
+    async with asyncio.timeout(FIRST_CONNECT_S / 2):  # refused at once: nothing to retry
+        with pytest.raises(InvalidSchemaError, match="not a JSON object"):
+            await client.create_producer("raw", schema=HandMadeJson())
+    producer = await client.create_producer("raw", schema=JsonSchema(Order))
+    await producer.send(Order(1, "book"))
+    assert (await stored_schema(cluster, "raw"))[0] == "json"
+
+    await (await cluster.client()).streams.create("old")
+    await store_unchecked(cluster, "old", "json", "[]")
+    with pytest.raises(
+        IncompatibleSchemaError, match=r"json schema is unusable: .*not a JSON object"
+    ):
+        await client.create_producer("old", schema=JsonSchema(Order))
+    plain = await client.create_producer("old")  # bytes: no schema to check
+    await plain.send(b"still writable")
+
+
+async def test_direct_mode_stores_no_garbage_first_schema(cluster):
+    """The same rule without the service: a producer's hand-made schema, and a stream
+    created with schema properties, are checked before they are stored."""
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    with pytest.raises(InvalidSchemaError, match="not a JSON object"):
+        await client.create_producer("direct", schema=HandMadeJson())
+    assert await stored_schema(cluster, "direct") == (None, None)
+    with pytest.raises(InvalidSchemaError, match="not JSON"):
+        await client.streams.create(
+            "created", properties={SCHEMA_TYPE: "json", SCHEMA_DEFINITION: "{{{"}
+        )
+    with pytest.raises(NoSuchStreamError):
+        await client.streams.read("created")
+    producer = await client.create_producer("direct", schema=JsonSchema(Order))
+    await producer.send(Order(1, "book"))
+    assert (await stored_schema(cluster, "direct"))[0] == "json"
+
+    await client.streams.create("old")
+    await store_unchecked(cluster, "old", "avro", "{{{")
+    with pytest.raises(IncompatibleSchemaError, match=r"avro schema is unusable: .*not JSON"):
+        await client.create_producer("old", schema=AvroSchema(Order))
