@@ -376,7 +376,6 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             await self._exists(caller, opened.stream)
             owned = await self.broker.own(opened.stream)
-            await owned.ensure_writer()
             if opened.schema_type:
                 stored = await owned.client.streams.offer_schema(
                     opened.stream,
@@ -389,6 +388,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                         error=pb.Error(code="SchemaCheckNeeded", message=json.dumps(stored))
                     )
                     return
+            await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
             session = await owned.add_producer(
                 opened.producer_name, opened.access_mode or "shared", resume=opened.resume
             )

@@ -32,7 +32,7 @@ from streamlib.protocol.errors import UnauthorizedError
 class Operation(enum.Enum):
     LOOKUP = "look the stream up"
     CREATE = "create the stream"
-    PRODUCE = "produce to the stream (the broker takes it over, fencing any other writer)"
+    PRODUCE = "produce to (take over, fencing any other writer) the stream"
     CONSUME = "consume the subscription"
     READ = "read the stream without a subscription"
     MANAGE_SUBSCRIPTION = "seek, reset, skip or unsubscribe the subscription"
@@ -106,7 +106,7 @@ def check(
     if may(caller, operation, stream, subscription):
         return
     where = f" {stream!r}" if stream else ""
-    if subscription is not None:
+    if subscription is not None and operation in (Operation.CONSUME, Operation.MANAGE_SUBSCRIPTION):
         where += f" subscription {subscription!r}"
     allowed = sorted(ROLES_ALLOWED[operation])
     grant = (
