@@ -625,3 +625,71 @@ def test_a_consumer_that_never_acknowledges_stops_getting_messages_at_max_unacke
     assert not dispatch.wants_more()  # permits, but nothing more may go to it
     dispatch.ack("c", 0)
     assert [p.message_id for _, p in dispatch.deliveries()] == [3]
+
+
+# -- byte budgets -----------------------------------------------------------------------
+
+
+def sized(message_id, size, slot=0):
+    return Pending(f"m{message_id}", message_id, slot, size)
+
+
+@pytest.mark.parametrize("kind", [Kind.EXCLUSIVE, Kind.SHARED, Kind.KEY_SHARED])
+def test_a_consumer_granting_every_permit_and_never_acking_holds_at_most_its_byte_budget(kind):
+    dispatch = Dispatch(kind, max_pending_bytes=10_000, max_unacked_bytes=3_000)
+    dispatch.add("c", "c", kind)
+    dispatch.flow("c", 2**32 - 1)
+    held = 0
+    for message_id in range(100):
+        if not dispatch.wants_more():
+            break
+        dispatch.offer(sized(message_id, 1_000))
+        held += sum(p.size for _, p in dispatch.deliveries())
+    assert held == 3_000  # three of 1,000 bytes, then nothing more until acks
+    assert not dispatch.wants_more()
+    dispatch.ack("c", 0)
+    assert dispatch.wants_more()
+
+
+def test_the_read_ahead_is_bounded_by_bytes():
+    """Messages read and not yet handed out (a key_shared slot waiting for its owner,
+    say) stop the reading at max_pending_bytes, however few they are."""
+    dispatch = Dispatch(Kind.SHARED, max_pending=1000, max_pending_bytes=5_000)
+    dispatch.add("c", "c", Kind.SHARED)
+    dispatch.flow("c", 1000)
+    offered = 0
+    while dispatch.wants_more() and offered < 100:
+        dispatch.offer(sized(offered, 2_000))
+        offered += 1
+    assert offered == 3  # 6,000 bytes queued >= the 5,000 budget
+    assert len(dispatch.deliveries()) == 3
+    assert dispatch.wants_more()
+
+
+def test_a_message_larger_than_a_budget_still_goes_alone():
+    dispatch = Dispatch(Kind.EXCLUSIVE, max_pending_bytes=100, max_unacked_bytes=100)
+    dispatch.add("c", "c", Kind.EXCLUSIVE)
+    dispatch.flow("c", 10)
+    dispatch.offer(sized(0, 1_000_000))
+    assert ids_of(dispatch.deliveries()) == [("c", 0)]
+    dispatch.offer(sized(1, 10))
+    assert dispatch.deliveries() == []  # over budget until the big one is acknowledged
+    dispatch.ack("c", 0)
+    assert ids_of(dispatch.deliveries()) == [("c", 1)]
+
+
+def test_bytes_come_back_when_a_consumer_leaves_or_the_cursor_is_reset():
+    dispatch = Dispatch(Kind.SHARED, max_unacked_bytes=2_000, max_pending_bytes=10_000)
+    for cid in ("a", "b"):
+        dispatch.add(cid, cid, Kind.SHARED)
+    dispatch.flow("a", 10)
+    for message_id in range(3):
+        dispatch.offer(sized(message_id, 1_000))
+    assert ids_of(dispatch.deliveries()) == [("a", 0), ("a", 1)]
+    dispatch.remove("a")  # its two go back first, with the third still queued
+    dispatch.flow("b", 10)
+    assert ids_of(dispatch.deliveries()) == [("b", 0), ("b", 1)]
+    dispatch.reset()
+    dispatch.flow("b", 10)
+    dispatch.offer(sized(9, 1_000))
+    assert ids_of(dispatch.deliveries()) == [("b", 9)]
