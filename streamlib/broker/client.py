@@ -76,6 +76,9 @@ def channel_options() -> list[tuple[str, Any]]:
         # A broker that stops answering (SIGSTOP, a partition) is noticed within seconds.
         ("grpc.keepalive_time_ms", 2_000),
         ("grpc.keepalive_timeout_ms", 2_000),
+        # gRPC's own timeout for a ping's answer: 60 s unless set (the keepalive timeout
+        # alone leaves a SIGSTOPped broker unnoticed for a minute).
+        ("grpc.http2.ping_timeout_ms", 2_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]

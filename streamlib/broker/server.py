@@ -813,6 +813,7 @@ def server_options() -> list[tuple[str, Any]]:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.http2.ping_timeout_ms", 5_000),  # (gRPC's default: 60 s; see client.py)
         ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]

@@ -66,3 +66,29 @@ async def test_a_writer_notices_a_frozen_bookie_by_keepalive_and_replaces_it(
     assert len(closed.fragments) == 2
     reader = await (await cluster.client()).ledgers.open(writer.ledger_id)
     assert await reader.read(0, entry_id) == [*before, b"while frozen"]
+
+
+async def test_a_consumer_notices_a_frozen_broker_by_keepalive_and_follows_its_stream(
+    cluster: LedgerCluster,
+) -> None:
+    """Brokers send no per-session heartbeats: the channel's keepalive (ping every 2 s,
+    answer within 2 s) is what notices a broker that stops answering. The consumer's
+    session must end within that bound plus slack -- not after gRPC's default 60 s ping
+    timeout -- and the consumer reconnects on its own."""
+    cluster.start_bookies(3)
+    frozen_broker = cluster.start_brokers(1)[0]
+    client = await cluster.service_client()
+    consumer = await client.subscribe("kept", "s", "earliest")
+    assert consumer.reconnects == 0
+    os.kill(frozen_broker.pid, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(2.0 + 2.0 + 10.0):
+            while consumer.reconnects == 0:  # (bounded by the timeout above)
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail("the frozen broker was not noticed within 14 s")
+    finally:
+        os.kill(frozen_broker.pid, signal.SIGCONT)
+    producer = await client.create_producer("kept")
+    sent = await producer.send(b"after")
+    assert (await consumer.receive(timeout=60)).message_id == sent
