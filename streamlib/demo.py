@@ -96,26 +96,38 @@ async def _demo(
 
 
 SERVICE_STREAM = "demo-jobs"
+# (Credentials reach the producer processes in their environment, STREAMLIB_TOKEN and
+# STREAMLIB_TLS_CA, never on their command line: every local user can read that.)
 PRODUCER_SCRIPT = """
-import json, sys, streamlib
-options = json.loads(sys.argv[3])
-client = streamlib.connect(sys.argv[1], **options)
-producer = client.create_producer(sys.argv[2], producer_name=sys.argv[4])
-for i in range(int(sys.argv[5])):
-    producer.send_async(b"%s job %d" % (sys.argv[4].encode(), i))
+import sys, streamlib
+client = streamlib.connect(sys.argv[1])
+producer = client.create_producer(sys.argv[2], producer_name=sys.argv[3])
+for i in range(int(sys.argv[4])):
+    producer.send_async(b"%s job %d" % (sys.argv[3].encode(), i))
 producer.flush()
 client.close()
 """
 
 
-async def _service_demo(service_url: str, messages: int, writer: dict[str, Any]) -> None:
+async def _service_demo(
+    metadata_uri: str, service_url: str, messages: int, writer: dict[str, Any]
+) -> None:
     """Two producer processes on one stream through the broker, and a shared
     subscription with two consumers splitting the work."""
-    import json
+    import os
     import subprocess
     import sys
 
+    # Made first, as a secure cluster wants (its brokers create no stream on first use).
+    async with await Client.connect(metadata_uri, **writer) as direct:
+        if SERVICE_STREAM not in await direct.streams.list():
+            await direct.streams.create(SERVICE_STREAM)
     client = await Client.connect(service_url, **writer)
+    environment = dict(os.environ)
+    if "token" in writer:
+        environment["STREAMLIB_TOKEN"] = writer["token"]
+    if "tls_ca" in writer:
+        environment["STREAMLIB_TLS_CA"] = writer["tls_ca"]
     try:
         consumers = [
             await client.subscribe(SERVICE_STREAM, "workers", "earliest", consumer_type="shared")
@@ -132,10 +144,10 @@ async def _service_demo(service_url: str, messages: int, writer: dict[str, Any])
                     PRODUCER_SCRIPT,
                     service_url,
                     SERVICE_STREAM,
-                    json.dumps(writer),
                     name,
                     str(per_producer),
-                ]
+                ],
+                env=environment,
             )
             for name in ("web-1", "web-2")
         ]
@@ -172,6 +184,6 @@ def run_demo(
 ) -> int:
     asyncio.run(_demo(metadata_uri, messages, writer or {}, reader))
     if service_url is not None:
-        asyncio.run(_service_demo(service_url, messages, writer or {}))
+        asyncio.run(_service_demo(metadata_uri, service_url, messages, writer or {}))
     print("demo finished: OK")
     return 0
