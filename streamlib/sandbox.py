@@ -227,6 +227,10 @@ class SecureSetup:
         self.broker_token = make_token(secret, "broker")
         for principal, token in self.tokens.items():
             write_private(directory / f"{principal}.token", token.encode())
+        # The broker reads its token from a file: a command line is every local user's.
+        self.broker_token_file = write_private(
+            directory / "broker.token", self.broker_token.encode()
+        )
 
     def bookie_args(self) -> list[str]:
         return [
@@ -244,7 +248,7 @@ class SecureSetup:
             "--tls-key", str(self.certs.server_key),
             "--tls-ca", str(self.certs.ca),
             "--auth-token-secret-file", str(self.secret_file),
-            "--token", self.broker_token,
+            "--token", f"file:{self.broker_token_file}",
         ]  # fmt: skip
 
     async def grant_roles(self, metadata_uri: str) -> None:

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any
 
+from streamlib.commands.common import token_source
+
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
 
@@ -32,7 +34,13 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     serve.add_argument("--tls-key", help="PEM key of --tls-cert")
     serve.add_argument("--tls-ca", help="PEM CA: bookies' (and, with --tls-client-auth, clients')")
     serve.add_argument("--tls-client-auth", action="store_true", help="require client certificates")
-    serve.add_argument("--token", help="JWT the broker presents to bookies ($STREAMLIB_TOKEN)")
+    serve.add_argument(
+        "--token",
+        metavar="file:PATH|env:NAME",
+        type=token_source,
+        help="where the JWT the broker presents to bookies is (default: $STREAMLIB_TOKEN or "
+        "$STREAMLIB_TOKEN_FILE); never the token itself, which every local user would see",
+    )
     serve.add_argument(
         "--auth-token-secret-file",
         help="authenticate clients by HS256 tokens signed with this secret (as the bookies)",

@@ -277,10 +277,11 @@ async def test_the_broker_authenticates_and_authorizes_as_the_bookies_do(
     the bookies as its own principal."""
     await secure.set_roles("broker", ["write"])
     certs = secure.certs
+    broker_token = write_private(tmp_path / "broker.token", secure.token("broker").encode())
     secure.cluster.start_brokers(1, extra=[
         "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-ca", str(certs.ca), "--auth-token-secret-file", str(tmp_path / "token.key"),
-        "--token", secure.token("broker"),
+        "--token", f"file:{broker_token}",
     ])  # fmt: skip
 
     async def service(principal: str | None, **options: object) -> Any:
