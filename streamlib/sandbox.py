@@ -36,6 +36,15 @@ DEFAULT_PORT_BASE = 3181  # BookKeeper's bookie port
 DEFAULT_BROKER_PORT = 6650  # Pulsar's broker port
 
 
+def make_private_dir(path: Path) -> Path:
+    """path as a directory only its owner may enter (0700), made if absent. Its parents,
+    made if absent, get the default mode (they may be shared, as the home directory is);
+    an existing directory keeps its mode (it may be the user's own, given by --data-dir)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def default_metadata_uri(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     return f"sqlite://{data_dir.resolve() / 'meta.db'}"
 
@@ -64,7 +73,9 @@ class Sandbox:
         self.data_dir = data_dir.resolve()
         self.metadata_uri = metadata_uri or default_metadata_uri(self.data_dir)
         self.port_base = port_base
-        self.security = SecureSetup(self.data_dir / "security") if secure else None
+        self.security: SecureSetup | None = None
+        if secure:  # (its credentials are made now, inside a private data directory)
+            self.security = SecureSetup(make_private_dir(self.data_dir) / "security")
         if self.security is not None:
             extra_bookie_args = [*self.security.bookie_args(), *(extra_bookie_args or [])]
         self.processes = [
@@ -90,7 +101,7 @@ class Sandbox:
         ]
 
     def start(self, timeout_s: float = 60.0) -> Sandbox:
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(self.data_dir)
         if self.security is not None:
             asyncio.run(self.security.grant_roles(self.metadata_uri))  # before bookies serve
         try:
