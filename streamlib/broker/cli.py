@@ -142,9 +142,11 @@ async def _access_control(args: argparse.Namespace, client: Any) -> Any:
     tokens = None
     if secret is not None or public is not None:
         tokens = TokenVerifier.from_files(
-            Path(secret) if secret else None, Path(public) if public else None
+            Path(secret) if secret else None, Path(public) if public else None, server="broker"
         )
-    access = AccessControl(_BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth)
+    access = AccessControl(
+        _BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth, server="broker"
+    )
     ready = asyncio.Event()
     task = asyncio.get_running_loop().create_task(follow_principals(client.store, access, ready))
     _FOLLOWING.add(task)  # (a reference, so the task lives as long as the broker)
