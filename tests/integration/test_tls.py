@@ -4,12 +4,16 @@ tls_ca / tls_cert / tls_key). Certificates come from tests/tls_certs.py."""
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 import metadata
 from bookie.cli import main as bookie_main
+from bookie.launcher import BookieProcess
 from bookie.server import BookieConfig
 from metadata.services.principals import PrincipalRoles
 from streamlib.client import Client
@@ -146,3 +150,40 @@ async def test_expired_certificates_are_refused_and_say_so(cluster: LedgerCluste
     with pytest.raises(BookieUnavailableError, match=r"TLS handshake.*certificate has expired"):
         await client.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
     assert cluster.bookies[0].proc is not None and cluster.bookies[0].proc.poll() is None
+
+
+def certs_outside_their_validity(tmp_path: Path, when: str) -> CertFiles:
+    """Certificates that expired a month ago, or become valid tomorrow."""
+    now = datetime.datetime.now(datetime.UTC)
+    start = now - datetime.timedelta(days=30) if when == "expired" else now + datetime.timedelta(1)
+    return make_certs(tmp_path / when, not_before=start, valid_days=1)
+
+
+def assert_names_the_certificate_and_its_dates(stderr: str, certs: CertFiles, when: str) -> None:
+    cert = x509.load_pem_x509_certificate(certs.server_cert.read_bytes())
+    utc = "%Y-%m-%d %H:%M:%S UTC"
+    assert str(certs.server_cert) in stderr, stderr
+    assert cert.not_valid_before_utc.strftime(utc) in stderr, stderr
+    assert cert.not_valid_after_utc.strftime(utc) in stderr, stderr
+    assert ("expired" if when == "expired" else "not valid yet") in stderr, stderr
+
+
+@pytest.mark.parametrize("when", ["expired", "not_yet_valid"])
+def test_a_bookie_refuses_to_start_with_a_certificate_outside_its_validity(tmp_path, when):
+    certs = certs_outside_their_validity(tmp_path, when)
+    bookie = BookieProcess(tmp_path / "data", extra=tls_flags(certs))
+    code, stderr = bookie.run_to_exit(timeout_s=30)  # (it used to serve: a timeout)
+    assert code == 1
+    assert_names_the_certificate_and_its_dates(stderr, certs, when)
+
+
+@pytest.mark.parametrize("when", ["expired", "not_yet_valid"])
+def test_a_broker_refuses_to_start_with_a_certificate_outside_its_validity(tmp_path, when):
+    certs = certs_outside_their_validity(tmp_path, when)
+    broker = subprocess.run(
+        [sys.executable, "-m", "streamlib", "broker", "--metadata",
+         f"sqlite://{tmp_path / 'meta.db'}", "--port", "0", *tls_flags(certs)],
+        capture_output=True, text=True, timeout=30,  # (it used to serve: a timeout)
+    )  # fmt: skip
+    assert broker.returncode == 1
+    assert_names_the_certificate_and_its_dates(broker.stderr, certs, when)
