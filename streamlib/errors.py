@@ -9,6 +9,7 @@ sits below streamlib and imports nothing of ours.
 from streamlib.protocol.errors import (
     BadRequestError,
     BookieIOError,
+    BookieTlsError,
     BookieUnavailableError,
     BrokerUnavailableError,
     ClientClosedError,
@@ -34,6 +35,7 @@ from streamlib.protocol.errors import (
     StreamFencedError,
     StreamlibError,
     TimeoutError,
+    TlsError,
     TooLargeError,
     TooManyEnsembleChangesError,
     TooManyRequestsError,
@@ -46,6 +48,7 @@ from streamlib.protocol.errors import (
 __all__ = [
     "BadRequestError",
     "BookieIOError",
+    "BookieTlsError",
     "BookieUnavailableError",
     "BrokerUnavailableError",
     "ClientClosedError",
@@ -71,6 +74,7 @@ __all__ = [
     "StreamFencedError",
     "StreamlibError",
     "TimeoutError",
+    "TlsError",
     "TooLargeError",
     "TooManyEnsembleChangesError",
     "TooManyRequestsError",
