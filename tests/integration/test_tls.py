@@ -71,9 +71,16 @@ async def test_client_trusting_the_ca_writes_and_reads_over_tls(cluster: LedgerC
 @pytest.mark.timeout(60)
 async def test_a_plaintext_client_is_told_the_bookie_speaks_tls(cluster: LedgerCluster, certs):
     [bookie] = cluster.start_bookies(1, extra=tls_flags(certs))
-    ledger_id = await closed_ledger(await cluster.client(tls_ca=str(certs.ca)))
+    trusted = await cluster.client(tls_ca=str(certs.ca))
+    ledger_id = await closed_ledger(trusted)
     plaintext = await cluster.client()
     await assert_told(plaintext, ledger_id, f"{bookie.address} speaks TLS", "tls_ca=")
+    # Recovering a live writer's ledger says so too, before it marks anything.
+    live = await trusted.ledgers.create(ensemble=1, write_quorum=1, ack_quorum=1)
+    with pytest.raises(TlsError, match="speaks TLS"):
+        await plaintext.ledgers.open(live.ledger_id)
+    assert (await trusted.ledgers.metadata(live.ledger_id)).state.name == "OPEN"
+    assert await live.append(b"still the writer's") == 0
 
 
 @pytest.mark.timeout(60)
