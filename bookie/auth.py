@@ -45,9 +45,16 @@ _LOGGED_MAX = 4096
 class TokenVerifier:
     """Verifies JWTs signed with the cluster's key (HS256 secret or RS256 public key)."""
 
-    def __init__(self, *, secret: bytes | None = None, public_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        secret: bytes | None = None,
+        public_key: bytes | None = None,
+        server: str = "bookie",  # what refusals call the server (the broker reuses this)
+    ) -> None:
         if (secret is None) == (public_key is None):
             raise ValueError("token authentication needs a secret key or a public key (one)")
+        self.server = server
         self._key: Any = secret if secret is not None else public_key
         self._algorithms = ["HS256"] if secret is not None else ["RS256"]
         # token -> (principal, expiry or None): a verified signature needs no second check,
@@ -56,7 +63,11 @@ class TokenVerifier:
 
     @classmethod
     def from_files(
-        cls, secret_file: Path | None = None, public_key_file: Path | None = None
+        cls,
+        secret_file: Path | None = None,
+        public_key_file: Path | None = None,
+        *,
+        server: str = "bookie",
     ) -> TokenVerifier:
         def read(path: Path, what: str) -> bytes:
             try:
@@ -65,10 +76,13 @@ class TokenVerifier:
                 raise ValueError(f"cannot read the token {what} {path}: {e.strerror}") from e
 
         if secret_file is not None:
-            return cls(secret=read(secret_file, "secret key (--auth-token-secret-file)"))
+            return cls(
+                secret=read(secret_file, "secret key (--auth-token-secret-file)"), server=server
+            )
         if public_key_file is not None:
             return cls(
-                public_key=read(public_key_file, "public key (--auth-token-public-key-file)")
+                public_key=read(public_key_file, "public key (--auth-token-public-key-file)"),
+                server=server,
             )
         raise ValueError(
             "token authentication needs --auth-token-secret-file or ...-public-key-file"
@@ -100,7 +114,7 @@ class TokenVerifier:
             )
         except jwt.InvalidAlgorithmError:
             raise UnauthenticatedError(
-                f"token is signed with an algorithm this bookie does not accept "
+                f"token is signed with an algorithm this {self.server} does not accept "
                 f"(it accepts {self._algorithms[0]})",
                 kind="algorithm",
             ) from None
@@ -155,10 +169,12 @@ class AccessControl:
         *,
         tokens: TokenVerifier | None = None,
         certificates: bool = False,
+        server: str = "bookie",  # what refusals call the server: the broker reuses this
     ) -> None:
         self.metrics = metrics
         self.tokens = tokens
         self.certificates = certificates
+        self.server = server
         self.roles: dict[str, frozenset[str]] = {}
         self._logged: set[tuple[str, str]] = set()
 
@@ -171,7 +187,7 @@ class AccessControl:
 
     def principal(self, context: Any) -> str | None:
         """Who makes this call (None: authentication is off). UnauthenticatedError when
-        it is on and the call names nobody this bookie accepts."""
+        it is on and the call names nobody this server accepts."""
         if not self.enabled:
             return None
         try:
@@ -184,7 +200,7 @@ class AccessControl:
                 if name:
                     return name
             raise UnauthenticatedError(
-                "no credentials: this bookie requires "
+                f"no credentials: this {self.server} requires "
                 + ("a token" if self.tokens is not None else "")
                 + (" or " if self.tokens is not None and self.certificates else "")
                 + ("a client certificate" if self.certificates else ""),

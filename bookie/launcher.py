@@ -27,6 +27,15 @@ class BookieStartError(RuntimeError):
     """``bookie serve`` exited or stayed silent instead of serving."""
 
 
+def open_private_log(path: Path) -> int:
+    """A child's stderr log (a file descriptor), appended to and readable by its owner
+    only, whatever the umask: it names principals, addresses and files. An existing log
+    is tightened to 0600 too (O_CREAT leaves its mode alone)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 class BookieProcess:
     def __init__(
         self, data_dir: Path, *, metadata_uri: str | None = None, extra: list[str] | None = None
@@ -64,12 +73,14 @@ class BookieProcess:
         """Start (or restart, on the same port by default) and wait for the listening line."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         use_port = self.port if port is None else port
-        stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - the child owns it
+        stderr = open_private_log(self.stderr_path)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        self.proc = subprocess.Popen(
-            self.command(use_port), stdout=subprocess.PIPE, stderr=stderr, env=env
-        )
-        stderr.close()
+        try:
+            self.proc = subprocess.Popen(
+                self.command(use_port), stdout=subprocess.PIPE, stderr=stderr, env=env
+            )
+        finally:
+            os.close(stderr)  # the child has its own copy
         assert self.proc.stdout is not None
         line = self._read_line(timeout_s)
         m = _LISTENING.match(line)

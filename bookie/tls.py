@@ -5,10 +5,15 @@ The gRPC port re-reads its certificates without a restart: gRPC asks for its cer
 configuration at every new handshake (``dynamic_ssl_server_credentials``) and gets a
 fresh one when a file's modification time changed (connections already open keep theirs).
 The HTTP port loads its context at start.
+
+A server (a bookie, a broker) refuses to start with a certificate outside its validity:
+every client would refuse it, each with a handshake error far from the cause. A
+certificate that a reload brings in is only warned about (clients then refuse it).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import ssl
 from dataclasses import dataclass
@@ -18,12 +23,47 @@ import grpc
 
 log = logging.getLogger(__name__)
 
+CERT_OPTION = "certificate (--tls-cert)"
+
 
 def read_pem(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
         raise ValueError(f"cannot read the TLS {what} {path}: {e.strerror}") from e
+
+
+def _utc(when: datetime.datetime) -> str:
+    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def check_certificate_dates(
+    path: Path, what: str = CERT_OPTION, now: datetime.datetime | None = None
+) -> None:
+    """ValueError, naming the file and the dates (UTC), unless every certificate in the
+    PEM file at path (a server's, and the intermediates after it) is valid now."""
+    from cryptography import x509
+
+    try:
+        certificates = x509.load_pem_x509_certificates(read_pem(path, what))
+    except ValueError as e:
+        raise ValueError(f"the TLS {what} {path} holds no PEM certificate: {e}") from None
+    now = now or datetime.datetime.now(datetime.UTC)
+    for cert in certificates:
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        which = f"the TLS {what} {path}"
+        if len(certificates) > 1:
+            which += f" ({cert.subject.rfc4514_string()})"
+        span = f"valid from {_utc(start)} to {_utc(end)}; now is {_utc(now)}"
+        if now > end:
+            raise ValueError(
+                f"{which} expired at {_utc(end)} ({span}): clients refuse it; renew it"
+            )
+        if now < start:
+            raise ValueError(
+                f"{which} is not valid yet ({span}): clients refuse it; check this host's "
+                f"clock, or use a certificate valid now"
+            )
 
 
 @dataclass
@@ -46,14 +86,16 @@ class TlsFiles:
             [
                 (
                     read_pem(self.key, "key (--tls-key)"),
-                    read_pem(self.cert, "certificate (--tls-cert)"),
+                    read_pem(self.cert, CERT_OPTION),
                 )
             ],
             root_certificates=ca,
         )
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
-        """Credentials that pick up new certificate files at the next handshake."""
+        """Credentials that pick up new certificate files at the next handshake.
+        ValueError when the certificate is not valid now (a server must not start)."""
+        check_certificate_dates(self.cert)
         stamp = [self._stamp()]
 
         def fetch() -> grpc.ServerCertificateConfiguration | None:
@@ -67,6 +109,10 @@ class TlsFiles:
                 return None
             stamp[0] = now
             log.info("TLS certificate files changed: new handshakes use them")
+            try:
+                check_certificate_dates(self.cert)
+            except ValueError as e:  # (served anyway: it is what the operator put there)
+                log.warning("%s", e)
             return config
 
         return grpc.dynamic_ssl_server_credentials(
@@ -78,7 +124,7 @@ class TlsFiles:
     def ssl_context(self) -> ssl.SSLContext:
         """The HTTP port's server context (client certificates verified against ca and,
         with client_auth, required)."""
-        read_pem(self.cert, "certificate (--tls-cert)")  # a clear error for a missing file
+        read_pem(self.cert, CERT_OPTION)  # a clear error for a missing file
         read_pem(self.key, "key (--tls-key)")
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -9,6 +9,7 @@ sits below streamlib and imports nothing of ours.
 from streamlib.protocol.errors import (
     BadRequestError,
     BookieIOError,
+    BookieTlsError,
     BookieUnavailableError,
     BrokerUnavailableError,
     ClientClosedError,
@@ -35,6 +36,7 @@ from streamlib.protocol.errors import (
     StreamFencedError,
     StreamlibError,
     TimeoutError,
+    TlsError,
     TooLargeError,
     TooManyEnsembleChangesError,
     TooManyRequestsError,
@@ -48,6 +50,7 @@ from streamlib.protocol.errors import (
 __all__ = [
     "BadRequestError",
     "BookieIOError",
+    "BookieTlsError",
     "BookieUnavailableError",
     "BrokerUnavailableError",
     "ClientClosedError",
@@ -74,6 +77,7 @@ __all__ = [
     "StreamFencedError",
     "StreamlibError",
     "TimeoutError",
+    "TlsError",
     "TooLargeError",
     "TooManyEnsembleChangesError",
     "TooManyRequestsError",

@@ -36,6 +36,15 @@ DEFAULT_PORT_BASE = 3181  # BookKeeper's bookie port
 DEFAULT_BROKER_PORT = 6650  # Pulsar's broker port
 
 
+def make_private_dir(path: Path) -> Path:
+    """path as a directory only its owner may enter (0700), made if absent. Its parents,
+    made if absent, get the default mode (they may be shared, as the home directory is);
+    an existing directory keeps its mode (it may be the user's own, given by --data-dir)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def default_metadata_uri(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     return f"sqlite://{data_dir.resolve() / 'meta.db'}"
 
@@ -64,7 +73,9 @@ class Sandbox:
         self.data_dir = data_dir.resolve()
         self.metadata_uri = metadata_uri or default_metadata_uri(self.data_dir)
         self.port_base = port_base
-        self.security = SecureSetup(self.data_dir / "security") if secure else None
+        self.security: SecureSetup | None = None
+        if secure:  # (its credentials are made now, inside a private data directory)
+            self.security = SecureSetup(make_private_dir(self.data_dir) / "security")
         if self.security is not None:
             extra_bookie_args = [*self.security.bookie_args(), *(extra_bookie_args or [])]
         self.processes = [
@@ -90,7 +101,7 @@ class Sandbox:
         ]
 
     def start(self, timeout_s: float = 60.0) -> Sandbox:
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dir(self.data_dir)
         if self.security is not None:
             asyncio.run(self.security.grant_roles(self.metadata_uri))  # before bookies serve
         try:
@@ -227,6 +238,10 @@ class SecureSetup:
         self.broker_token = make_token(secret, "broker")
         for principal, token in self.tokens.items():
             write_private(directory / f"{principal}.token", token.encode())
+        # The broker reads its token from a file: a command line is every local user's.
+        self.broker_token_file = write_private(
+            directory / "broker.token", self.broker_token.encode()
+        )
 
     def bookie_args(self) -> list[str]:
         return [
@@ -237,14 +252,16 @@ class SecureSetup:
         ]  # fmt: skip
 
     def broker_args(self) -> list[str]:
-        """A broker serves TLS, takes the same tokens as the bookies, and writes to the
-        bookies as the principal "broker"."""
+        """A broker serves TLS, takes the same tokens as the bookies, writes to the
+        bookies as the principal "broker", and creates no stream on first use (streams
+        are made by `streamlib admin streams create`, as a production cluster's)."""
         return [
             "--tls-cert", str(self.certs.server_cert),
             "--tls-key", str(self.certs.server_key),
             "--tls-ca", str(self.certs.ca),
             "--auth-token-secret-file", str(self.secret_file),
-            "--token", self.broker_token,
+            "--token", f"file:{self.broker_token_file}",
+            "--allow-auto-create", "false",
         ]  # fmt: skip
 
     async def grant_roles(self, metadata_uri: str) -> None:

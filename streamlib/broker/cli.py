@@ -19,6 +19,7 @@ from streamlib.broker.access import (
     Budgets,
     SessionLimits,
 )
+from streamlib.commands.common import token_source
 
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
@@ -40,7 +41,13 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     serve.add_argument("--tls-key", help="PEM key of --tls-cert")
     serve.add_argument("--tls-ca", help="PEM CA: bookies' (and, with --tls-client-auth, clients')")
     serve.add_argument("--tls-client-auth", action="store_true", help="require client certificates")
-    serve.add_argument("--token", help="JWT the broker presents to bookies ($STREAMLIB_TOKEN)")
+    serve.add_argument(
+        "--token",
+        metavar="file:PATH|env:NAME",
+        type=token_source,
+        help="where the JWT the broker presents to bookies is (default: $STREAMLIB_TOKEN or "
+        "$STREAMLIB_TOKEN_FILE); never the token itself, which every local user would see",
+    )
     serve.add_argument(
         "--auth-token-secret-file",
         help="authenticate clients by HS256 tokens signed with this secret (as the bookies)",
@@ -208,9 +215,11 @@ async def _access_control(args: argparse.Namespace, client: Any) -> BrokerAccess
     tokens = None
     if secret is not None or public is not None:
         tokens = TokenVerifier.from_files(
-            Path(secret) if secret else None, Path(public) if public else None
+            Path(secret) if secret else None, Path(public) if public else None, server="broker"
         )
-    control = AccessControl(_BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth)
+    control = AccessControl(
+        _BrokerMetrics(), tokens=tokens, certificates=args.tls_client_auth, server="broker"
+    )
     access = BrokerAccess(control)
     loop = asyncio.get_running_loop()
     roles_read, grants_read = asyncio.Event(), asyncio.Event()

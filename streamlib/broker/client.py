@@ -37,6 +37,7 @@ from streamlib.protocol.errors import (
     ClientClosedError,
     StreamlibError,
     TimeoutError,
+    TlsError,
 )
 from streamlib.stream.batch import Compression
 from streamlib.stream.consumer import batch_receive, send_dead_letter
@@ -44,6 +45,7 @@ from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start
 from streamlib.stream.producer import Checked, Producer, ProducerQueueIsFullError
 from streamlib.stream.reader import Message
 from streamlib.stream.subscription import parse_consumer_type
+from streamlib.tls_failures import tls_mismatch
 
 log = logging.getLogger(__name__)
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (what read() gives at the end)
@@ -62,7 +64,8 @@ PERMANENT = {"BadRequestError", "UnauthorizedError", "UnauthenticatedError",
              "ProducerFencedError", "IncompatibleSchemaError", "NoSuchStreamError",
              "TooLargeError", "InvalidPositionError", "UnsupportedConsumerTypeError",
              "ProducerBusyError", "ConsumerBusyError", "InvalidNameError",
-             "ClientClosedError", "InvalidSchemaError"}  # fmt: skip
+             "ClientClosedError", "InvalidSchemaError", "TlsError",
+             "BookieTlsError"}  # fmt: skip
 
 
 class SchemaChecked(StreamlibError):
@@ -127,10 +130,13 @@ class ServiceClient:
         uri: str,
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        *,
+        tls_files: tuple[str | None, str | None] = (None, None),
     ) -> None:
         self.uri = uri
         self.seeds = parse_service_uri(uri)
         self._credentials = credentials
+        self._tls_ca, self._tls_cert = tls_files  # (named when TLS is why a call failed)
         #: What every call carries: the client's token, if it has one.
         self.metadata: tuple[tuple[str, str], ...] | None = (
             (("authorization", f"Bearer {token}"),) if token else None
@@ -158,7 +164,12 @@ class ServiceClient:
         from streamlib.security import client_config
 
         config = client_config(None, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token)
-        client = cls(uri, config.channel_credentials(), config.token)
+        client = cls(
+            uri,
+            config.channel_credentials(),
+            config.token,
+            tls_files=(config.tls_ca, config.tls_cert),
+        )
         try:
             await client.lookup_any()  # fail now when no broker answers
         except BaseException:
@@ -197,6 +208,7 @@ class ServiceClient:
 
     async def _ask_seeds(self, call: Callable[[pb_grpc.BrokerStub], Any]) -> Any:
         last: BaseException | None = None
+        mismatches: list[str] = []  # seeds TLS kept this client from
         for address in self.seeds:
             try:
                 return await call(self.stub(address))
@@ -212,6 +224,18 @@ class ServiceClient:
                     )
                     raise error_from_pb(pb.Error(code=code, message=text)) from None
                 last = error
+                if error.code() is grpc.StatusCode.UNAVAILABLE:
+                    mismatch = await tls_mismatch(
+                        "the broker",
+                        address,
+                        error.details() or "",
+                        tls_ca=self._tls_ca,
+                        tls_cert=self._tls_cert,
+                    )
+                    if mismatch is not None:
+                        mismatches.append(mismatch)
+        if mismatches and len(mismatches) == len(self.seeds):
+            raise TlsError(mismatches[0])
         raise BrokerUnavailableError(
             f"no broker of {self.uri} answered: {getattr(last, 'details', lambda: last)()}"
         )

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bookie.launcher import BookieProcess
+from bookie.launcher import BookieProcess, open_private_log
 
 _LISTENING = re.compile(r"^broker (\S+) listening on (\S+)")
 
@@ -48,14 +48,16 @@ class BrokerProcess:
     def start(self, *, port: int | None = None, timeout_s: float = 60.0) -> BrokerProcess:
         """Start (again on the same port by default) and wait until it serves."""
         self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
-        stderr = open(self.stderr_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(
-            self.command(self.port if port is None else port),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        stderr.close()
+        stderr = open_private_log(self.stderr_path)
+        try:
+            self.proc = subprocess.Popen(
+                self.command(self.port if port is None else port),
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
+        finally:
+            os.close(stderr)  # the child has its own copy
         line = BookieProcess._read_line(self, timeout_s)  # type: ignore[arg-type]
         m = _LISTENING.match(line)
         if m is None:

@@ -32,7 +32,8 @@ import grpc
 
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire import bookie_pb2_grpc as pb_grpc
-from streamlib.protocol.errors import BookieUnavailableError
+from streamlib.protocol.errors import BookieTlsError, BookieUnavailableError
+from streamlib.tls_failures import tls_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -517,6 +518,16 @@ class BookieClient:
         except grpc.aio.AioRpcError as err:
             if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._unavailable()
+            if err.code() is grpc.StatusCode.UNAVAILABLE:
+                mismatch = await tls_mismatch(
+                    f"bookie {self.bookie_id}",
+                    self.address,
+                    err.details() or "",
+                    tls_ca=self.config.tls_ca,
+                    tls_cert=self.config.tls_cert,
+                )
+                if mismatch is not None:
+                    raise BookieTlsError(mismatch) from None
             raise BookieUnavailableError(
                 f"bookie {self.bookie_id} at {self.address}: {err.code().name} {err.details()}"
             ) from None

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from bookie.wire import bookie_pb2 as pb
@@ -26,8 +26,10 @@ from streamlib.protocol.digest import master_key
 from streamlib.protocol.errors import (
     BadRequestError,
     BookieIOError,
+    BookieTlsError,
     BookieUnavailableError,
     NoSuchEntryError,
+    TlsError,
     TooLargeError,
     error_for_status,
 )
@@ -446,10 +448,11 @@ class ReadHandle:
         # said it does not exist (only if all did is it a NoSuchEntry).
         tried: dict[int, set[str]] = {e: set() for e in range(first, last + 1) if e not in found}
         negatives = dict.fromkeys(tried, 0)
+        unreachable: dict[str, BookieUnavailableError] = {}  # why a bookie was not read
         while tried:
-            by_bookie = self._cover(tried, negatives)
+            by_bookie = self._cover(tried, negatives, unreachable)
             results = await asyncio.gather(
-                *(self._read_from(b, ids) for b, ids in by_bookie.items())
+                *(self._read_from(b, ids, unreachable) for b, ids in by_bookie.items())
             )
             for bookie, (entries, missing) in zip(by_bookie, results, strict=True):
                 for entry in entries:
@@ -492,10 +495,17 @@ class ReadHandle:
             for entry in local.entries_from(next_entry):
                 self._cache[entry.entry_id] = entry
 
-    def _cover(self, tried: dict[int, set[str]], negatives: dict[int, int]) -> dict[str, list[int]]:
+    def _cover(
+        self,
+        tried: dict[int, set[str]],
+        negatives: dict[int, int],
+        unreachable: Mapping[str, BookieUnavailableError],
+    ) -> dict[str, list[int]]:
         """Which bookie to ask for which entries: for each entry a replica not asked yet,
         gathering entries on as few bookies as possible, since a range read returns the
-        whole span (with E = Qw one bookie holds them all)."""
+        whole span (with E = Qw one bookie holds them all). An entry no replica of which
+        could be read: NoSuchEntryError if every one said it has none, BookieTlsError if
+        TLS kept this client from every one, else BookieIOError."""
         by_bookie: dict[str, list[int]] = {}
         for entry_id, asked in tried.items():
             bookies = self.metadata.write_set_bookies(entry_id)
@@ -505,26 +515,30 @@ class ReadHandle:
                     raise NoSuchEntryError(
                         f"ledger {self.ledger_id} entry {entry_id}: no bookie has it"
                     )
-                raise BookieIOError(
-                    f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
-                )
+                unread = f"ledger {self.ledger_id} entry {entry_id}: no replica could be read"
+                mismatches = [unreachable.get(b) for b in bookies]
+                if all(isinstance(e, TlsError) for e in mismatches):
+                    raise BookieTlsError(f"{unread}: {mismatches[0]}")
+                raise BookieIOError(unread)
             chosen = next((b for b in untried if b in by_bookie), untried[0])
             by_bookie.setdefault(chosen, []).append(entry_id)
         return by_bookie
 
     async def _read_from(
-        self, bookie: str, entry_ids: list[int]
+        self, bookie: str, entry_ids: list[int], unreachable: dict[str, BookieUnavailableError]
     ) -> tuple[list[EntryData], list[tuple[int, bool]]]:
         """Range-read entry_ids' span from one bookie; return (good entries, [(missing id,
         was it a clean negative)]). Entries past where the bookie stopped (its size limit)
-        are neither: they are asked again, from the same bookie."""
+        are neither: they are asked again, from the same bookie. A bookie not reached is
+        noted in unreachable, with why."""
         wanted = set(entry_ids)
         request = pb.ReadRequest(
             ledger_id=self.ledger_id, first_entry_id=min(wanted), last_entry_id=max(wanted)
         )
         try:
             response = await self._context.pool.get(bookie).read(request)
-        except BookieUnavailableError:
+        except BookieUnavailableError as error:
+            unreachable[bookie] = error
             return [], [(e, False) for e in entry_ids]
         refused(bookie, response)
         good: list[EntryData] = []

@@ -32,9 +32,11 @@ from streamlib.protocol.actions import Action, RecoveryDone, RecoveryFailed
 from streamlib.protocol.digest import KEY_VERSION, master_key, password_hash
 from streamlib.protocol.errors import (
     BadRequestError,
+    BookieTlsError,
     BookieUnavailableError,
     NoSuchLedgerError,
     RecoveryAbortedError,
+    TlsError,
     UnauthorizedError,
     error_for_status,
 )
@@ -167,28 +169,26 @@ class LedgerManager:
         Asked BEFORE a recovery marks a ledger IN_RECOVERY or a ledger is created: the
         bookies enforce roles, but a refused recovery would otherwise leave the ledger's
         metadata changed (its writer could no longer close it). One bookie's answer is
-        enough (they share the principal map). If none answers: every failed TLS
-        handshake is a misconfiguration no retry mends (another CA, an expired
-        certificate), said at once with the TLS library's reason; otherwise, with
+        enough (they share the principal map). If none answers: a TLS mismatch with
+        every one is a misconfiguration no retry mends (plaintext to TLS, another CA, an
+        expired certificate), said at once (BookieTlsError); otherwise, with
         need_answer (a recovery, which could fence nothing anyway), RecoveryAbortedError
         -- retried like an aborted recovery, and nothing changed meanwhile (a client
         that cannot reach the bookies at all, e.g. plaintext against TLS, used to mark
         a live writer's ledger IN_RECOVERY and then give up)."""
-        handshakes: list[BookieUnavailableError] = []
+        mismatches = 0
         unreachable: BookieUnavailableError | None = None
         for bookie in bookies:
             try:
                 info = await self._context.pool.get(bookie).info()
             except BookieUnavailableError as e:
                 unreachable = e
-                if "handshake" in str(e).lower():
-                    handshakes.append(e)
-                if len(handshakes) == len(bookies):
-                    raise BookieUnavailableError(
-                        f"the TLS handshake with every bookie of {list(bookies)} failed "
-                        f"(check tls_ca / tls_cert / tls_key against the bookies' "
-                        f"certificates): {e}"
-                    ) from e
+                mismatches += isinstance(e, TlsError)
+                if mismatches == len(bookies):
+                    others = (
+                        f" (and with every bookie of {list(bookies)})" if mismatches > 1 else ""
+                    )
+                    raise BookieTlsError(f"cannot {what}: {e}{others}") from e
                 continue
             if info.status in (pb.UNAUTHORIZED, pb.UNAUTHENTICATED):
                 raise error_for_status(info.status, f"bookie {bookie}: {info.message}")

@@ -165,6 +165,19 @@ class BookieUnavailableError(StreamlibError):
     """A bookie could not be reached or did not answer in time."""
 
 
+class TlsError(StreamlibError):
+    """This client's TLS settings and a server's do not match: plaintext to a TLS port,
+    TLS to a plaintext one, a certificate the client does not trust (another CA, expired)
+    or none where the server wants one. The message says which and what to set. No retry
+    mends it: callers that retry give up on it at once."""
+
+
+class BookieTlsError(TlsError, BookieUnavailableError):
+    """A TlsError with a bookie. Also a BookieUnavailableError: a read or a recovery
+    goes on with the other replicas as for any bookie it cannot reach, and raises this
+    when TLS is why it reached none."""
+
+
 class StreamFencedError(StreamlibError):
     """Another writer took over the stream; this producer may not send any more."""
 

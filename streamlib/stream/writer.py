@@ -41,6 +41,7 @@ from streamlib.protocol.errors import (
     LedgerFencedError,
     StreamFencedError,
     StreamlibError,
+    TlsError,
 )
 from streamlib.protocol.stream_rules import (
     LedgerSpan,
@@ -84,7 +85,8 @@ def now_ms() -> int:
 
 
 def _retryable(error: BaseException) -> bool:
-    return isinstance(error, StreamlibError) and not isinstance(error, _FENCING)
+    # (A TLS mismatch with the bookies is a setting no retry changes.)
+    return isinstance(error, StreamlibError) and not isinstance(error, (*_FENCING, TlsError))
 
 
 def _retrying(seconds: float, first_wait_s: float, max_wait_s: float) -> AsyncRetrying:

@@ -117,6 +117,15 @@ def test_the_token_and_principals_commands_work_as_written(tmp_path):
     assert bad.code == 2  # not a role
 
 
+def test_the_broker_takes_its_token_from_a_file_never_from_its_command_line(tmp_path):
+    uri = f"sqlite://{tmp_path / 'absent' / 'meta.db'}"  # (never reached)
+    token = jwt.encode({"sub": "broker"}, "a secret key of 32 bytes or more.", "HS256")
+    literal = run_cli("broker", "--metadata", uri, "--port", "0", "--token", token)
+    assert literal.code == 2 and "not the token itself" in literal.err, literal
+    missing = run_cli("broker", "--metadata", uri, "--token", f"file:{tmp_path / 'none'}")
+    assert missing.code == 2 and "cannot read the --token file" in missing.err, missing
+
+
 def test_a_password_in_a_metadata_uri_on_the_command_line_is_refused(tmp_path):
     uri = "zk://127.0.0.1:1/streamlib?auth=digest:admin:s3cret"
     assert_one_line_error(run_cli("admin", "streams", "list", metadata=uri), "process list")

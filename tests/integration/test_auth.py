@@ -277,10 +277,11 @@ async def test_the_broker_authenticates_and_authorizes_as_the_bookies_do(
     the bookies as its own principal."""
     await secure.set_roles("broker", ["write"])
     certs = secure.certs
+    broker_token = write_private(tmp_path / "broker.token", secure.token("broker").encode())
     secure.cluster.start_brokers(1, extra=[
         "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-ca", str(certs.ca), "--auth-token-secret-file", str(tmp_path / "token.key"),
-        "--token", secure.token("broker"),
+        "--token", f"file:{broker_token}",
     ])  # fmt: skip
 
     async def service(principal: str | None, **options: object) -> Any:
@@ -296,8 +297,11 @@ async def test_the_broker_authenticates_and_authorizes_as_the_bookies_do(
     consumer = await reader.subscribe("secured", "audit", "earliest")
     received = await consumer.receive(timeout=30)
     assert (received.message_id, received.data) == (sent, b"by the writer")
-    with pytest.raises(UnauthenticatedError):  # no token at all
+    with pytest.raises(UnauthenticatedError) as anonymous:  # no token at all
         await service(None)
+    # The refusal names the server that refused: the broker, not a bookie.
+    assert "no credentials: this broker requires a token" in str(anonymous.value)
+    assert "bookie" not in str(anonymous.value)
     with pytest.raises(UnauthenticatedError):  # an expired one
         await service("writer", expires_in_s=-60)
     with pytest.raises(UnauthorizedError):  # unloading is the admin's

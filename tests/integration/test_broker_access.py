@@ -16,6 +16,7 @@ import pytest
 import metadata
 from metadata.services.principals import SubscriptionGrants
 from streamlib.errors import NoSuchStreamError, UnauthorizedError
+from streamlib.security import write_private
 from streamlib.stream.positions import EARLIEST
 from tests.integration.test_auth import Secure, secure  # noqa: F401 - (the fixture)
 
@@ -25,10 +26,11 @@ pytestmark = pytest.mark.timeout(180)
 def start_broker(secure: Secure, tmp_path: Path, *extra: str) -> None:  # noqa: F811
     """A TLS broker taking the cluster's tokens, writing to the bookies as "broker"."""
     certs = secure.certs
+    token_file = write_private(tmp_path / "broker.token", secure.token("broker").encode())
     secure.cluster.start_brokers(1, extra=[
         "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
         "--tls-ca", str(certs.ca), "--auth-token-secret-file", str(tmp_path / "token.key"),
-        "--token", secure.token("broker"), *extra,
+        "--token", f"file:{token_file}", *extra,
     ])  # fmt: skip
 
 

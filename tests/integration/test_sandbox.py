@@ -137,3 +137,61 @@ def test_bad_arguments_are_usage_errors(args):
     )
     assert result.returncode == 2
     assert "usage" in result.stderr.lower()
+
+
+@pytest.fixture
+def secure_sandbox(tmp_path):
+    """A secure sandbox (one bookie, one broker) started in this process under umask
+    022 (files would be 0644 unless created private); stopped at the end."""
+    from streamlib.sandbox import Sandbox
+
+    umask = os.umask(0o022)
+    try:
+        sandbox = Sandbox(tmp_path / "sb", bookies=1, port_base=0, secure=True, brokers=1)
+        with sandbox:
+            yield sandbox
+    finally:
+        os.umask(umask)
+
+
+def test_no_process_of_a_secure_sandbox_shows_a_credential_on_its_command_line(secure_sandbox):
+    security = secure_sandbox.security
+    secrets = [*security.tokens.values(), security.broker_token]
+    secrets.append(security.secret_file.read_text().strip())
+    pids = [p.proc.pid for p in secure_sandbox.processes] + [b.pid for b in secure_sandbox.brokers]
+    seen = set()
+    for entry in Path("/proc").iterdir():  # every process: a child may start children
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        seen.add(int(entry.name))
+        leaked = [s for s in secrets if s in cmdline]
+        for secret in leaked:  # (the failure shows where, not the secret itself)
+            cmdline = cmdline.replace(secret, "<SECRET>")
+        if leaked:
+            pytest.fail(f"pid {entry.name} shows a credential: {cmdline.split(chr(0))}")
+    assert set(pids) <= seen  # the bookies' and the broker's were among those read
+
+
+def test_every_file_a_secure_sandbox_writes_is_private(secure_sandbox):
+    """Logs, credentials, the metadata store and the bookies' storage alike: files
+    0600, directories 0700, checked while it runs and after it stopped."""
+
+    def exposed() -> list[str]:
+        paths = [secure_sandbox.data_dir, *secure_sandbox.data_dir.rglob("*")]
+        return [
+            f"{path} {oct(path.stat().st_mode & 0o777)}"
+            for path in paths
+            if path.stat().st_mode & 0o077
+        ]
+
+    names = {p.name for p in secure_sandbox.data_dir.iterdir()}
+    assert {"meta.db", "security", "bookie-0.stderr.log", "broker-0.stderr.log"} <= names
+    running = exposed()
+    assert not running, "\n".join(running)
+    secure_sandbox.stop()
+    stopped = exposed()
+    assert not stopped, "\n".join(stopped)
