@@ -91,13 +91,13 @@ async def _grant(client: Client, args: argparse.Namespace) -> int:
     try:
         grants = _consume_grants(args.roles)
     except ValueError as e:
-        return fail(str(e))
+        return fail(str(e), code=2)  # (a usage error, as argparse's)
     if grants is None:
         roles = await PrincipalRoles(client.store).grant(args.principal, args.roles)
         _show(args, args.principal, roles)
         return 0
     if not grants:
-        return fail("grant NAME consume needs STREAM/SUB (or a prefix ending in *)")
+        return fail("grant NAME consume needs STREAM/SUB (or a prefix ending in *)", code=2)
     _show(
         args,
         args.principal,
@@ -111,7 +111,7 @@ async def _revoke(client: Client, args: argparse.Namespace) -> int:
     try:
         grants = _consume_grants(args.roles)
     except ValueError as e:
-        return fail(str(e))
+        return fail(str(e), code=2)
     if grants is None:
         roles = await PrincipalRoles(client.store).revoke(args.principal, args.roles or None)
         _show(args, args.principal, roles)

@@ -147,3 +147,24 @@ def test_bench_stream_secure_reports_the_cost_of_tls_next_to_plaintext():
         (line,) = [x for x in table.splitlines() if x.strip().startswith(row)]
         assert line.count("msgs/s" if "reads" in row or "throughput" in row else "ms") >= 2
         assert line.rstrip().endswith("%")
+
+
+def test_consume_grants_are_granted_listed_and_revoked(tmp_path):
+    """`principals grant NAME consume STREAM/SUB`: a subscription the brokers let the
+    principal consume and manage; a malformed grant is a usage error saying the form."""
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    subprocess.run([sys.executable, "-c", f"import asyncio, metadata; "
+                    f"asyncio.run(metadata.connect({uri!r}))"], check=True)  # fmt: skip
+    granted = run_cli("admin", "principals", "grant", "billing", "consume", "invoices/billing",
+                      "orders/*", metadata=uri)  # fmt: skip
+    assert granted.code == 0, granted.err
+    assert "consume invoices/billing orders/*" in granted.out
+    listed = run_cli("admin", "principals", "list", metadata=uri)
+    assert "billing" in listed.out and "invoices/billing" in listed.out
+    bad = run_cli("admin", "principals", "grant", "billing", "consume", "invoices", metadata=uri)
+    assert bad.code == 1 and "a grant is STREAM/SUBSCRIPTION" in bad.err
+    assert run_cli("admin", "principals", "grant", "billing", "consume", metadata=uri).code == 2
+    revoked = run_cli("admin", "principals", "revoke", "billing", "consume", "orders/*",
+                      metadata=uri)  # fmt: skip
+    assert revoked.code == 0 and "consume invoices/billing" in revoked.out
+    assert "orders/*" not in revoked.out
