@@ -43,6 +43,9 @@ class Budgets:
     read_ahead_bytes_per_subscription: int = 4 << 20  # read, not yet handed out
     unacked_bytes_per_consumer: int = 16 << 20
     unacked_messages_per_consumer: int = 50_000
+    # Sends read from producers and not yet durable, for the whole broker (Pulsar's
+    # maxMessagePublishBufferSizeInMB): past it, producers' streams stop being read.
+    publish_buffer_bytes: int = 64 << 20
 
     def dispatch(self, kind: Kind) -> Dispatch:
         return Dispatch(
@@ -104,6 +107,45 @@ class BrokerAccess:
         subscription: str | None = None,
     ) -> bool:
         return service_access.may(caller, operation, stream, subscription)
+
+
+class ByteBudget:
+    """Bytes held at once across callers: a taker waits while the budget is spent (one
+    larger than the whole budget goes alone, when nothing else is held)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, size: int) -> None:
+        while self.held and self.held + size > self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+        self._freed.set()
+
+
+class HeldBytes:
+    """One session's share of a ByteBudget, so its end gives back what it still holds."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.held = 0
+
+    async def take(self, size: int) -> None:
+        await self.budget.take(size)
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+        self.budget.give_back(size)
+
+    def give_back_all(self) -> None:
+        self.give_back(self.held)
 
 
 class SessionLimits:

@@ -96,6 +96,13 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         default=defaults.unacked_messages_per_consumer,
         help="... and messages (Pulsar's maxUnackedMessagesPerConsumer; default 50000)",
     )
+    serve.add_argument(
+        "--max-publish-buffer-bytes",
+        type=_positive,
+        default=defaults.publish_buffer_bytes,
+        help="bytes of sends read from producers and not yet stored, for the whole broker "
+        "(default 64 MiB; past it, producers wait: Pulsar's maxMessagePublishBufferSizeInMB)",
+    )
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
@@ -173,6 +180,7 @@ async def _serve(args: argparse.Namespace) -> int:
         read_ahead_bytes_per_subscription=args.max_read_ahead_bytes_per_subscription,
         unacked_bytes_per_consumer=args.max_unacked_bytes_per_consumer,
         unacked_messages_per_consumer=args.max_unacked_messages_per_consumer,
+        publish_buffer_bytes=args.max_publish_buffer_bytes,
     )
     broker = Broker(
         client,

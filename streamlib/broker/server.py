@@ -31,7 +31,7 @@ from metadata.errors import InvalidNameError, NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
-from streamlib.broker.access import BrokerAccess, Budgets, SessionLimits
+from streamlib.broker.access import BrokerAccess, Budgets, ByteBudget, HeldBytes, SessionLimits
 from streamlib.broker.owned import Done, OwnedStream, StreamGone
 from streamlib.closing import to_its_end
 from streamlib.protocol.dispatch import Kind
@@ -106,6 +106,7 @@ class Broker:
         #: create streams): Pulsar's allowAutoTopicCreation.
         self.allow_auto_create = allow_auto_create
         self.budgets = budgets or Budgets()
+        self.publish_buffer = ByteBudget(self.budgets.publish_buffer_bytes)
         self.broker_id = broker_id
         self.address = address
         self.registry = BrokerRegistry(client.store)
@@ -401,6 +402,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             yield pb.ProduceResponse(error=error_pb(error))
             return
         tasks: list[asyncio.Task[Any]] = []  # the session's: stopped at its end
+        in_flight = HeldBytes(self.broker.publish_buffer)  # its sends' bytes, until settled
         try:
             yield pb.ProduceResponse(
                 ready=pb.ProducerReady(
@@ -411,8 +413,10 @@ class BrokerService(pb_grpc.BrokerServicer):
             receipts: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue(PENDING_BATCHES)
             pending: asyncio.Queue[Any] = asyncio.Queue(PENDING_BATCHES)  # batches to settle
             loop = asyncio.get_running_loop()
-            reader = loop.create_task(self._take_sends(iterator, owned, session, pending))
-            settler = loop.create_task(self._settle(pending, receipts))
+            reader = loop.create_task(
+                self._take_sends(iterator, owned, session, pending, in_flight)
+            )
+            settler = loop.create_task(self._settle(pending, receipts, in_flight))
             fenced = loop.create_task(session.fenced.wait())
             tasks += (reader, settler, fenced)
             held: list[pb.ProduceResponse | None] = []  # taken while merging, answered next
@@ -438,6 +442,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 yield _merged_receipts(response, receipts, held)
         finally:
             await _stop_then(tasks, lambda: owned.remove_producer(session))
+            in_flight.give_back_all()
 
     async def _still_owner(self, owned: OwnedStream) -> None:
         """Before a Ready: this broker still holds the stream's lease. (A broker that was
@@ -456,10 +461,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         owned: OwnedStream,
         session: Any,
         pending: asyncio.Queue[Any],
+        held: HeldBytes,
     ) -> None:
         """Each batch of sends: published in order, and queued (bounded: a flood waits
         here, and its gRPC stream stops being read) for _settle to answer once durable
-        (batches settle in order: one stream, in order). A message the broker refuses
+        (batches settle in order: one stream, in order). Its bytes count against the
+        broker's publish buffer until then: while that is spent, producers wait here. A message the broker refuses
         (too large, bad) fails alone; a write that fails (fenced: the stream moved) ends
         the session with a retryable error and no receipt, so the client sends again,
         with the same sequence ids, to the next owner."""
@@ -472,6 +479,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 await pending.put(BadRequestError(
                     f"at most {MAX_SENDS_PER_REQUEST} sends per request, got {len(sends)}"))  # fmt: skip
                 return
+            size = request.ByteSize()
+            await held.take(size)
             outcomes: list[tuple[int, Any]] = []
             try:
                 for index, send in enumerate(sends):
@@ -481,10 +490,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                         await owned.room()
                     outcomes.append((send.sequence_id, self._publish(owned, session, send)))
             except (StreamGone, NotOwnerError, ProducerFencedError) as error:
-                await pending.put(outcomes)
+                await pending.put((outcomes, size))
                 await pending.put(error)
                 return
-            await pending.put(outcomes)
+            await pending.put((outcomes, size))
         await pending.put(None)  # the client is done sending
 
     @staticmethod
@@ -507,12 +516,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         return owned.publish(session, send.sequence_id, checked)
 
     async def _settle(
-        self, pending: asyncio.Queue[Any], receipts: asyncio.Queue[pb.ProduceResponse | None]
+        self,
+        pending: asyncio.Queue[Any],
+        receipts: asyncio.Queue[pb.ProduceResponse | None],
+        held: HeldBytes,
     ) -> None:
-        while (outcomes := await pending.get()) is not None:
-            if isinstance(outcomes, BaseException):  # the session ends with it
-                await receipts.put(pb.ProduceResponse(error=error_pb(outcomes)))
+        while (taken := await pending.get()) is not None:
+            if isinstance(taken, BaseException):  # the session ends with it
+                await receipts.put(pb.ProduceResponse(error=error_pb(taken)))
                 break
+            outcomes, size = taken
             batch = pb.ReceiptBatch()
             failed: list[int] = []
             failure: BaseException | None = None
@@ -534,6 +547,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 batch.receipts.add(
                     sequence_id=sequence_id, message_id=id_pb(where), duplicate=duplicate
                 )
+            held.give_back(size)  # (settled: the writer holds none of it any more)
             if batch.receipts:
                 await receipts.put(pb.ProduceResponse(receipts=batch))
             if failed:
