@@ -12,6 +12,9 @@ import os
 import sys
 from typing import Any
 
+from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
+from streamlib.commands.common import positive_float
+
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
 
@@ -28,6 +31,15 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     )
     serve.add_argument("--broker-id", help="a stable name (default: the advertised address)")
     serve.add_argument("--session-timeout", type=float, default=10.0)
+    serve.add_argument(
+        "--dedup-inactivity-timeout",
+        type=positive_float,
+        default=INACTIVITY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="forget the dedup state of a producer name that is not connected and sent "
+        "nothing for this long (Pulsar's brokerDeduplicationProducerInactivityTimeoutMinutes;"
+        " default 6 h)",
+    )
     serve.add_argument("--tls-cert", help="PEM certificate: serve over TLS")
     serve.add_argument("--tls-key", help="PEM key of --tls-cert")
     serve.add_argument("--tls-ca", help="PEM CA: bookies' (and, with --tls-client-auth, clients')")
@@ -103,7 +115,12 @@ async def _serve(args: argparse.Namespace) -> int:
         **({"tls_ca": args.tls_ca} if args.tls_ca else {}),
         **({"token": args.token} if args.token else {}),
     )
-    broker = Broker(client, args.broker_id or address, address)
+    broker = Broker(
+        client,
+        args.broker_id or address,
+        address,
+        dedup_inactivity_timeout_s=args.dedup_inactivity_timeout,
+    )
     access = await _access_control(args, client)
     from streamlib.daemons import stop_event
 

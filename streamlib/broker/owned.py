@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metadata.errors import NodeExistsError, NoNodeError
-from streamlib.broker.dedup import Dedup
+from streamlib.broker import dedup_store
+from streamlib.broker.dedup import MAX_NAME_CHARS, Dedup
 from streamlib.closing import CloseOnce
 from streamlib.protocol.dispatch import ConsumerBusy, Dispatch, Kind, Pending, key_slot
 from streamlib.protocol.errors import (
@@ -37,8 +37,7 @@ from streamlib.stream.reader import Message, StreamScanner
 log = logging.getLogger(__name__)
 
 ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
-SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots
-MAX_NAME_CHARS = 256  # of a producer's name
+SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots (and after a failed one)
 
 
 class StreamGone(StreamlibError):
@@ -289,20 +288,15 @@ class OwnedStream:
         self._snapshotting = False
         self._consumer_ids = iter(range(1, 2**62))
 
-    def _dedup_path(self) -> str:
-        return f"{self.client.streams.registry.stream_path(self.stream)}/dedup"
-
     async def start(self) -> None:
         """Take the stream over (fencing whoever wrote it), then rebuild the dedup state
         from the snapshot and the tail after it."""
         self.producer = await self.client.create_producer(
             self.stream, initial_sequence_id=-1, batching_max_publish_delay_ms=1.0
         )
-        try:
-            data: bytes | None = (await self.client.store.get(self._dedup_path())).data
-        except NoNodeError:
-            data = None
-        dedup = Dedup.restore(data)
+        timeout_s = self.broker.dedup_inactivity_timeout_s
+        found = await dedup_store.load(self.client, self.stream, timeout_s)
+        dedup = found if found is not None else Dedup(timeout_s)
         scanner = StreamScanner(
             self.client.ledgers,
             self.client.streams.registry,
@@ -317,7 +311,7 @@ class OwnedStream:
                 if message.producer_name:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
         self.dedup = dedup
-        if dedup.since_snapshot or data is None:
+        if dedup.since_snapshot or found is None:
             await self.write_snapshot()  # the next owner starts from here
 
     def mark_gone(self, error: BaseException) -> None:
@@ -437,23 +431,21 @@ class OwnedStream:
             asyncio.get_running_loop().create_task(self.write_snapshot())
 
     async def write_snapshot(self) -> None:
-        """Write the dedup state where the next owner starts (its tail scan covers what a
-        snapshot misses, so a failed one costs only time)."""
+        """Write the dedup state where the next owner starts (dedup_store.py), names idle
+        past the inactivity timeout forgotten first. Its tail scan covers what a
+        snapshot misses, so a failed one costs only time: it is tried again after
+        another SNAPSHOT_EVERY messages, not on the next one."""
         if self._snapshotting:
             return
         self._snapshotting = True
+        covered = self.dedup.since_snapshot
         try:
-            data = self.dedup.snapshot()
-            path = self._dedup_path()
-            try:
-                await self.client.store.set(path, data)
-            except NoNodeError:
-                with contextlib.suppress(NodeExistsError):
-                    await self.client.store.create(path, data)
-            self.dedup.since_snapshot = 0
+            self.dedup.forget_idle(keep=self.producers)
+            await dedup_store.save(self.client, self.stream, self.dedup)
         except Exception as error:
             log.warning("stream %s: dedup snapshot failed: %s", self.stream, error)
         finally:
+            self.dedup.since_snapshot -= covered
             self._snapshotting = False
 
     # -- consumers ----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from metadata.errors import InvalidNameError, NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
 from streamlib.broker.owned import Done, OwnedStream, StreamGone
 from streamlib.closing import to_its_end
 from streamlib.protocol.dispatch import Kind
@@ -90,10 +91,23 @@ class NotOwnerError(StreamlibError):
 
 
 class Broker:
-    def __init__(self, client: Any, broker_id: str, address: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        broker_id: str,
+        address: str,
+        *,
+        dedup_inactivity_timeout_s: float = INACTIVITY_TIMEOUT_S,
+    ) -> None:
+        if not dedup_inactivity_timeout_s > 0:
+            raise ValueError(
+                f"the dedup inactivity timeout must be > 0 s, got {dedup_inactivity_timeout_s}"
+            )
         self.client = client
         self.broker_id = broker_id
         self.address = address
+        # A producer name idle this long is forgotten by its streams' dedup (dedup.py).
+        self.dedup_inactivity_timeout_s = dedup_inactivity_timeout_s
         self.registry = BrokerRegistry(client.store)
         self.owned: dict[str, OwnedStream] = {}
         self._owning: dict[str, asyncio.Task[OwnedStream]] = {}
