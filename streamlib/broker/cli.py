@@ -19,7 +19,8 @@ from streamlib.broker.access import (
     Budgets,
     SessionLimits,
 )
-from streamlib.commands.common import token_source
+from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
+from streamlib.commands.common import positive_float, token_source
 
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
@@ -37,6 +38,15 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     )
     serve.add_argument("--broker-id", help="a stable name (default: the advertised address)")
     serve.add_argument("--session-timeout", type=float, default=10.0)
+    serve.add_argument(
+        "--dedup-inactivity-timeout",
+        type=positive_float,
+        default=INACTIVITY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="forget the dedup state of a producer name that is not connected and sent "
+        "nothing for this long (Pulsar's brokerDeduplicationProducerInactivityTimeoutMinutes;"
+        " default 6 h)",
+    )
     serve.add_argument("--tls-cert", help="PEM certificate: serve over TLS")
     serve.add_argument("--tls-key", help="PEM key of --tls-cert")
     serve.add_argument("--tls-ca", help="PEM CA: bookies' (and, with --tls-client-auth, clients')")
@@ -188,6 +198,7 @@ async def _serve(args: argparse.Namespace) -> int:
         address,
         allow_auto_create=args.allow_auto_create == "true",
         budgets=budgets,
+        dedup_inactivity_timeout_s=args.dedup_inactivity_timeout,
     )
     access = await _access_control(args, client)
     limits = SessionLimits(args.max_sessions, args.max_sessions_per_principal)

@@ -7,7 +7,13 @@ duplicate with where the original went). It survives a broker failover: every me
 a broker writes carries its producer's name and sequence id (the batch's producer
 columns), so the next owner rebuilds the state from a snapshot plus the stream's tail
 after it -- read after its takeover fenced the old owner, so nothing the old owner
-acknowledged can be missing from it.
+acknowledged can be missing from it. (Where the snapshot is kept: dedup_store.py.)
+
+A name idle past the inactivity timeout is forgotten (Pulsar's
+brokerDeduplicationProducerInactivityTimeoutMinutes, 6 h by default): a producer gone
+that long is not resending, and a stream that met thousands of names once each must not
+carry them in every snapshot. A name is active when a message of it is checked, taken
+or seen; a name with a message in flight, or whose producer is connected, is kept.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import time
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from streamlib.protocol.errors import StreamlibError
@@ -22,6 +30,8 @@ from streamlib.stream.positions import EARLIEST, MessageId
 
 MAX_PRODUCERS = 10_000  # names remembered per stream (least recently used go first)
 RECENT_IDS = 4096  # per name: the positions of its last sequence ids
+MAX_NAME_CHARS = 256  # of a producer's name: the broker refuses longer ones
+INACTIVITY_TIMEOUT_S = 6 * 3600.0
 
 
 @dataclass
@@ -30,13 +40,26 @@ class _Name:
     durable: int = -1  # the last one acknowledged by the bookies
     recent: collections.OrderedDict[int, MessageId] = field(default_factory=collections.OrderedDict)
     in_flight: dict[int, asyncio.Future[MessageId]] = field(default_factory=dict)
+    active_at: float = 0.0  # (the Dedup's clock)
 
 
 class Dedup:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        inactivity_timeout_s: float = INACTIVITY_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not inactivity_timeout_s > 0:
+            raise ValueError(f"the inactivity timeout must be > 0 s, got {inactivity_timeout_s}")
         self._names: collections.OrderedDict[str, _Name] = collections.OrderedDict()
         self.position: MessageId = EARLIEST  # the last durable message the state covers
         self.since_snapshot = 0
+        self.inactivity_timeout_s = inactivity_timeout_s
+        self._clock = clock
+
+    @property
+    def names_known(self) -> int:
+        return len(self._names)
 
     def _name(self, name: str) -> _Name:
         state = self._names.get(name)
@@ -46,6 +69,7 @@ class Dedup:
                 self._names.popitem(last=False)
         else:
             self._names.move_to_end(name)
+        state.active_at = self._clock()
         return state
 
     def last(self, name: str) -> int:
@@ -81,44 +105,79 @@ class Dedup:
 
     def observe(self, name: str, sequence_id: int, message_id: MessageId) -> None:
         """A message of the stream (a durable one, or one read while recovering)."""
+        if message_id > self.position:
+            self.position = message_id
+        if len(name) > MAX_NAME_CHARS:
+            return  # (no producer of that name can connect: nothing to check against it)
         state = self._name(name)
         state.pushed = max(state.pushed, sequence_id)
         state.durable = max(state.durable, sequence_id)
         state.recent[sequence_id] = message_id
         while len(state.recent) > RECENT_IDS:
             state.recent.popitem(last=False)
-        if message_id > self.position:
-            self.position = message_id
+
+    def forget_idle(self, keep: Container[str] = ()) -> int:
+        """Forget the names idle past the inactivity timeout, except those with a
+        message in flight and those in `keep` (connected producers'). How many went."""
+        cutoff = self._clock() - self.inactivity_timeout_s
+        idle = [
+            name
+            for name, state in self._names.items()
+            if state.active_at <= cutoff and not state.in_flight and name not in keep
+        ]
+        for name in idle:
+            del self._names[name]
+        return len(idle)
 
     # -- snapshots ----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """What the next owner starts from: each name's last durable sequence id and its
-        position, and the position up to which that is complete."""
+        """What the next owner starts from: each name's last durable sequence id, its
+        position and how long the name has been idle (whole seconds: clocks are not
+        shared between processes), least recently active first; and the position up to
+        which that is complete."""
+        now = self._clock()
         names = {
-            name: [s.durable, *s.recent.get(s.durable, EARLIEST)]
+            name: [s.durable, *s.recent.get(s.durable, EARLIEST), max(0, int(now - s.active_at))]
             for name, s in self._names.items()
             if s.durable >= 0
         }
-        return json.dumps({"position": list(self.position), "names": names}).encode()
+        data = {"position": list(self.position), "names": names}
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
-    def restore(cls, data: bytes | None) -> Dedup:
+    def restore(
+        cls,
+        data: bytes | None,
+        inactivity_timeout_s: float = INACTIVITY_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Dedup:
         """From a snapshot (None or unreadable: from nothing; the tail scan is then the
-        whole stream)."""
-        dedup = cls()
+        whole stream). A name's idle time goes on from what the snapshot says; names
+        over MAX_NAME_CHARS are skipped."""
+        dedup = cls(inactivity_timeout_s, clock)
         if not data:
             return dedup
         try:
             raw = json.loads(data)
             position = MessageId(*(int(v) for v in raw["position"])).checked()
-            names: dict[str, tuple[int, MessageId]] = {}
+            names: dict[str, tuple[int, MessageId, int]] = {}
             for name, value in raw["names"].items():
-                sequence_id, *parts = (int(x) for x in value)
-                names[str(name)] = (sequence_id, MessageId(*parts).checked())
+                # [sequence id, ledger, entry, batch index] and, since idle times are
+                # kept, [..., idle seconds]
+                if len(value) not in (4, 5):
+                    raise ValueError(f"a name's entry is 4 or 5 numbers: {value!r}")
+                sequence_id, *parts = (int(x) for x in value[:4])
+                idle_s = int(value[4]) if len(value) == 5 else 0
+                if idle_s < 0:
+                    raise ValueError(f"a negative idle time: {value!r}")
+                names[str(name)] = (sequence_id, MessageId(*parts).checked(), idle_s)
         except (ValueError, KeyError, TypeError, AttributeError, StreamlibError):
             return dedup  # (the tail scan from the start rebuilds it)
-        for name, (sequence_id, last_at) in names.items():
+        now = clock()
+        for name, (sequence_id, last_at, idle_s) in names.items():
             dedup.observe(name, sequence_id, last_at)
+            if name in dedup._names:
+                dedup._names[name].active_at = now - idle_s
         dedup.position = position
         return dedup

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from metadata.errors import NodeExistsError, NoNodeError
+from streamlib.broker import dedup_store
 from streamlib.broker.access import Budgets
-from streamlib.broker.dedup import Dedup
+from streamlib.broker.dedup import MAX_NAME_CHARS, Dedup
 from streamlib.closing import CloseOnce
 from streamlib.protocol.dispatch import ConsumerBusy, Kind, Pending, key_slot
 from streamlib.protocol.errors import (
@@ -43,8 +43,7 @@ from streamlib.stream.reader import Message, StreamScanner
 log = logging.getLogger(__name__)
 
 ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
-SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots
-MAX_NAME_CHARS = 256  # of a producer's name
+SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots (and after a failed one)
 
 
 class StreamGone(StreamlibError):
@@ -302,9 +301,6 @@ class OwnedStream:
         self._consumer_ids = iter(range(1, 2**62))
         self._taking_over = asyncio.Lock()
 
-    def _dedup_path(self) -> str:
-        return f"{self.client.streams.registry.stream_path(self.stream)}/dedup"
-
     async def ensure_writer(self) -> None:
         """Take the stream over as its writer, once (its first producer's open waits for
         it; a failed takeover is tried again by the next)."""
@@ -335,11 +331,9 @@ class OwnedStream:
             raise self.gone
 
     async def _restore_dedup(self) -> None:
-        try:
-            data: bytes | None = (await self.client.store.get(self._dedup_path())).data
-        except NoNodeError:
-            data = None
-        dedup = Dedup.restore(data)
+        timeout_s = self.broker.dedup_inactivity_timeout_s
+        found = await dedup_store.load(self.client, self.stream, timeout_s)
+        dedup = found if found is not None else Dedup(timeout_s)
         scanner = StreamScanner(
             self.client.ledgers,
             self.client.streams.registry,
@@ -347,14 +341,16 @@ class OwnedStream:
             dedup.position,
             tail=False,
         )
+        scanned = 0
         async for batch in scanner.batches():
             if batch.producers is None or batch.sequence_ids is None:
                 continue
             for message in batch:
                 if message.producer_name:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
+                    scanned += 1
         self.dedup = dedup
-        if dedup.since_snapshot or data is None:
+        if scanned or found is None:
             await self.write_snapshot(force=True)  # the next owner starts from here
 
     def mark_gone(self, error: BaseException) -> None:
@@ -474,23 +470,21 @@ class OwnedStream:
             asyncio.get_running_loop().create_task(self.write_snapshot())
 
     async def write_snapshot(self, force: bool = False) -> None:
-        """Write the dedup state where the next owner starts (its tail scan covers what a
-        snapshot misses, so a failed one costs only time). Only a writer has one."""
+        """Write the dedup state where the next owner starts (dedup_store.py), names idle
+        past the inactivity timeout forgotten first. Its tail scan covers what a
+        snapshot misses, so a failed one costs only time: it is tried again after
+        another SNAPSHOT_EVERY messages, not on the next one. Only a writer has one."""
         if self._snapshotting or (self.producer is None and not force):
             return
         self._snapshotting = True
+        covered = self.dedup.since_snapshot
         try:
-            data = self.dedup.snapshot()
-            path = self._dedup_path()
-            try:
-                await self.client.store.set(path, data)
-            except NoNodeError:
-                with contextlib.suppress(NodeExistsError):
-                    await self.client.store.create(path, data)
-            self.dedup.since_snapshot = 0
+            self.dedup.forget_idle(keep=self.producers)
+            await dedup_store.save(self.client, self.stream, self.dedup)
         except Exception as error:
             log.warning("stream %s: dedup snapshot failed: %s", self.stream, error)
         finally:
+            self.dedup.since_snapshot -= covered
             self._snapshotting = False
 
     # -- consumers ----------------------------------------------------------------------

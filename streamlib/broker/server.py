@@ -32,6 +32,7 @@ from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.broker.access import BrokerAccess, Budgets, ByteBudget, HeldBytes, SessionLimits
+from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
 from streamlib.broker.owned import Done, OwnedStream, StreamGone
 from streamlib.closing import to_its_end
 from streamlib.protocol.dispatch import Kind
@@ -100,7 +101,12 @@ class Broker:
         *,
         allow_auto_create: bool = True,
         budgets: Budgets | None = None,
+        dedup_inactivity_timeout_s: float = INACTIVITY_TIMEOUT_S,
     ) -> None:
+        if not dedup_inactivity_timeout_s > 0:
+            raise ValueError(
+                f"the dedup inactivity timeout must be > 0 s, got {dedup_inactivity_timeout_s}"
+            )
         self.client = client
         #: Whether naming a stream that does not exist creates it (for a caller that may
         #: create streams): Pulsar's allowAutoTopicCreation.
@@ -109,6 +115,8 @@ class Broker:
         self.publish_buffer = ByteBudget(self.budgets.publish_buffer_bytes)
         self.broker_id = broker_id
         self.address = address
+        # A producer name idle this long is forgotten by its streams' dedup (dedup.py).
+        self.dedup_inactivity_timeout_s = dedup_inactivity_timeout_s
         self.registry = BrokerRegistry(client.store)
         self.owned: dict[str, OwnedStream] = {}
         self._owning: dict[str, asyncio.Task[OwnedStream]] = {}

@@ -41,6 +41,7 @@ from streamlib.protocol.stream_rules import (
     retention_plan,
 )
 from streamlib.retry import retry_cas
+from streamlib.stream import snapshots
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.consumer import ranges_from_state, ranges_to_state
 from streamlib.stream.positions import (
@@ -544,8 +545,9 @@ class StreamManager:
     async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
         """Delete ledgers tagged as belonging to a stream that no stream's list holds
         (leaks of crashes between a list CAS and a delete, or of an abandoned takeover),
-        once they are older than grace_s: a writer adds its new ledger to the list
-        right after creating it, so a young unlisted ledger may be on its way in."""
+        and snapshot ledgers (snapshots.py) that no pointer names, once they are older
+        than grace_s: a writer adds its new ledger to the list (or its pointer) right
+        after creating it, so a young unlisted ledger may be on its way in."""
         listed: set[int] = set()
         for name in await self.list():
             try:
@@ -562,7 +564,17 @@ class StreamManager:
                 ledger = await self._ledgers.metadata(ledger_id)
             except NoSuchLedgerError:
                 continue
-            if "stream" in ledger.custom_metadata and ledger.creation_time_ms <= cutoff:
+            if ledger.creation_time_ms > cutoff:
+                continue
+            snapshot_of = ledger.custom_metadata.get(snapshots.SNAPSHOT_OF)
+            if snapshot_of is not None:
+                if await snapshots.is_pointed_at(self.registry, snapshot_of, ledger_id):
+                    continue
+            elif "stream" not in ledger.custom_metadata:
+                continue
+            try:
                 await self._ledgers.delete(ledger_id)
-                swept.append(ledger_id)
+            except NoSuchLedgerError:
+                continue  # (its owner deleted it meanwhile: a replaced snapshot's)
+            swept.append(ledger_id)
         return swept

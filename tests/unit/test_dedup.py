@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from streamlib.broker.dedup import MAX_PRODUCERS, RECENT_IDS, Dedup
+from streamlib.broker.dedup import MAX_NAME_CHARS, MAX_PRODUCERS, RECENT_IDS, Dedup
+from streamlib.stream import snapshots
 from streamlib.stream.positions import EARLIEST, MessageId
 
 
@@ -161,7 +162,9 @@ def test_restore_keeps_the_snapshots_position():
         # well-formed JSON, malformed name entries: unreadable too
         b'{"position": [1, 2, 3], "names": {"p": []}}',
         b'{"position": [1, 2, 3], "names": {"p": [3, 1]}}',
-        b'{"position": [1, 2, 3], "names": {"p": [3, 1, 2, 3, 4]}}',
+        b'{"position": [1, 2, 3], "names": {"p": [3, 1, 2, 3, 4, 5]}}',
+        b'{"position": [1, 2, 3], "names": {"p": [3, 1, 2, 3, "idle"]}}',
+        b'{"position": [1, 2, 3], "names": {"p": [3, 1, 2, 3, -1]}}',
     ],
 )
 def test_restore_of_nothing_or_garbage_is_an_empty_state(data):
@@ -186,3 +189,123 @@ def test_the_least_recently_used_name_goes_first():
     assert dedup.last("p2") == -1  # ... and the check made room by forgetting the next
     snapshot = json.loads(dedup.snapshot())
     assert len(snapshot["names"]) == MAX_PRODUCERS - 1  # p1 is known, nothing durable
+
+
+# -- names idle past the inactivity timeout (Pulsar's
+# brokerDeduplicationProducerInactivityTimeoutMinutes), long names, large snapshots --
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_name_idle_past_the_timeout_is_forgotten_unless_busy_or_connected():
+    clock = Clock()
+    dedup = Dedup(inactivity_timeout_s=60, clock=clock)
+    dedup.observe("idle", 4, MessageId(1, 0, 0))
+    dedup.observe("connected", 2, MessageId(1, 1, 0))
+    dedup.taken("in-flight", 0, asyncio.get_running_loop().create_future())
+    clock.now += 30
+    dedup.observe("recent", 7, MessageId(1, 2, 0))
+    clock.now += 31  # the first three are idle 61 s, "recent" 31 s
+    dedup.forget_idle(keep={"connected"})
+    assert dedup.last("idle") == -1  # forgotten: its next message is new
+    assert dedup.check("idle", 0) is None
+    assert dedup.last("connected") == 2  # its producer is connected: kept
+    assert dedup.last("in-flight") == 0  # a message of it is being written: kept
+    assert dedup.last("recent") == 7
+    assert "idle" not in json.loads(dedup.snapshot())["names"]
+    assert dedup.position == MessageId(1, 2, 0)  # (what the state covers is unchanged)
+
+
+def test_a_check_counts_as_activity():
+    clock = Clock()
+    dedup = Dedup(inactivity_timeout_s=60, clock=clock)
+    dedup.observe("p", 4, MessageId(1, 0, 0))
+    clock.now += 50
+    assert dedup.check("p", 4) == MessageId(1, 0, 0)  # a resend: the producer is there
+    clock.now += 50
+    dedup.forget_idle()
+    assert dedup.last("p") == 4
+
+
+def test_idleness_carries_over_a_snapshot_to_the_next_owner():
+    clock = Clock()
+    dedup = Dedup(inactivity_timeout_s=60, clock=clock)
+    dedup.observe("old", 1, MessageId(1, 0, 0))
+    clock.now += 40
+    dedup.observe("new", 1, MessageId(1, 1, 0))
+    data = dedup.snapshot()
+    other = Clock()  # another process: another monotonic clock
+    again = Dedup.restore(data, inactivity_timeout_s=60, clock=other)
+    other.now += 25  # "old" has now been idle 65 s, "new" 25 s
+    again.forget_idle()
+    assert again.last("old") == -1
+    assert again.last("new") == 1
+    assert again.check("new", 1) == MessageId(1, 1, 0)
+
+
+def test_the_inactivity_timeout_must_be_positive():
+    with pytest.raises(ValueError):
+        Dedup(inactivity_timeout_s=0)
+
+
+def test_names_over_the_limit_are_never_remembered():
+    # A producer of such a name cannot connect (the broker refuses it); one in the
+    # stream (an older writer, a direct-mode producer) moves the position, nothing else.
+    assert MAX_NAME_CHARS == 256
+    dedup = Dedup()
+    dedup.observe("x" * (MAX_NAME_CHARS + 1), 3, MessageId(1, 0, 0))
+    dedup.observe("y" * MAX_NAME_CHARS, 3, MessageId(1, 1, 0))
+    assert dedup.position == MessageId(1, 1, 0)
+    assert dedup.last("x" * (MAX_NAME_CHARS + 1)) == -1
+    assert dedup.last("y" * MAX_NAME_CHARS) == 3
+    assert list(json.loads(dedup.snapshot())["names"]) == ["y" * MAX_NAME_CHARS]
+    data = json.dumps({"position": [1, 1, 0],
+                       "names": {"z" * 5000: [9, 1, 0, 0], "ok": [2, 1, 1, 0]}}).encode()  # fmt: skip
+    again = Dedup.restore(data)
+    assert again.last("z" * 5000) == -1
+    assert again.last("ok") == 2
+
+
+def test_a_snapshot_of_5000_names_of_250_chars_round_trips_through_ledger_entries():
+    dedup = Dedup()
+    names = [f"{i:05d}-".ljust(250, "n") for i in range(5000)]
+    for i, name in enumerate(names):
+        dedup.observe(name, i % 7, MessageId(3, i, i % 5))
+    data = dedup.snapshot()
+    assert len(data) > 1 << 20  # more than one metadata node may hold
+    entries = snapshots.entries_of(data)
+    assert len(entries) >= 2 and all(len(e) <= snapshots.ENTRY_BYTES for e in entries)
+    again = Dedup.restore(b"".join(entries))
+    assert again.position == MessageId(3, 4999, 4)
+    for i, name in enumerate(names):
+        assert again.last(name) == i % 7
+        assert again.check(name, i % 7) == MessageId(3, i, i % 5)
+    pointer = snapshots.Pointer(12, len(entries), len(data), again.position)
+    assert len(pointer.encode()) < 200  # what the metadata node holds
+    assert snapshots.Pointer.parse(pointer.encode()) == pointer
+    assert snapshots.Pointer.parse(data) is None  # a node of the older format: the state itself
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"ledger_id": "x", "entries": 1, "bytes": 5, "position": [1, 2, 3]}',
+        b'{"ledger_id": -1, "entries": 1, "bytes": 5, "position": [1, 2, 3]}',
+        b'{"ledger_id": 4, "entries": 0, "bytes": 5, "position": [1, 2, 3]}',
+        b'{"ledger_id": 4, "entries": 1, "bytes": 1e99, "position": [1, 2, 3]}',
+        b'{"ledger_id": 4, "entries": 1, "bytes": 5}',
+        b'{"ledger_id": 4, "entries": 1, "bytes": 5, "position": [1, 2]}',
+        b'{"ledger_id": 4, "entries": 9, "bytes": 5, "position": [1, 2, 3]}',
+        b'{"ledger_id": 4, "entries": 1, "bytes": 1073741824, "position": [1, 2, 3]}',
+        b'{"ledger_id": true, "entries": 1, "bytes": 5, "position": [1, 2, 3]}',
+    ],
+)
+def test_a_malformed_snapshot_pointer_is_unreadable(data):
+    with pytest.raises(ValueError):
+        snapshots.Pointer.parse(data)
