@@ -41,7 +41,7 @@ class Budgets:
     and a few range reads in flight."""
 
     read_ahead_bytes_per_subscription: int = 4 << 20  # read, not yet handed out
-    unacked_bytes_per_consumer: int = 16 << 20
+    unacked_bytes_per_consumer: int = 8 << 20
     unacked_messages_per_consumer: int = 50_000
     # Sends read from producers and not yet durable, for the whole broker (Pulsar's
     # maxMessagePublishBufferSizeInMB): past it, producers' streams stop being read.

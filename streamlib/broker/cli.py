@@ -98,7 +98,7 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         type=_positive,
         default=defaults.unacked_bytes_per_consumer,
         help="bytes handed to a consumer and not yet acknowledged before it gets no more "
-        "(default 16 MiB; at least one message always goes)",
+        "(default 8 MiB; at least one message always goes)",
     )
     serve.add_argument(
         "--max-unacked-messages-per-consumer",

@@ -80,7 +80,7 @@ class Dispatch:
         max_unacked: int = 50_000,
         *,
         max_pending_bytes: int = 4 << 20,
-        max_unacked_bytes: int = 16 << 20,
+        max_unacked_bytes: int = 8 << 20,
     ) -> None:
         self.kind = kind
         self.max_pending = max_pending
