@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -73,46 +74,35 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         "creates it, for a caller that may create streams (Pulsar's allowAutoTopicCreation; "
         "default true; the secure sandbox sets false)",
     )
-    serve.add_argument(
-        "--max-sessions",
-        type=_positive,
-        default=DEFAULT_MAX_SESSIONS,
-        help=f"producers, consumers and readers this broker serves at once (default "
-        f"{DEFAULT_MAX_SESSIONS}); one more is refused with TooManySessionsError",
-    )
-    serve.add_argument(
-        "--max-sessions-per-principal",
-        type=_positive,
-        default=DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
-        help=f"... of them one principal may hold (default {DEFAULT_MAX_SESSIONS_PER_PRINCIPAL})",
-    )
     defaults = Budgets()
-    serve.add_argument(
-        "--max-read-ahead-bytes-per-subscription",
-        type=_positive,
-        default=defaults.read_ahead_bytes_per_subscription,
-        help="bytes a subscription reads ahead of its consumers (default 4 MiB)",
-    )
-    serve.add_argument(
-        "--max-unacked-bytes-per-consumer",
-        type=_positive,
-        default=defaults.unacked_bytes_per_consumer,
-        help="bytes handed to a consumer and not yet acknowledged before it gets no more "
-        "(default 8 MiB; at least one message always goes)",
-    )
-    serve.add_argument(
-        "--max-unacked-messages-per-consumer",
-        type=_positive,
-        default=defaults.unacked_messages_per_consumer,
-        help="... and messages (Pulsar's maxUnackedMessagesPerConsumer; default 50000)",
-    )
-    serve.add_argument(
-        "--max-publish-buffer-bytes",
-        type=_positive,
-        default=defaults.publish_buffer_bytes,
-        help="bytes of sends read from producers and not yet stored, for the whole broker "
-        "(default 64 MiB; past it, producers wait: Pulsar's maxMessagePublishBufferSizeInMB)",
-    )
+    for flag, dest, default, text in (
+        ("--max-sessions", "max_sessions", DEFAULT_MAX_SESSIONS,
+         "producers, consumers and readers this broker serves at once; one more is refused "
+         "with TooManySessionsError"),
+        ("--max-sessions-per-principal", "max_sessions_per_principal",
+         DEFAULT_MAX_SESSIONS_PER_PRINCIPAL, "... of them one principal may hold"),
+        ("--max-read-ahead-bytes-per-subscription", "read_ahead_bytes_per_subscription",
+         defaults.read_ahead_bytes_per_subscription,
+         "bytes a subscription reads ahead of its consumers"),
+        ("--max-unacked-bytes-per-consumer", "unacked_bytes_per_consumer",
+         defaults.unacked_bytes_per_consumer,
+         "bytes handed to a consumer and not yet acknowledged before it gets no more (at "
+         "least one message always goes)"),
+        ("--max-unacked-messages-per-consumer", "unacked_messages_per_consumer",
+         defaults.unacked_messages_per_consumer,
+         "... and messages (Pulsar's maxUnackedMessagesPerConsumer)"),
+        ("--max-publish-buffer-bytes", "publish_buffer_bytes", defaults.publish_buffer_bytes,
+         "bytes of sends read from producers and not yet stored, for the whole broker (past "
+         "it, producers wait: Pulsar's maxMessagePublishBufferSizeInMB)"),
+    ):  # fmt: skip
+        serve.add_argument(
+            flag,
+            dest=dest,
+            type=_positive,
+            default=default,
+            metavar="N",
+            help=f"{text} (default {default})",
+        )
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
@@ -186,12 +176,7 @@ async def _serve(args: argparse.Namespace) -> int:
         **({"tls_ca": args.tls_ca} if args.tls_ca else {}),
         **({"token": args.token} if args.token else {}),
     )
-    budgets = Budgets(
-        read_ahead_bytes_per_subscription=args.max_read_ahead_bytes_per_subscription,
-        unacked_bytes_per_consumer=args.max_unacked_bytes_per_consumer,
-        unacked_messages_per_consumer=args.max_unacked_messages_per_consumer,
-        publish_buffer_bytes=args.max_publish_buffer_bytes,
-    )
+    budgets = Budgets(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Budgets)})
     broker = Broker(
         client,
         args.broker_id or address,

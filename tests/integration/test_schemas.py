@@ -25,10 +25,10 @@ from streamlib.schema import (
     IncompatibleSchemaError,
     JsonSchema,
     ProtobufSchema,
-    Schema,
     SchemaDecodeError,
     StringSchema,
 )
+from tests.unit.test_schema_definitions import HandMadeJson
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -134,21 +134,6 @@ GARBAGE_FIRST_SCHEMAS = [
 ]
 
 
-class HandMadeJson(Schema[bytes]):
-    """A schema class of the user's own, whose definition is not a JSON object."""
-
-    type_name = "json"
-
-    def encode(self, value: bytes) -> bytes:
-        return value
-
-    def decode(self, data: bytes) -> bytes:
-        return data
-
-    def definition(self) -> str:
-        return "[]"
-
-
 async def stored_schema(cluster, stream: str) -> tuple[str | None, str | None]:
     properties = (await (await cluster.client()).streams.read(stream))[0].properties
     return properties.get(SCHEMA_TYPE), properties.get(SCHEMA_DEFINITION)
@@ -189,7 +174,7 @@ async def test_the_service_stores_no_garbage_first_schema(cluster):
     client = await cluster.service_client()
     async with asyncio.timeout(FIRST_CONNECT_S / 2):  # refused at once: nothing to retry
         with pytest.raises(InvalidSchemaError, match="not a JSON object"):
-            await client.create_producer("raw", schema=HandMadeJson())
+            await client.create_producer("raw", schema=HandMadeJson("[]"))
     producer = await client.create_producer("raw", schema=JsonSchema(Order))
     await producer.send(Order(1, "book"))
     assert (await stored_schema(cluster, "raw"))[0] == "json"
@@ -210,7 +195,7 @@ async def test_direct_mode_stores_no_garbage_first_schema(cluster):
     cluster.start_bookies(3)
     client = await cluster.client()
     with pytest.raises(InvalidSchemaError, match="not a JSON object"):
-        await client.create_producer("direct", schema=HandMadeJson())
+        await client.create_producer("direct", schema=HandMadeJson("[]"))
     assert await stored_schema(cluster, "direct") == (None, None)
     with pytest.raises(InvalidSchemaError, match="not JSON"):
         await client.streams.create(
