@@ -21,6 +21,7 @@ from streamlib.broker.access import (
     SessionLimits,
 )
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
+from streamlib.broker.owned import SNAPSHOT_INTERVAL_S
 from streamlib.commands.common import positive_float, token_source
 
 Subparsers = Any
@@ -39,6 +40,14 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     )
     serve.add_argument("--broker-id", help="a stable name (default: the advertised address)")
     serve.add_argument("--session-timeout", type=float, default=10.0)
+    serve.add_argument(
+        "--dedup-snapshot-interval",
+        type=float,
+        default=SNAPSHOT_INTERVAL_S,
+        metavar="SECONDS",
+        help="at least this long between two snapshots of a stream's dedup state (Pulsar's "
+        f"brokerDeduplicationSnapshotIntervalSeconds; default {SNAPSHOT_INTERVAL_S:g})",
+    )
     serve.add_argument(
         "--dedup-inactivity-timeout",
         type=positive_float,
@@ -184,6 +193,7 @@ async def _serve(args: argparse.Namespace) -> int:
         allow_auto_create=args.allow_auto_create == "true",
         budgets=budgets,
         dedup_inactivity_timeout_s=args.dedup_inactivity_timeout,
+        dedup_snapshot_interval_s=args.dedup_snapshot_interval,
     )
     access = await _access_control(args, client)
     limits = SessionLimits(args.max_sessions, args.max_sessions_per_principal)

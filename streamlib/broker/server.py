@@ -33,7 +33,7 @@ from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.broker.access import BrokerAccess, Budgets, ByteBudget, HeldBytes, SessionLimits
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
-from streamlib.broker.owned import Done, OwnedStream, StreamGone
+from streamlib.broker.owned import SNAPSHOT_INTERVAL_S, Done, OwnedStream, StreamGone
 from streamlib.closing import to_its_end
 from streamlib.protocol.dispatch import Kind
 from streamlib.protocol.errors import (
@@ -102,6 +102,7 @@ class Broker:
         allow_auto_create: bool = True,
         budgets: Budgets | None = None,
         dedup_inactivity_timeout_s: float = INACTIVITY_TIMEOUT_S,
+        dedup_snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
     ) -> None:
         if not dedup_inactivity_timeout_s > 0:
             raise ValueError(
@@ -117,6 +118,7 @@ class Broker:
         self.address = address
         # A producer name idle this long is forgotten by its streams' dedup (dedup.py).
         self.dedup_inactivity_timeout_s = dedup_inactivity_timeout_s
+        self.dedup_snapshot_interval_s = dedup_snapshot_interval_s
         self.registry = BrokerRegistry(client.store)
         self.owned: dict[str, OwnedStream] = {}
         self._owning: dict[str, asyncio.Task[OwnedStream]] = {}

@@ -26,6 +26,9 @@ pytestmark = pytest.mark.timeout(240)
 PRODUCERS = 5000
 NAME_CHARS = 250
 AT_ONCE = 100  # producers open at a time (each closed after its one send)
+# A snapshot every SNAPSHOT_EVERY messages, however soon after the last (the tests count
+# messages, not seconds).
+EVERY_SNAPSHOT = ["--dedup-snapshot-interval", "0"]
 
 
 def long_name(i: int) -> str:
@@ -61,7 +64,7 @@ async def test_five_thousand_long_producer_names_keep_the_broker_and_survive_its
 ):
     cluster = any_cluster
     cluster.start_bookies(3)
-    [broker] = cluster.start_brokers(1)
+    [broker] = cluster.start_brokers(1, extra=EVERY_SNAPSHOT)
     client = await cluster.service_client()
     direct = await cluster.client()
     names = [long_name(i) for i in range(PRODUCERS)]
@@ -106,7 +109,7 @@ async def test_five_thousand_long_producer_names_keep_the_broker_and_survive_its
     assert "dedup snapshot failed" not in log
 
     broker.kill()  # SIGKILL: the next owner starts from the snapshot ledger
-    [successor] = cluster.start_brokers(1)
+    [successor] = cluster.start_brokers(1, extra=EVERY_SNAPSHOT)
     after = await Client.connect("streamlib://" + successor.address)
     cluster.clients.append(after)
     again = await after.create_producer("many", producer_name=names[0])
@@ -141,7 +144,7 @@ async def test_five_thousand_long_producer_names_keep_the_broker_and_survive_its
 
 async def test_a_producer_name_idle_past_the_brokers_timeout_is_forgotten(cluster):
     cluster.start_bookies(3)
-    cluster.start_brokers(1, extra=["--dedup-inactivity-timeout", "0.5"])
+    cluster.start_brokers(1, extra=["--dedup-inactivity-timeout", "0.5", *EVERY_SNAPSHOT])
     client = await cluster.service_client()
     gone = await client.create_producer("idle", producer_name="gone")
     await gone.send(b"once")
@@ -168,7 +171,7 @@ async def test_a_producer_name_idle_past_the_brokers_timeout_is_forgotten(cluste
 
 async def test_the_sweeper_deletes_leaked_snapshot_ledgers_and_keeps_the_current_one(cluster):
     cluster.start_bookies(3)
-    cluster.start_brokers(1)
+    cluster.start_brokers(1, extra=EVERY_SNAPSHOT)
     client = await cluster.service_client()
     producer = await client.create_producer("swept")
     await producer.send(b"one")  # (the takeover wrote the stream's first snapshot)

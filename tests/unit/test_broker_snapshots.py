@@ -67,7 +67,9 @@ async def write_durable(owned: OwnedStream, first: int, count: int) -> None:
 
 
 async def test_a_failed_dedup_snapshot_is_tried_again_only_after_another_snapshot_every(caplog):
-    broker = SimpleNamespace(client=RefusingClient(), broker_id="b", give_up=None)
+    broker = SimpleNamespace(
+        client=RefusingClient(), broker_id="b", give_up=None, dedup_snapshot_interval_s=0.0
+    )
     owned = OwnedStream(broker, "s")
     owned.producer = SimpleNamespace()  # type: ignore[assignment]  # (it took the stream over)
     caplog.set_level(logging.WARNING, logger="streamlib.broker.owned")
