@@ -117,9 +117,9 @@ def make_token(
 def write_private(path: Path, data: bytes) -> Path:
     """Write a file only its owner may read (0600), whatever the umask."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # (an existing file keeps its mode through O_CREAT: before writing)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
     return path
 
 

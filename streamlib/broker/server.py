@@ -451,8 +451,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                     return
                 yield _merged_receipts(response, receipts, held)
         finally:
-            await _stop_then(tasks, lambda: owned.remove_producer(session))
-            in_flight.give_back_all()
+
+            async def end() -> None:  # (its sends' bytes too: to its end, see _stop_then)
+                in_flight.give_back_all()
+                await owned.remove_producer(session)
+
+            await _stop_then(tasks, end)
 
     async def _still_owner(self, owned: OwnedStream) -> None:
         """Before a Ready: this broker still holds the stream's lease. (A broker that was

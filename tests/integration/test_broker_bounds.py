@@ -21,6 +21,7 @@ import pytest
 
 import metadata
 from metadata.services.principals import PrincipalRoles
+from streamlib.broker.client import unload
 from streamlib.errors import StreamlibError
 from streamlib.security import make_token, new_secret_key, write_private
 from tests.integration.broker_load import (
@@ -233,3 +234,38 @@ async def test_the_broker_sends_nothing_on_an_idle_session(cluster):
         assert heard == [None, None, None]  # (producer, consumer, reader)
     finally:
         await sessions.aclose()
+
+
+async def test_sessions_ended_with_sends_in_flight_give_their_publish_buffer_back(cluster):
+    """A producer's session ended by an unload while its sends are in flight (grpc then
+    cancels the handler again, while it stops): the bytes of its sends come back to the
+    broker's publish buffer. Before, a second cancellation skipped that, the leaks added
+    up, and once they filled the buffer every producer of the broker waited for good."""
+    cluster.start_bookies(3)
+    budget = 4 * MiB
+    [broker] = cluster.start_brokers(1, extra=["--max-publish-buffer-bytes", str(budget)])
+    client = await cluster.service_client()
+    producer = await client.create_producer("moving")
+    payload = b"x" * 20_000
+    stop = asyncio.Event()
+
+    async def flood() -> None:
+        while not stop.is_set():
+            await producer.send_async(payload)  # (waits while max_pending are in flight)
+
+    flooding = asyncio.get_running_loop().create_task(flood())
+    try:
+        for _ in range(20):  # the stream moves, with sends in flight, again and again
+            acknowledged = producer.sent
+            async with asyncio.timeout(60):
+                while producer.sent < acknowledged + 20:  # (it reconnected and publishes)
+                    await asyncio.sleep(0.01)
+            await unload(broker.address, "moving")
+    finally:
+        stop.set()
+        await flooding
+    await asyncio.wait_for(producer.flush(), 60)
+    # Every byte came back: a burst of twice the budget still goes through.
+    other = await client.create_producer("after")
+    burst = [await other.send_async(payload) for _ in range(2 * budget // len(payload))]
+    await asyncio.wait_for(asyncio.gather(*burst), 60)
