@@ -59,6 +59,7 @@ class StreamGone(StreamlibError):
 class ProducerSession:
     name: str
     access_mode: str
+    principal: str | None = None  # who opened it: only they may resume it
     fenced: asyncio.Event = field(default_factory=asyncio.Event)
     error: BaseException | None = None
 
@@ -74,6 +75,7 @@ class ConsumerSession:
     cid: int
     name: str
     kind: Kind
+    principal: str | None = None  # who opened it: only they may resume it
     # Deliveries to send: filled by the dispatcher, drained by the RPC (a Done: a seek or
     # unsubscribe it asked for is done; an error: the session ends with it).
     outbox: asyncio.Queue[list[Message] | Done | BaseException] = field(
@@ -316,6 +318,12 @@ class OwnedStream:
             if self.gone is not None:
                 raise self.gone
             if self.producer is None:
+                # Still the lease's holder? (Served for consumers until now, it may have
+                # been stopped or cut off meanwhile: it must not fence the new owner.)
+                if not await self.broker.holds(self.stream):
+                    gone = StreamGone(f"this broker no longer owns {self.stream!r}")
+                    self.broker.give_up(self, gone)
+                    raise gone
                 await self._take_over()
 
     async def _take_over(self) -> None:
@@ -379,22 +387,30 @@ class OwnedStream:
 
     # -- producers ----------------------------------------------------------------------
 
-    async def add_producer(
-        self, name: str, access_mode: str, resume: bool = False
-    ) -> ProducerSession:
+    @staticmethod
+    def check_producer(name: str, access_mode: str) -> None:
+        """BadRequestError for an open no producer may make (before anything is done for
+        it: a takeover included)."""
         if access_mode not in ACCESS_MODES:
             raise BadRequestError(
                 f"access_mode is one of {', '.join(ACCESS_MODES)}: {access_mode!r}"
             )
         if len(name) > MAX_NAME_CHARS:
             raise BadRequestError(f"a producer name is at most {MAX_NAME_CHARS} characters")
+
+    async def add_producer(
+        self, name: str, access_mode: str, resume: bool = False, principal: str | None = None
+    ) -> ProducerSession:
+        self.check_producer(name, access_mode)
         name = name or f"{self.broker.broker_id}-{uuid.uuid4().hex[:10]}"
         async with self._producers_changed:
             if self.gone is not None:
                 raise self.gone
-            if name in self.producers and resume:
+            if name in self.producers and resume and self.producers[name].principal == principal:
                 # The same producer again, after its connection broke: the broker may
-                # not have noticed the old one's end yet. The new one takes its place.
+                # not have noticed the old one's end yet. The new one takes its place --
+                # if the same principal opened it (another's resume would take over its
+                # name, its sequence ids and its exclusivity).
                 old = self.producers.pop(name)
                 old.error = StreamGone(f"producer {name!r} reconnected")
                 old.fenced.set()
@@ -429,7 +445,7 @@ class OwnedStream:
                     )
                     other.fenced.set()
                     del self.producers[other.name]
-            session = ProducerSession(name, access_mode)
+            session = ProducerSession(name, access_mode, principal)
             self.producers[name] = session
             return session
 
@@ -510,6 +526,7 @@ class OwnedStream:
         initial_position: str,
         nack_delay_ms: int,
         resume: bool = False,
+        principal: str | None = None,
     ) -> tuple[SubscriptionDispatcher, ConsumerSession]:
         if self.gone is not None:
             raise self.gone
@@ -539,10 +556,12 @@ class OwnedStream:
                 # The same consumer again, after its connection broke: the old session
                 # may not have ended here yet. The new one takes its place.
                 for cid, old in list(dispatcher.sessions.items()):
-                    if old.name == name:
+                    if old.name == name and old.principal == principal:
                         old.outbox.put_nowait(StreamGone(f"consumer {name!r} reconnected"))
                         dispatcher.remove(cid)
-            session = ConsumerSession(next(self._consumer_ids), name or uuid.uuid4().hex[:8], kind)
+            session = ConsumerSession(
+                next(self._consumer_ids), name or uuid.uuid4().hex[:8], kind, principal
+            )
             dispatcher.add(session)
             return dispatcher, session
 

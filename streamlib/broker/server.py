@@ -58,7 +58,8 @@ PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then rea
 MAX_SENDS_PER_REQUEST = 10_000
 ROOM_EVERY = 500  # sends between two checks for room in the stream's writer
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
-LOOK_AGAIN_S = 5.0  # a reader's session checks this often whether its client half-closed
+OPEN_WITHIN_S = 10.0  # a call's first message, its Open, comes within this
+LOOK_AGAIN_S = 1.0  # a reader's session checks this often whether its client half-closed
 KINDS = {
     "exclusive": Kind.EXCLUSIVE,
     "failover": Kind.FAILOVER,
@@ -355,7 +356,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, requests: AsyncIterator[pb.ProduceRequest], context: Any
     ) -> AsyncIterator[pb.ProduceResponse]:
         iterator = requests.__aiter__()
-        opened = await _opening(iterator)
+        opened = await _opening(iterator)  # (within OPEN_WITHIN_S, or the call ends)
         if not isinstance(opened, pb.ProducerOpen):
             if opened is not None:
                 yield pb.ProduceResponse(error=error_pb(BadRequestError("open the producer first")))
@@ -371,6 +372,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         finally:
             self.limits.give_back(caller)
 
+    def _refusal(self, context: Any, stream: str, subscription: str) -> BaseException | None:
+        """Why the caller may not manage the subscription NOW (its roles, grants and
+        token as they are at this request, not as they were at the open), or None."""
+        try:
+            caller = self.access.caller(context)
+            self.access.check(caller, Operation.MANAGE_SUBSCRIPTION, stream, subscription)
+        except (UnauthorizedError, BookieUnauthenticated) as refused:
+            return refused
+        return None
+
     def _admit(
         self, context: Any, operation: Operation, stream: str, subscription: str | None = None
     ) -> Caller:
@@ -385,7 +396,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, opened: pb.ProducerOpen, iterator: AsyncIterator[pb.ProduceRequest], caller: Caller
     ) -> AsyncIterator[pb.ProduceResponse]:
         try:
-            await self._exists(caller, opened.stream)
+            OwnedStream.check_producer(opened.producer_name, opened.access_mode or "shared")
+            _not_partitioned(opened.stream, await self._exists(caller, opened.stream))
             owned = await self.broker.own(opened.stream)
             if opened.schema_type:
                 stored = await owned.client.streams.offer_schema(
@@ -401,7 +413,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                     return
             await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
             session = await owned.add_producer(
-                opened.producer_name, opened.access_mode or "shared", resume=opened.resume
+                opened.producer_name,
+                opened.access_mode or "shared",
+                resume=opened.resume,
+                principal=caller.principal,
             )
             try:
                 await self._still_owner(owned)
@@ -579,7 +594,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, requests: AsyncIterator[pb.ConsumeRequest], context: Any
     ) -> AsyncIterator[pb.ConsumeResponse]:
         iterator = requests.__aiter__()
-        opened = await _opening(iterator)
+        opened = await _opening(iterator)  # (within OPEN_WITHIN_S, or the call ends)
         if not isinstance(opened, pb.ConsumerOpen):
             if opened is not None:
                 yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
@@ -595,7 +610,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             serve = (
                 self._read(opened, iterator)
                 if subscription is None
-                else self._consume(opened, iterator, caller)
+                else self._consume(opened, iterator, caller, context)
             )
             async for response in serve:
                 yield response
@@ -603,10 +618,14 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.limits.give_back(caller)
 
     async def _consume(
-        self, opened: pb.ConsumerOpen, iterator: AsyncIterator[pb.ConsumeRequest], caller: Caller
+        self,
+        opened: pb.ConsumerOpen,
+        iterator: AsyncIterator[pb.ConsumeRequest],
+        caller: Caller,
+        context: Any,
     ) -> AsyncIterator[pb.ConsumeResponse]:
         try:
-            await self._exists(caller, opened.stream)
+            _not_partitioned(opened.stream, await self._exists(caller, opened.stream))
             kind = KINDS[
                 parse_consumer_type(opened.consumer_type or "exclusive", service=True).value
             ]
@@ -622,6 +641,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 opened.initial_position or "latest",
                 opened.negative_ack_redelivery_delay_ms or 1000,
                 resume=opened.resume,
+                principal=caller.principal,
             )
             try:
                 await self._still_owner(owned)
@@ -650,18 +670,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                         dispatcher.nack(session.cid, ids)
                     else:
                         dispatcher.ack(session.cid, ids, request.ack.cumulative)
-                elif which in ("seek", "unsubscribe") and not self.access.may(
-                    caller, Operation.MANAGE_SUBSCRIPTION, opened.stream, opened.subscription
+                elif which in ("seek", "unsubscribe") and (
+                    refused := self._refusal(context, opened.stream, opened.subscription)
                 ):
-                    try:
-                        self.access.check(
-                            caller,
-                            Operation.MANAGE_SUBSCRIPTION,
-                            opened.stream,
-                            opened.subscription,
-                        )
-                    except UnauthorizedError as refused:  # (the session goes on)
-                        session.outbox.put_nowait(Done(which, refused))
+                    session.outbox.put_nowait(Done(which, refused))  # (the session goes on)
                 elif which == "seek":
                     seek = request.seek
                     target: MessageId | int = (
@@ -751,6 +763,15 @@ class BrokerService(pb_grpc.BrokerServicer):
             await _stop_then([taker], reader.close)
 
 
+def _not_partitioned(stream: str, partitions: int) -> None:
+    """A partitioned stream is produced to and consumed partition by partition (the
+    client does that); the whole would be a writer on every partition at once."""
+    if partitions:
+        raise BadRequestError(
+            f"stream {stream!r} has {partitions} partitions: use them ({stream}-partition-N)"
+        )
+
+
 def _merged_receipts(
     response: pb.ProduceResponse,
     queue: asyncio.Queue[pb.ProduceResponse | None],
@@ -791,10 +812,11 @@ async def _stop_then(tasks: list[asyncio.Task[Any]], then: Callable[[], Awaitabl
 
 async def _opening(iterator: AsyncIterator[Any]) -> Any:
     """The Open a producer's or consumer's call starts with; None if the call ended
-    first, and False if it started with something else."""
+    first or sent nothing within OPEN_WITHIN_S (a call that never opens holds no session,
+    so no limit would count it), and False if it started with something else."""
     try:
-        first = await iterator.__anext__()
-    except StopAsyncIteration:
+        first = await asyncio.wait_for(iterator.__anext__(), OPEN_WITHIN_S)
+    except (StopAsyncIteration, builtins.TimeoutError):
         return None
     return first.open if first.WhichOneof("kind") == "open" else False
 

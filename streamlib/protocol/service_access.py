@@ -24,6 +24,7 @@ Must never import anything outside streamlib.protocol (see its __init__).
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from streamlib.protocol.errors import UnauthorizedError
@@ -71,9 +72,21 @@ class Caller:
         return self.principal is None
 
 
+_PARTITION = re.compile(r"(.+)-partition-\d+")  # (streamlib/stream/admin.py's names)
+
+
 def grant_covers(grant: str, stream: str, subscription: str | None) -> bool:
     """Whether grant allows the subscription of the stream (subscription None: some
-    subscription of the stream, for a lookup)."""
+    subscription of the stream, for a lookup). A grant of a partitioned stream's
+    subscription covers the same subscription of each of its partitions (the client
+    consumes them one by one)."""
+    partition = _PARTITION.fullmatch(stream)
+    return _covers(grant, stream, subscription) or (
+        partition is not None and _covers(grant, partition.group(1), subscription)
+    )
+
+
+def _covers(grant: str, stream: str, subscription: str | None) -> bool:
     if grant.endswith("*"):
         prefix = grant[:-1]
         if subscription is not None:

@@ -8,13 +8,17 @@ granted. Each refusal leaves everything stored as it was."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 import metadata
 from metadata.services.principals import SubscriptionGrants
+from streamlib.broker import broker_pb2 as pb
+from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.errors import NoSuchStreamError, UnauthorizedError
 from streamlib.security import write_private
 from streamlib.stream.positions import EARLIEST
@@ -166,3 +170,70 @@ async def test_the_bookie_role_may_do_nothing_through_the_broker(
         await replicator.subscribe("logs", "s", "earliest")
     with pytest.raises(UnauthorizedError, match="'replicator' may not"):
         await replicator.create_reader("logs", EARLIEST)
+
+
+async def test_only_its_own_principal_may_resume_a_producer_or_consumer(
+    secure: Secure,  # noqa: F811
+    tmp_path: Path,
+):
+    """A producer's name is no secret (every consumer sees it): another principal that
+    opens a producer of that name with resume set must not take its place -- its
+    sequence ids, its exclusivity -- nor a consumer's of the same name."""
+    await secure.set_roles("broker", ["write"])
+    await secure.set_roles("mallory", ["write"])
+    start_broker(secure, tmp_path)
+    writer = await service(secure, "writer")
+    producer = await writer.create_producer("ledger", producer_name="A", access_mode="exclusive")
+    first = [await producer.send(b"%d" % i) for i in range(3)]
+    consumer = await writer.subscribe("ledger", "books", "earliest", consumer_name="clerk")
+
+    broker = secure.cluster.brokers[0]
+    token = (("authorization", f"Bearer {secure.token('mallory')}"),)
+    credentials = grpc.ssl_channel_credentials(secure.certs.ca.read_bytes())
+    async with grpc.aio.secure_channel(broker.address, credentials) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        hijack = stub.Produce(metadata=token)
+        await hijack.write(pb.ProduceRequest(open=pb.ProducerOpen(
+            stream="ledger", producer_name="A", access_mode="shared", resume=True)))  # fmt: skip
+        answer = await hijack.read()
+        assert answer.WhichOneof("kind") == "error", answer
+        assert answer.error.code == "ProducerBusyError"
+        steal = stub.Consume(metadata=token)
+        await steal.write(pb.ConsumeRequest(open=pb.ConsumerOpen(
+            stream="ledger", subscription="books", consumer_type="exclusive",
+            consumer_name="clerk", resume=True)))  # fmt: skip
+        answer = await steal.read()
+        assert answer.WhichOneof("kind") == "error", answer
+        assert answer.error.code == "ConsumerBusyError"
+
+    later = await producer.send(b"3")  # still its, and stored (not taken for a duplicate)
+    assert later > first[-1]
+    got = [await consumer.receive(timeout=30) for _ in range(4)]
+    assert [m.data for m in got] == [b"0", b"1", b"2", b"3"]
+
+
+async def test_a_revoked_grant_applies_to_a_session_already_open(
+    secure: Secure,  # noqa: F811
+    tmp_path: Path,
+):
+    """A seek is checked against the caller's grants as they are when it asks, not as
+    they were when its consumer opened."""
+    await secure.set_roles("broker", ["write"])
+    await secure.set_roles("billing", [])
+    await grant(secure, "billing", "invoices/billing")
+    start_broker(secure, tmp_path)
+    writer = await service(secure, "writer")
+    sent = await (await writer.create_producer("invoices")).send(b"x")
+    billing = await service(secure, "billing")
+    consumer = await billing.subscribe("invoices", "billing", "earliest")
+    async with await metadata.connect(secure.cluster.metadata_uri) as store:
+        await SubscriptionGrants(store).revoke("billing")
+    async with asyncio.timeout(20):  # (the broker follows the grants by a watch)
+        while True:
+            try:
+                await billing.lookup("invoices")
+            except UnauthorizedError:
+                break  # the broker knows
+            await asyncio.sleep(0.1)
+    with pytest.raises(UnauthorizedError, match="'billing' may not seek"):
+        await consumer.seek(sent)  # on the session opened while it was granted

@@ -61,6 +61,10 @@ def test_no_role_allows_nothing_and_authentication_off_allows_everything() -> No
         ("team-a-*", "team-a-orders", None, True),
         ("team-a-*", "team-b", None, False),
         ("*", "anything", "at-all", True),
+        ("orders/billing", "orders-partition-3", "billing", True),  # a partitioned stream's
+        ("orders/billing", "orders-partition-3", None, True),
+        ("orders/billing", "orders-partition-3", "audit", False),
+        ("orders/billing", "orders-partition-x", "billing", False),
     ],
 )
 def test_grants_cover_their_subscriptions_and_prefixes(
