@@ -63,10 +63,6 @@ class BrokerAccess:
         self.control = control
         self.grants: dict[str, tuple[str, ...]] = {}
 
-    @property
-    def enabled(self) -> bool:
-        return self.control is not None
-
     def set_grants(self, grants: dict[str, tuple[str, ...]]) -> None:
         self.grants = dict(grants)
 
@@ -98,15 +94,6 @@ class BrokerAccess:
             if self.control is not None:
                 self.control.refused_role(caller.principal or "?", str(error))
             raise
-
-    def may(
-        self,
-        caller: Caller,
-        operation: Operation,
-        stream: str = "",
-        subscription: str | None = None,
-    ) -> bool:
-        return service_access.may(caller, operation, stream, subscription)
 
 
 class ByteBudget:
