@@ -17,7 +17,7 @@ from metadata.services.bookies import BookieRegistry
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
 from metadata.services.streams import StreamRegistry
-from streamlib.client_metrics import registry_for
+from streamlib.client_metrics import MetricsServer, registry_for
 from streamlib.client_metrics import stats as client_stats
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.ledger.driver import Context
@@ -31,6 +31,7 @@ from streamlib.stream.admin import StreamManager, partition_name, partitions_of
 from streamlib.stream.consumer import (
     Consumer,
     DeadLetterPolicy,
+    DirectSubscription,
     ranges_from_state,
     ranges_to_state,
 )
@@ -38,7 +39,7 @@ from streamlib.stream.multi import subscribe_each
 from streamlib.stream.partitioned import produce_each
 from streamlib.stream.positions import EARLIEST, MessageId, parse_start
 from streamlib.stream.producer import Producer
-from streamlib.stream.reader import Message, Reader, StreamScanner
+from streamlib.stream.reader import Message, Reader, ScannerFeed, StreamScanner
 from streamlib.stream.subscription import (
     ConsumerType,
     SubscriptionGate,
@@ -77,13 +78,14 @@ class Client:
         self._open: list[Any] = []  # producers / consumers / readers to close with us
         #: The client's metrics for Prometheus (streamlib/client_metrics.py).
         self.metrics_registry = registry_for(lambda: self._open)
-        self._metrics_server: Any = None
+        self._metrics = MetricsServer(self.metrics_registry)
 
     @classmethod
     async def connect(cls, uri: str, **options: Any) -> Client:
         """Connect to the metadata store at uri (zk://, sqlite://, memory://), or to the
         stream service's brokers (streamlib://HOST:PORT[,HOST:PORT...]: a
-        streamlib.broker.client.ServiceClient with the same producer / consumer / reader API).
+        streamlib.service.client.ServiceClient with the same producers, consumers and
+        readers).
 
         Options: session_timeout_s, rack_aware, bookie_config (a BookieClientConfig),
         tls_ca / tls_cert / tls_key: PEM file paths to dial bookies over TLS (tls_ca) with
@@ -93,8 +95,8 @@ class Client:
         and $STREAMLIB_TOKEN (or the file $STREAMLIB_TOKEN_FILE names); see
         streamlib/security.py.
         """
-        if uri.startswith("streamlib://"):  # the stream service (streamlib/broker/client.py)
-            from streamlib.broker.client import ServiceClient
+        if uri.startswith("streamlib://"):  # the stream service (streamlib/service/)
+            from streamlib.service.client import ServiceClient
 
             return await ServiceClient.connect(uri, **options)  # type: ignore[return-value]
         store_options = {k: options.pop(k) for k in ("session_timeout_s",) if k in options}
@@ -137,18 +139,26 @@ class Client:
             return routed  # type: ignore[return-value]
         if options.get("schema") is not None:  # before taking the stream over
             await self.streams.use_schema(stream, options["schema"])
+        writer = await self.take_over(stream)
+        # Pulsar's: a new producer goes on after the stream's last sequence id, and a
+        # resend of what it already holds is acknowledged, not stored again (read after
+        # the takeover, so nothing can follow it any more).
+        scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
+        last, recent = await scanner.last_sent()
+        if options.get("initial_sequence_id") is None:
+            options["initial_sequence_id"] = last
+        producer = Producer(writer, recent=recent, **options)
+        self._open.append(producer)
+        return producer
+
+    async def take_over(self, stream: str) -> StreamWriter:
+        """The stream's writer, started: it fenced the previous one (a producer's, or a
+        broker's for the stream service)."""
         writer = StreamWriter(
             self.ledgers, self.streams.registry, stream, on_roll=lambda: self._spawn_trim(stream)
         )
         await writer.start()
-        if options.get("initial_sequence_id") is None:
-            # Pulsar's: a new producer goes on after the stream's last sequence id (read
-            # after the takeover, so nothing can follow it any more).
-            scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
-            options["initial_sequence_id"] = await scanner.last_sequence_id()
-        producer = Producer(writer, **options)
-        self._open.append(producer)
-        return producer
+        return writer
 
     def _spawn_trim(self, stream: str) -> None:
         async def trim() -> None:
@@ -240,19 +250,21 @@ class Client:
             else:
                 acks, version = ranges_from_state(stored[0]), stored[1]
             consumer = Consumer(
-                scanner,
-                registry,
-                subscription,
-                acks,
-                version,
-                receiver_queue_size=receiver_queue_size,
+                DirectSubscription(
+                    scanner,
+                    registry,
+                    subscription,
+                    acks,
+                    version,
+                    receiver_queue_size=receiver_queue_size,
+                    cursor_persist_interval_ms=cursor_persist_interval_ms,
+                    gate=gate,
+                    schema=schema,
+                ),
                 ack_timeout_ms=ack_timeout_ms,
                 negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                cursor_persist_interval_ms=cursor_persist_interval_ms,
-                gate=gate,
                 dead_letter_policy=dead_letter_policy,
                 producer_factory=self.create_producer,
-                schema=schema,
             )
         except BaseException:
             await asyncio.shield(gate.leave())
@@ -281,13 +293,9 @@ class Client:
                 f"({partition_name(stream, 0)}, ...), or subscribe to {stream!r}"
             )
         scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
-        scanner.start_after = await scanner.start_position(start, start_message_id_inclusive)
-        reader = Reader(
-            scanner,
-            queue_size=receiver_queue_size,
-            inclusive=start_message_id_inclusive,
-            schema=schema,
-        )
+        feed = ScannerFeed(scanner, receiver_queue_size, schema)
+        after = await feed.restart(parse_start(start), start_message_id_inclusive)
+        reader = Reader(feed, stream, after, start_message_id_inclusive)
         self._open.append(reader)
         return reader
 
@@ -300,19 +308,10 @@ class Client:
     def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve metrics_registry for Prometheus on http://addr:port/ (0: any free port);
         the port. Stops with the client."""
-        from prometheus_client import start_http_server
-
-        if self._metrics_server is not None:
-            raise BadRequestError("this client serves its metrics already")
-        server, _thread = start_http_server(port, addr=addr, registry=self.metrics_registry)
-        self._metrics_server = server
-        return int(server.server_port)
+        return self._metrics.serve(port, addr)
 
     async def close(self) -> None:
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
-            self._metrics_server = None
+        self._metrics.stop()
         for thing in reversed(self._open):
             try:
                 await thing.close()

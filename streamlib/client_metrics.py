@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from streamlib.protocol.errors import BadRequestError
 from streamlib.stream.consumer import Consumer
 from streamlib.stream.producer import Producer
 
@@ -90,6 +91,30 @@ class ClientCollector(Collector):
                 acked.add_metric(labels, thing.acknowledged)
                 nacked.add_metric(labels, thing.negatively_acknowledged)
         yield from (sent, errors, pending, latency, received, acked, nacked)
+
+
+class MetricsServer:
+    """A client's /metrics endpoint (client.serve_metrics): one at a time, stopped with
+    the client."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._server: Any = None
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        from prometheus_client import start_http_server
+
+        if self._server is not None:
+            raise BadRequestError("this client serves its metrics already")
+        server, _thread = start_http_server(port, addr=addr, registry=self._registry)
+        self._server = server
+        return int(server.server_port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
 
 def registry_for(things: Callable[[], Iterable[object]]) -> CollectorRegistry:

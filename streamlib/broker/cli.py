@@ -156,9 +156,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
     from bookie.addresses import advertised_address
     from bookie.tls import TlsFiles
-    from streamlib.broker import broker_pb2_grpc as pb_grpc
     from streamlib.broker.server import Broker, BrokerService, server_options
     from streamlib.client import Client
+    from streamlib.wire import broker_pb2_grpc as pb_grpc
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -299,7 +299,7 @@ async def _admin(args: argparse.Namespace) -> int:
             return 0
     finally:
         await store.close()
-    from streamlib.broker.client import unload
+    from streamlib.service.client import unload
 
     await unload(owner.address, args.stream)
     print(f"{args.stream}: unloaded from {owner.broker_id}")

@@ -93,15 +93,18 @@ class Dedup:
         state.pushed = max(state.pushed, sequence_id)
         state.in_flight[sequence_id] = future
 
-    def durable(self, name: str, sequence_id: int, message_id: MessageId | None) -> None:
-        """A taken message was written (message_id) or failed (None)."""
+    def durable(
+        self, name: str, sequence_id: int, message_id: MessageId | None, messages: int = 1
+    ) -> None:
+        """A taken message (or entry of `messages`, by its last sequence id) was written
+        (message_id: its last message's) or failed (None)."""
         state = self._names.get(name)
         if state is None:
             return
         state.in_flight.pop(sequence_id, None)
         if message_id is not None:
             self.observe(name, sequence_id, message_id)
-            self.since_snapshot += 1
+            self.since_snapshot += messages
 
     def observe(self, name: str, sequence_id: int, message_id: MessageId) -> None:
         """A message of the stream (a durable one, or one read while recovering)."""

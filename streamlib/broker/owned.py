@@ -3,7 +3,9 @@ the dispatch of its subscriptions.
 
 A broker serves a stream only after it holds the stream's lease. It takes the stream
 over as writer (fences the last two ledgers, creates one, CAS's the list: StreamWriter)
-when its first producer arrives, and only then takes sends: the fencing is what makes a
+when its first producer arrives, and only then takes entries -- built by the producers
+(streamlib/stream/producer.py), checked here, deduplicated, and appended as they are:
+the fencing is what makes a
 deposed owner unable to acknowledge anything. Consumers and readers need no takeover
 (their safety is the subscription's lock and the cursor's CAS, as in direct mode), so
 one that only reads fences no writer -- a direct-mode producer of the stream included.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import uuid
 from collections.abc import Callable
@@ -34,11 +37,14 @@ from streamlib.protocol.errors import (
     ProducerBusyError,
     ProducerFencedError,
     StreamlibError,
+    TooLargeError,
 )
+from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.consumer import Consumer
 from streamlib.stream.positions import MessageId
-from streamlib.stream.producer import Checked, Producer
+from streamlib.stream.producer import MAX_ENTRY_BYTES
 from streamlib.stream.reader import Message, StreamScanner
+from streamlib.stream.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,9 @@ SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots (and after a f
 # per 1,000 messages cost a single producer a tenth of its rate. The next owner's tail scan
 # covers what came since.
 SNAPSHOT_INTERVAL_S = 10.0
+# Entries appended and not yet durable, per stream: then taking more waits (the
+# producers' gRPC streams stop being read: flow control pushes back on them).
+MAX_ENTRIES_IN_FLIGHT = 2000
 
 
 class StreamGone(StreamlibError):
@@ -297,7 +306,10 @@ class OwnedStream:
         self.broker = broker
         self.stream = stream
         self.client = broker.client
-        self.producer: Producer | None = None
+        self.writer: StreamWriter | None = None
+        self._in_flight = 0  # entries appended, not yet durable
+        self._room = asyncio.Event()
+        self._room.set()
         self.dedup = Dedup()
         self.producers: dict[str, ProducerSession] = {}
         self._producers_changed = asyncio.Condition()
@@ -312,12 +324,12 @@ class OwnedStream:
     async def ensure_writer(self) -> None:
         """Take the stream over as its writer, once (its first producer's open waits for
         it; a failed takeover is tried again by the next)."""
-        if self.producer is not None:
+        if self.writer is not None:
             return
         async with self._taking_over:
             if self.gone is not None:
                 raise self.gone
-            if self.producer is None:
+            if self.writer is None:
                 # Still the lease's holder? (Served for consumers until now, it may have
                 # been stopped or cut off meanwhile: it must not fence the new owner.)
                 if not await self.broker.holds(self.stream):
@@ -329,19 +341,17 @@ class OwnedStream:
     async def _take_over(self) -> None:
         """Take the stream over (fencing whoever wrote it), then rebuild the dedup state
         from the snapshot and the tail after it."""
-        producer = await self.client.create_producer(
-            self.stream, initial_sequence_id=-1, batching_max_publish_delay_ms=1.0
-        )
+        writer = await self.client.take_over(self.stream)
         try:
             await self._restore_dedup()
         except BaseException:
             with contextlib.suppress(Exception):
-                await producer.close()
+                await writer.close()
             raise
-        self.producer = producer
+        self.writer = writer
         if self.gone is not None:  # (it went meanwhile: close() may have missed it)
             with contextlib.suppress(Exception):
-                await producer.close()
+                await writer.close()
             raise self.gone
 
     async def _restore_dedup(self) -> None:
@@ -359,6 +369,8 @@ class OwnedStream:
         async for batch in scanner.batches():
             if batch.producers is None or batch.sequence_ids is None:
                 continue
+            if batch.chunk is not None and batch.chunk.index < batch.chunk.count - 1:
+                continue  # (a chunked message counts once its last piece is stored)
             for message in batch:
                 if message.producer_name:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
@@ -456,38 +468,103 @@ class OwnedStream:
             self._producers_changed.notify_all()
 
     async def room(self) -> None:
-        """Wait while the stream's writer has its max_pending_messages pending."""
-        if self.producer is not None and self.gone is None:
-            await self.producer.wait_for_room()
+        """Wait while the stream's writer has MAX_ENTRIES_IN_FLIGHT entries in flight."""
+        while self._in_flight >= MAX_ENTRIES_IN_FLIGHT and self.gone is None:
+            self._room.clear()
+            await self._room.wait()
 
-    def publish(
-        self, session: ProducerSession, sequence_id: int, checked: Checked
-    ) -> asyncio.Future[MessageId] | MessageId:
-        """Take one message of a producer: a future of its position, or (a duplicate)
-        where the original went (EARLIEST: too old to remember)."""
+    def publish(self, session: ProducerSession, send: Any) -> asyncio.Future[MessageId] | MessageId:
+        """Take one entry of a producer (an EntrySend): a future of its last message's
+        position, or (a duplicate: its last sequence id was taken before) where that one
+        went (EARLIEST: too old to remember). BadRequestError / TooLargeError for an entry
+        that is not this producer's well-formed batch (it alone is refused)."""
         if self.gone is not None:
             raise self.gone
         if session.error is not None:
             raise session.error
-        seen = self.dedup.check(session.name, sequence_id)
-        if seen is not None:
-            return seen
-        assert self.producer is not None
-        future = self.producer.queue_checked(checked, sequence_id, session.name)
-        self.dedup.taken(session.name, sequence_id, future)
-        future.add_done_callback(lambda done: self._written(session.name, sequence_id, done))
+        decoded = self._checked(session, send)
+        last = send.last_sequence_id
+        # The pieces of a chunked message before its last are stored as they come (a
+        # resend stores them again: readers drop unfinished pieces); the last piece is
+        # the message, for deduplication.
+        piece = decoded.chunk is not None and decoded.chunk.index < decoded.chunk.count - 1
+        if not piece:
+            seen = self.dedup.check(session.name, last)
+            if seen is not None:
+                return seen
+        assert self.writer is not None
+        try:
+            appended = self.writer.append_nowait(send.entry)
+        except StreamlibError as error:  # fenced: another owner took the stream over
+            gone = StreamGone(f"the stream's writer failed: {error}")
+            self.broker.give_up(self, gone)
+            raise gone from None
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        index = len(decoded.payloads) - 1
+        self._in_flight += 1
+
+        def written(done: asyncio.Future[tuple[int, int]]) -> None:
+            self._in_flight -= 1
+            self._room.set()
+            if done.cancelled():
+                future.set_exception(StreamGone("cancelled"))
+            elif (error := done.exception()) is not None:
+                future.set_exception(error)
+            else:
+                ledger_id, entry_id = done.result()
+                future.set_result(MessageId(ledger_id, entry_id, index))
+            self._written(session.name, last, future, 0 if piece else len(decoded.payloads))
+
+        appended.add_done_callback(written)
+        if not piece:
+            self.dedup.taken(session.name, last, future)
         return future
 
-    def _written(self, name: str, sequence_id: int, done: asyncio.Future[MessageId]) -> None:
+    @staticmethod
+    def _checked(session: ProducerSession, send: Any) -> DecodedBatch:
+        """The entry's messages, if it is a batch of this producer's with the sequence
+        ids it claims (a client naming another producer in its entries would corrupt
+        that one's deduplication after a failover)."""
+        if len(send.entry) > MAX_ENTRY_BYTES:
+            raise TooLargeError(
+                f"an entry is at most {MAX_ENTRY_BYTES} bytes, got {len(send.entry)}"
+            )
+        decoded = decode_batch(send.entry, "the entry sent")
+        ids, names = decoded.sequence_ids, decoded.producers
+        count = len(decoded.payloads)
+        if (
+            not count
+            or count != send.messages
+            or ids is None
+            or names is None
+            or ids[0] != send.first_sequence_id
+            or ids[-1] != send.last_sequence_id
+            or ids[0] < 0
+            or any(b < a for a, b in itertools.pairwise(ids))
+            or any(name != session.name for name in names)
+        ):
+            raise BadRequestError(
+                f"an entry must hold its {send.messages} messages of producer "
+                f"{session.name!r} with sequence ids {send.first_sequence_id}.."
+                f"{send.last_sequence_id}, rising"
+            )
+        return decoded
+
+    def _written(
+        self, name: str, sequence_id: int, done: asyncio.Future[MessageId], messages: int
+    ) -> None:
         if done.cancelled() or done.exception() is not None:
-            self.dedup.durable(name, sequence_id, None)
+            if messages:
+                self.dedup.durable(name, sequence_id, None)
             error = done.exception() if not done.cancelled() else StreamGone("cancelled")
             # The writer failed: fenced by another owner, or out of bookies. Either way
             # this broker can write no more of the stream: give it up (at once: nothing
             # more is taken, and no duplicate answered from a state that is now stale).
             self.broker.give_up(self, error)
             return
-        self.dedup.durable(name, sequence_id, done.result())
+        if not messages:
+            return
+        self.dedup.durable(name, sequence_id, done.result(), messages)
         if (
             self.dedup.since_snapshot >= SNAPSHOT_EVERY
             and not self._snapshotting
@@ -500,7 +577,7 @@ class OwnedStream:
         past the inactivity timeout forgotten first. Its tail scan covers what a
         snapshot misses, so a failed one costs only time: it is tried again after
         another SNAPSHOT_EVERY messages, not on the next one. Only a writer has one."""
-        if self._snapshotting or (self.producer is None and not force):
+        if self._snapshotting or (self.writer is None and not force):
             return
         self._snapshotting = True
         self._next_snapshot_at = (
@@ -624,6 +701,7 @@ class OwnedStream:
         for dispatcher in dispatchers:
             with contextlib.suppress(Exception):
                 await dispatcher.close()
-        if self.producer is not None:
+        self._room.set()
+        if self.writer is not None:
             with contextlib.suppress(Exception):
-                await self.producer.close()
+                await self.writer.close()

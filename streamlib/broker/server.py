@@ -1,5 +1,6 @@
 """The broker: a gRPC service that owns streams and serves their producers and
-consumers (architecture 4a; the client side is streamlib/broker/client.py).
+consumers (architecture 4a; the client side is streamlib/service/, the wire
+streamlib/wire/).
 
     streamlib broker --metadata URI [--host H --port P --advertised-address A]
                      [--broker-id ID] [--tls-cert F --tls-key F [--tls-ca F]]
@@ -21,7 +22,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -29,8 +30,7 @@ from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
 from metadata.errors import InvalidNameError, NodeExistsError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
-from streamlib.broker import broker_pb2 as pb
-from streamlib.broker import broker_pb2_grpc as pb_grpc
+from streamlib.broker import admin
 from streamlib.broker.access import BrokerAccess, Budgets, ByteBudget, HeldBytes, SessionLimits
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S, Done, OwnedStream, StreamGone
@@ -45,18 +45,20 @@ from streamlib.protocol.errors import (
     UnauthorizedError,
 )
 from streamlib.protocol.service_access import Caller, Operation, may_create
+from streamlib.stream.batch import MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
-from streamlib.stream.producer import Producer
-from streamlib.stream.reader import Message
+from streamlib.stream.reader import Message, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire import broker_pb2_grpc as pb_grpc
+from streamlib.wire.convert import error_pb, from_json, id_from_pb, id_pb, permanent, to_json
 
 log = logging.getLogger(__name__)
 
 MAX_RECEIPTS_PER_RESPONSE = 10_000  # (about 40 B each, far below a gRPC message)
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
 PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then reading waits)
-MAX_SENDS_PER_REQUEST = 10_000
-ROOM_EVERY = 500  # sends between two checks for room in the stream's writer
+MAX_ENTRIES_PER_REQUEST = 10_000
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
 OPEN_WITHIN_S = 10.0  # a call's first message, its Open, comes within this
 LOOK_AGAIN_S = 1.0  # a reader's session checks this often whether its client half-closed
@@ -66,27 +68,6 @@ KINDS = {
     "shared": Kind.SHARED,
     "key_shared": Kind.KEY_SHARED,
 }
-
-
-def error_pb(error: BaseException) -> pb.Error:
-    if isinstance(error, BookieUnauthenticated | BookieUnauthorized):  # (the bookie's own)
-        return pb.Error(code=type(error).__name__, message=str(error))
-    code = (
-        type(error).__name__ if isinstance(error, StreamlibError | ValueError) else "StreamlibError"
-    )
-    return pb.Error(code=code, message=str(error) or code)
-
-
-def id_pb(message_id: MessageId) -> pb.MessageIdPb:
-    return pb.MessageIdPb(
-        ledger_id=message_id.ledger_id,
-        entry_id=message_id.entry_id,
-        batch_index=message_id.batch_index,
-    )
-
-
-def id_from_pb(message_id: pb.MessageIdPb) -> MessageId:
-    return MessageId(message_id.ledger_id, message_id.entry_id, message_id.batch_index).checked()
 
 
 class NotOwnerError(StreamlibError):
@@ -350,6 +331,35 @@ class BrokerService(pb_grpc.BrokerServicer):
         await self._allowed(context, caller, Operation.UNLOAD, request.stream)
         return pb.UnloadResponse(unloaded=await self.broker.unload(request.stream))
 
+    async def LastMessageId(
+        self, request: pb.LastMessageIdRequest, context: Any
+    ) -> pb.LastMessageIdResponse:
+        """Any broker answers (reading fences nothing)."""
+        caller = await self._caller(context)
+        await self._allowed(context, caller, Operation.READ, request.stream)
+        client = self.broker.client
+        scanner = StreamScanner(client.ledgers, client.streams.registry, request.stream, EARLIEST)
+        try:
+            last = await scanner.last_message()
+        except Exception as error:
+            await _abort(context, error)
+        answer = pb.LastMessageIdResponse()
+        if last is not None:
+            answer.message_id.CopyFrom(id_pb(last))
+        return answer
+
+    async def Admin(self, request: pb.AdminRequest, context: Any) -> pb.AdminResponse:
+        """A call of the streams' administration (streamlib/broker/admin.py), for the
+        caller; its error as the class it raised."""
+        caller = await self._caller(context)
+        try:
+            result = await admin.run(
+                self.broker.client.streams, caller, request.call, from_json(request.arguments_json)
+            )
+        except Exception as error:
+            await _abort(context, error)
+        return pb.AdminResponse(result_json=to_json(result))
+
     # -- producing ----------------------------------------------------------------------
 
     async def Produce(
@@ -492,32 +502,31 @@ class BrokerService(pb_grpc.BrokerServicer):
         pending: asyncio.Queue[Any],
         held: HeldBytes,
     ) -> None:
-        """Each batch of sends: published in order, and queued (bounded: a flood waits
+        """Each request's entries: appended in order, and queued (bounded: a flood waits
         here, and its gRPC stream stops being read) for _settle to answer once durable
-        (batches settle in order: one stream, in order). Its bytes count against the
-        broker's publish buffer until then: while that is spent, producers wait here. A message the broker refuses
-        (too large, bad) fails alone; a write that fails (fenced: the stream moved) ends
-        the session with a retryable error and no receipt, so the client sends again,
-        with the same sequence ids, to the next owner."""
+        (in order: one stream, in order). Their bytes count against the broker's
+        publish buffer until then: while that is spent, producers wait here. An entry
+        the broker refuses (too large, not the producer's batch) fails alone; a write
+        that fails (fenced: the stream moved) ends the session with a retryable error
+        and no receipt, so the client sends again, the same entries, to the next owner."""
         async for request in iterator:
-            if request.WhichOneof("kind") != "send":
-                await pending.put(BadRequestError("a producer only sends"))
+            if request.WhichOneof("kind") != "entries":
+                await pending.put(BadRequestError("a producer only sends entries"))
                 return
-            sends = request.send.sends
-            if len(sends) > MAX_SENDS_PER_REQUEST:
+            entries = request.entries.entries
+            if len(entries) > MAX_ENTRIES_PER_REQUEST:
                 await pending.put(BadRequestError(
-                    f"at most {MAX_SENDS_PER_REQUEST} sends per request, got {len(sends)}"))  # fmt: skip
+                    f"at most {MAX_ENTRIES_PER_REQUEST} entries per request, got {len(entries)}"))  # fmt: skip
                 return
             size = request.ByteSize()
             await held.take(size)
             outcomes: list[tuple[int, Any]] = []
             try:
-                for index, send in enumerate(sends):
-                    if index % ROOM_EVERY == 0:
-                        # Producers flooding one stream wait here, and their gRPC
-                        # streams stop being read: flow control pushes back on them.
-                        await owned.room()
-                    outcomes.append((send.sequence_id, self._publish(owned, session, send)))
+                for send in entries:
+                    # Producers flooding one stream wait here, and their gRPC streams
+                    # stop being read: flow control pushes back on them.
+                    await owned.room()
+                    outcomes.append((send.last_sequence_id, self._publish(owned, session, send)))
             except (StreamGone, NotOwnerError, ProducerFencedError) as error:
                 await pending.put((outcomes, size))
                 await pending.put(error)
@@ -526,23 +535,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         await pending.put(None)  # the client is done sending
 
     @staticmethod
-    def _publish(owned: OwnedStream, session: Any, send: pb.Send) -> Any:
-        """The outcome of one send: its write's future, a duplicate's position, or the
-        error that refuses this message alone (bad input)."""
+    def _publish(owned: OwnedStream, session: Any, send: pb.EntrySend) -> Any:
+        """The outcome of one entry: its write's future, a duplicate's position, or the
+        error that refuses this entry alone (bad input)."""
         try:
-            checked = Producer._checked(
-                send.payload,
-                send.key if send.HasField("key") else None,
-                dict(send.properties),
-                send.event_time_ms or None,
-                None,
-                send.deliver_at_ms or None,
-            )
-            if send.sequence_id < 0:
-                raise BadRequestError(f"sequence_id must be >= 0: {send.sequence_id}")
-        except (BadRequestError, TooLargeError) as error:
+            return owned.publish(session, send)
+        except (BadRequestError, TooLargeError, MessageDecodeError) as error:
             return error
-        return owned.publish(session, send.sequence_id, checked)
 
     async def _settle(
         self,
@@ -550,23 +549,26 @@ class BrokerService(pb_grpc.BrokerServicer):
         receipts: asyncio.Queue[pb.ProduceResponse | None],
         held: HeldBytes,
     ) -> None:
+        """Answer each entry once durable, in the order sent: receipts, and a refused
+        entry's failure between them where it came."""
         while (taken := await pending.get()) is not None:
             if isinstance(taken, BaseException):  # the session ends with it
                 await receipts.put(pb.ProduceResponse(error=error_pb(taken)))
                 break
             outcomes, size = taken
             batch = pb.ReceiptBatch()
-            failed: list[int] = []
-            failure: BaseException | None = None
             for sequence_id, outcome in outcomes:
                 if isinstance(outcome, BaseException):
-                    failed.append(sequence_id)
-                    failure = failure or outcome
+                    if batch.receipts:
+                        await receipts.put(pb.ProduceResponse(receipts=batch))
+                        batch = pb.ReceiptBatch()
+                    failed = pb.SendFailed(sequence_ids=[sequence_id], error=error_pb(outcome))
+                    await receipts.put(pb.ProduceResponse(failed=failed))
                     continue
                 duplicate = not isinstance(outcome, asyncio.Future)
                 try:
                     where = outcome if duplicate else await outcome
-                except Exception as error:  # the write failed: not this message's fault
+                except Exception as error:  # the write failed: not this entry's fault
                     if batch.receipts:
                         await receipts.put(pb.ProduceResponse(receipts=batch))
                     gone = StreamGone(f"the stream's writer failed: {error}")
@@ -579,13 +581,6 @@ class BrokerService(pb_grpc.BrokerServicer):
             held.give_back(size)  # (settled: the writer holds none of it any more)
             if batch.receipts:
                 await receipts.put(pb.ProduceResponse(receipts=batch))
-            if failed:
-                assert failure is not None
-                await receipts.put(
-                    pb.ProduceResponse(
-                        failed=pb.SendFailed(sequence_ids=failed, error=error_pb(failure))
-                    )
-                )
         await receipts.put(None)
 
     # -- consuming ----------------------------------------------------------------------
@@ -728,6 +723,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             reader = await self.broker.client.create_reader(
                 opened.stream, start, start_message_id_inclusive=opened.start_inclusive
             )
+            if opened.HasField("start_time_ms"):
+                await reader.seek(opened.start_time_ms)
         except Exception as error:
             yield pb.ConsumeResponse(error=error_pb(error))
             return
@@ -761,6 +758,23 @@ class BrokerService(pb_grpc.BrokerServicer):
                     yield pb.ConsumeResponse(deliveries=chunk)
         finally:
             await _stop_then([taker], reader.close)
+
+
+async def _abort(context: Any, error: Exception) -> NoReturn:
+    """End a unary call with the error, as the client reads it back: refusals are
+    answered as such; anything else may pass (another broker, a later try)."""
+    if isinstance(error, UnauthorizedError | BookieUnauthorized):
+        code = grpc.StatusCode.PERMISSION_DENIED
+    elif isinstance(error, BookieUnauthenticated):
+        code = grpc.StatusCode.UNAUTHENTICATED
+    elif isinstance(error, NoSuchStreamError):
+        code = grpc.StatusCode.FAILED_PRECONDITION
+    elif permanent(error) or isinstance(error, InvalidNameError):
+        code = grpc.StatusCode.INVALID_ARGUMENT
+    else:
+        code = grpc.StatusCode.UNAVAILABLE
+    await context.abort(code, f"{error_pb(error).code}: {error}")
+    raise AssertionError("unreachable")  # (abort raises)
 
 
 def _not_partitioned(stream: str, partitions: int) -> None:

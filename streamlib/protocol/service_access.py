@@ -38,6 +38,7 @@ class Operation(enum.Enum):
     READ = "read the stream without a subscription"
     MANAGE_SUBSCRIPTION = "seek, reset, skip or unsubscribe the subscription"
     UNLOAD = "unload the stream from its broker"
+    ADMINISTER = "administer streams (create, delete, change defaults, trim)"
 
 
 _READERS = frozenset({"read", "write", "admin"})
@@ -52,6 +53,7 @@ ROLES_ALLOWED: dict[Operation, frozenset[str]] = {
     Operation.READ: _READERS,
     Operation.MANAGE_SUBSCRIPTION: _WRITERS,
     Operation.UNLOAD: frozenset({"admin"}),
+    Operation.ADMINISTER: frozenset({"admin"}),
 }
 
 #: What a grant of a subscription allows (LOOKUP: of that subscription's stream).

@@ -1,6 +1,13 @@
 """Consumer: a durable subscription on a stream.
 
-The cursor (mark-delete position + individually acknowledged ranges) lives beside the
+One implementation for both ways to reach a stream: Consumer holds what a client does
+(receiving, listeners, acknowledgement timeouts, negative acknowledgements, dead
+letters, counts), over a Subscription that supplies the messages and keeps the cursor --
+in direct mode DirectSubscription below (it reads the ledgers and writes the cursor
+itself), through the stream service a broker connection (streamlib/service/subscription.py:
+the broker reads, dispatches and keeps the cursor).
+
+In direct mode the cursor (mark-delete position + individually acknowledged ranges) lives beside the
 stream in the metadata store and is written by CAS, at most every
 `cursor_persist_interval_ms` and on close, so acknowledgements are cheap. After a crash
 the consumer resumes after the persisted mark-delete position and skips persisted
@@ -13,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import contextlib
 import dataclasses
 import heapq
 import inspect
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 from metadata.errors import BadVersionError
 from metadata.schemas import CursorState, Position, PositionRange
@@ -135,66 +143,74 @@ async def send_dead_letter(producer: Any, message: Message, real_topic: str) -> 
 ProducerFactory = Callable[[str], Awaitable[Producer]]
 
 
+class Subscription(Protocol):
+    """What a Consumer receives from and acknowledges to (see the module doc). `wake` is
+    set whenever take() may have something new; take() raises the error the
+    subscription failed with, if it did."""
+
+    stream: str
+    subscription: str
+    wake: asyncio.Event
+    #: Called when what the consumer received and holds unacknowledged is another's to
+    #: deliver now (a change of turn, a seek): the consumer forgets it.
+    forget_received: Callable[[], None]
+
+    @property
+    def consumer_type(self) -> str: ...
+
+    @property
+    def is_active(self) -> bool: ...
+
+    @property
+    def mark_delete_position(self) -> MessageId: ...
+
+    def take(self) -> Message | None: ...
+
+    async def prepare(self) -> None: ...
+
+    def acknowledge(self, message: Message | MessageId) -> None: ...
+
+    def acknowledge_cumulative(self, position: MessageId) -> None: ...
+
+    def give_back(self, message: Message | MessageId, delay_s: float) -> None: ...
+
+    async def seek(self, target: MessageId | int) -> None: ...
+
+    async def unsubscribe(self) -> None: ...
+
+    async def persist(self) -> None: ...
+
+    async def close(self, persist: bool) -> None: ...
+
+
 class Consumer:
-    """A durable subscription's consumer (made by Client.subscribe)."""
+    """A durable subscription's consumer (made by Client.subscribe, in either mode)."""
 
     def __init__(
         self,
-        scanner: StreamScanner,
-        registry: StreamRegistry,
-        subscription: str,
-        acks: AckRanges,
-        version: int,
+        subscription: Subscription,
         *,
-        receiver_queue_size: int = 1000,
         ack_timeout_ms: int = 0,
         negative_ack_redelivery_delay_ms: int = 1000,
-        cursor_persist_interval_ms: int = 100,
-        gate: SubscriptionGate | None = None,
         dead_letter_policy: DeadLetterPolicy | None = None,
         producer_factory: ProducerFactory | None = None,
-        schema: Any = None,
     ) -> None:
-        if receiver_queue_size < 1:
-            raise BadRequestError("receiver_queue_size must be >= 1")
+        if not isinstance(ack_timeout_ms, int) or ack_timeout_ms < 0:
+            raise BadRequestError(f"ack_timeout_ms must be an int >= 0, got {ack_timeout_ms!r}")
         if dead_letter_policy is not None and producer_factory is None:
             raise BadRequestError("a dead-letter policy needs a producer factory")
-        self._scanner = scanner
-        self._registry = registry
-        self.stream = scanner.name
-        self.subscription = subscription
-        self._acks = acks
-        self._version = version
-        # Whole entries read ahead, and messages to deliver again. `_wake` is set when
-        # either gets more.
-        self._queue_size = receiver_queue_size
-        self._wake = asyncio.Event()
-        self._schema = schema  # what message.value() decodes with
-        self._queue = EntryQueue(receiver_queue_size, self._wake, schema)
-        self._redeliver: collections.deque[Message] = collections.deque()
+        self._source = subscription
+        subscription.forget_received = self._forget_received
+        self.stream = subscription.stream
+        self.subscription = subscription.subscription
+        # Received and not yet acknowledged: by id (an ack by id finds the message), and
+        # since when (ack timeouts).
         self._unacked: dict[MessageId, tuple[Message, float]] = {}
         self._ack_timeout_s = ack_timeout_ms / 1000.0
         self._nack_delay_s = negative_ack_redelivery_delay_ms / 1000.0
-        self._persist_interval_s = cursor_persist_interval_ms / 1000.0
-        self._dirty = False
-        self._persist_timer: asyncio.TimerHandle | None = None
-        self._persisting: asyncio.Task[None] | None = None
-        self._persist_lock = asyncio.Lock()
-        self._fill_task: asyncio.Task[None] | None = None
         self._timeout_task: asyncio.Task[None] | None = None
         self._closed = False
         self._closing = CloseOnce()
-        self.persisted = 0  # cursor writes (observability)
-        # The subscription type's say in who receives (subscription.py). A consumer that
-        # becomes active (again) starts from the durable cursor: read it first.
-        self._gate = gate
-        self._reload_cursor = False
-        if gate is not None:
-            gate.on_change = self._on_active_change
-        # Delayed messages not due yet: a heap of (deliver at ms, order, message).
-        self._held: list[tuple[int, int, Message]] = []
-        self._held_order = itertools.count()
-        self._held_timer: asyncio.TimerHandle | None = None
         self._dead_letter = dead_letter_policy
         self._producer_factory = producer_factory
         self._dead_letter_producer: Producer | None = None
@@ -212,17 +228,287 @@ class Consumer:
 
     @property
     def consumer_type(self) -> str:
-        return self._gate.kind.value if self._gate is not None else "exclusive"
+        return self._source.consumer_type
 
     @property
     def is_active(self) -> bool:
         """Whether this consumer receives now (a failover standby does not)."""
+        return self._source.is_active
+
+    @property
+    def mark_delete_position(self) -> MessageId:
+        return self._source.mark_delete_position
+
+    def _forget_received(self) -> None:
+        self._unacked.clear()
+
+    # -- receiving ----------------------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> Message:
+        """The next message (redeliveries first); TimeoutError after timeout seconds. A
+        message delivered again more often than the dead-letter policy allows goes to
+        the dead-letter stream instead."""
+        if self._closed:
+            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
+        source = self._source
+        message = source.take()
+        if message is None or (self._dead_letter is not None and self._dead_lettering(message)):
+            try:
+                async with asyncio.timeout(timeout):
+                    while message is None or self._dead_lettering(message):
+                        if message is not None:
+                            await self._to_dead_letter(message)
+                        if self._closed:
+                            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
+                        await source.prepare()
+                        message = source.take()
+                        if message is None:
+                            source.wake.clear()
+                            await source.wake.wait()
+            except builtins.TimeoutError:
+                raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
+        self._received_now(message)
+        return message
+
+    def _received_now(self, message: Message) -> None:
+        self._unacked[message.message_id] = (message, time.monotonic())
+        self.received += 1
+        if self._ack_timeout_s > 0 and self._timeout_task is None:
+            self._timeout_task = asyncio.get_running_loop().create_task(self._ack_timeouts())
+
+    def receive_nowait(self) -> Message | None:
+        """The next message if one is here now, else None (a broker's dispatcher drains
+        what was read ahead this way). Not for a consumer with a dead-letter policy."""
+        if self._closed or self._dead_letter is not None:
+            return None
+        message = self._source.take()
+        if message is not None:
+            self._received_now(message)
+        return message
+
+    async def batch_receive(
+        self, max_num_messages: int = 100, timeout_ms: int = 100
+    ) -> list[Message]:
+        """Up to max_num_messages, waiting at most timeout_ms for them to come (Pulsar's
+        BatchReceivePolicy); fewer, or none, when the time is up."""
+        return await batch_receive(self.receive, max_num_messages, timeout_ms)
+
+    # -- dead letters -------------------------------------------------------------------
+
+    def _dead_lettering(self, message: Message) -> bool:
+        policy = self._dead_letter
+        return policy is not None and message.redelivery_count > policy.max_redeliver_count
+
+    async def _to_dead_letter(self, message: Message) -> None:
+        """Publish the message to the dead-letter stream, then acknowledge it here. If the
+        publish fails, it is delivered again after the redelivery delay (and tried again
+        then): at least once, in one of the two streams."""
+        stream = self.dead_letter_stream
+        assert stream is not None and self._producer_factory is not None
+        try:
+            if self._dead_letter_producer is None:
+                self._dead_letter_producer = await self._producer_factory(stream)
+            await send_dead_letter(self._dead_letter_producer, message, self.stream)
+        except StreamlibError as error:
+            log.warning("dead-lettering %s to %r failed: %s", message.message_id, stream, error)
+            self._source.give_back(message, self._nack_delay_s)
+            return
+        self.dead_lettered += 1
+        self._source.acknowledge(message)
+
+    # -- a message listener -------------------------------------------------------------
+
+    def listen(self, listener: Callable[[Consumer, Message], object]) -> None:
+        """Call listener(consumer, message) for each message, on the loop, until closed
+        (Pulsar's message_listener); a coroutine function is awaited. An exception it
+        raises is logged, and the message is delivered again (negative ack)."""
+        if self._listener_task is not None:
+            raise BadRequestError("this consumer has a message listener already")
+
+        async def run() -> None:
+            while not self._closed:
+                try:
+                    message = await self.receive()
+                except ClientClosedError:
+                    return
+                try:
+                    outcome = listener(self, message)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception:
+                    log.exception("message listener of %r failed", self.subscription)
+                    self.negative_acknowledge(message)
+
+        self._listener_task = asyncio.get_running_loop().create_task(run())
+
+    # -- acknowledging ------------------------------------------------------------------
+
+    def _held(self, message: Message | MessageId) -> Message | MessageId:
+        """The message as received (taken out of those unacknowledged), or the id as
+        given when none with it is held (the subscription decides what that means)."""
+        position = message if isinstance(message, MessageId) else message.message_id
+        found = self._unacked.pop(position, None)
+        if found is not None and isinstance(message, MessageId):
+            return found[0]
+        return message
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message (given as received, or its id)."""
+        self._source.acknowledge(self._held(message))
+        self.acknowledged += 1
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and everything before it."""
+        position = message if isinstance(message, MessageId) else message.message_id
+        self._source.acknowledge_cumulative(position)
+        for received in [p for p in self._unacked if p <= position]:
+            del self._unacked[received]
+        self.acknowledged += 1
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Have the message (given as received, or its id) delivered again after the
+        redelivery delay."""
+        self._source.give_back(self._held(message), self._nack_delay_s)
+        self.negatively_acknowledged += 1
+
+    async def _ack_timeouts(self) -> None:
+        """Deliver again what was left unacknowledged for ack_timeout_ms (a periodic
+        check, as Pulsar's client's UnAckedMessageTracker)."""
+        period = max(0.01, self._ack_timeout_s / 4)
+        while not self._closed:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for position, (message, received_at) in list(self._unacked.items()):
+                if now - received_at >= self._ack_timeout_s:
+                    del self._unacked[position]
+                    self._source.give_back(message, 0.0)
+
+    # -- the cursor ---------------------------------------------------------------------
+
+    async def persist(self) -> None:
+        """Make the acknowledgements given so far durable now (direct mode: write the
+        cursor; through the service: hand them to the broker, which keeps it)."""
+        await self._source.persist()
+
+    async def seek(self, target: MessageId | int) -> None:
+        """Move the subscription's cursor: deliver again from a message id (that message
+        first), or from the first message published at or after a timestamp (epoch
+        milliseconds). What was received and not acknowledged is forgotten."""
+        if isinstance(target, bool) or not isinstance(target, MessageId | int):
+            raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, got {target!r}")
+        if isinstance(target, MessageId):
+            target.checked()
+        await self._source.seek(target)
+        self._unacked.clear()
+
+    async def unsubscribe(self) -> None:
+        """Delete the subscription (its cursor) and close (through the service:
+        ConsumerBusyError while other consumers of it are connected)."""
+        if self._closed:
+            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
+        await self._source.unsubscribe()
+        await self.close(persist=False)
+
+    async def close(self, persist: bool = True) -> None:
+        """Persist the cursor (unless persist=False) and leave the subscription. Once
+        begun, the close runs to its end even if the caller is cancelled (closing.py);
+        a second call waits for the first."""
+        self._closed = True  # (at once: a receive() from here on raises)
+        await self._closing.run(lambda: self._close(persist))
+
+    async def _close(self, persist: bool) -> None:
+        tasks = [t for t in (self._listener_task, self._timeout_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._source.wake.set()  # a receive() waiting now ends (ClientClosedError)
+        try:
+            await self._source.close(persist)
+        finally:
+            if self._dead_letter_producer is not None:
+                with contextlib.suppress(Exception):
+                    await self._dead_letter_producer.close()
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self.receive()
+
+    async def stream_messages(self) -> AsyncIterator[Message]:
+        while True:
+            yield await self.receive()
+
+
+class DirectSubscription:
+    """Direct mode's subscription: reads the stream's ledgers itself (read ahead, whole
+    entries), delivers in order with redeliveries first and delayed messages when due,
+    and writes the cursor (CAS) at most every cursor_persist_interval_ms and on close.
+    The subscription type's gate (streamlib/stream/subscription.py) says when it may
+    deliver: a consumer that becomes active starts from the durable cursor."""
+
+    def __init__(
+        self,
+        scanner: StreamScanner,
+        registry: StreamRegistry,
+        subscription: str,
+        acks: AckRanges,
+        version: int,
+        *,
+        receiver_queue_size: int = 1000,
+        cursor_persist_interval_ms: int = 100,
+        gate: SubscriptionGate | None = None,
+        schema: Any = None,
+    ) -> None:
+        if receiver_queue_size < 1:
+            raise BadRequestError("receiver_queue_size must be >= 1")
+        self._scanner = scanner
+        self._registry = registry
+        self.stream = scanner.name
+        self.subscription = subscription
+        self._acks = acks
+        self._version = version
+        self.forget_received: Callable[[], None] = lambda: None
+        # Whole entries read ahead, and messages to deliver again. `wake` is set when
+        # either gets more.
+        self._queue_size = receiver_queue_size
+        self.wake = asyncio.Event()
+        self._schema = schema  # what message.value() decodes with
+        self._queue = EntryQueue(receiver_queue_size, self.wake, schema)
+        self._redeliver: collections.deque[Message] = collections.deque()
+        self._persist_interval_s = cursor_persist_interval_ms / 1000.0
+        self._dirty = False
+        self._persist_timer: asyncio.TimerHandle | None = None
+        self._persisting: asyncio.Task[None] | None = None
+        self._persist_lock = asyncio.Lock()
+        self._fill_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.persisted = 0  # cursor writes (observability)
+        self._gate = gate
+        self._reload_cursor = False
+        if gate is not None:
+            gate.on_change = self._on_active_change
+        # Delayed messages not due yet: a heap of (deliver at ms, order, message).
+        self._held: list[tuple[int, int, Message]] = []
+        self._held_order = itertools.count()
+        self._held_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def consumer_type(self) -> str:
+        return self._gate.kind.value if self._gate is not None else "exclusive"
+
+    @property
+    def is_active(self) -> bool:
         return self._gate is None or self._gate.active.is_set()
+
+    @property
+    def mark_delete_position(self) -> MessageId:
+        return self._acks.mark_delete
 
     def _on_active_change(self, active: bool) -> None:
         if active:
             self._reload_cursor = True
-            self._wake.set()
+            self.wake.set()
             return
         # Another consumer may be active now: what was read ahead or handed out and not
         # acknowledged is its to deliver. Stop reading; drop it all.
@@ -230,50 +516,51 @@ class Consumer:
             self._fill_task.cancel()
             self._fill_task = None
         self._forget_read()
-        self._wake.set()  # a receive() waiting now goes back to waiting for its turn
+        self.wake.set()  # a receive() waiting now goes back to waiting for its turn
 
-    async def _activate(self) -> None:
-        """Wait to be the subscription's active consumer; a new turn starts from the
-        cursor as stored (the previous active one persisted it on its way out)."""
-        assert self._gate is not None
-        await self._gate.wait_active()
-        if self._reload_cursor:
-            self._reload_cursor = False
-            stored = await self._registry.read_cursor(self.stream, self.subscription)
-            if stored is not None and stored[1] != self._version:
-                self._acks, self._version = ranges_from_state(stored[0]), stored[1]
-                if self._fill_task is not None:
-                    self._fill_task.cancel()
-                    await asyncio.gather(self._fill_task, return_exceptions=True)
-                    self._fill_task = None
-                self._forget_read()
+    async def prepare(self) -> None:
+        """Wait to be the subscription's active consumer (a new turn starts from the
+        cursor as stored: the previous active one persisted it on its way out), and
+        read ahead."""
+        if self._gate is not None:
+            await self._gate.wait_active()
+            if self._reload_cursor:
+                self._reload_cursor = False
+                stored = await self._registry.read_cursor(self.stream, self.subscription)
+                if stored is not None and stored[1] != self._version:
+                    self._acks, self._version = ranges_from_state(stored[0]), stored[1]
+                    if self._fill_task is not None:
+                        self._fill_task.cancel()
+                        await asyncio.gather(self._fill_task, return_exceptions=True)
+                        self._fill_task = None
+                    self._forget_read()
+        self._start()  # (again, if a seek or a change of turn stopped it)
 
     def _forget_read(self) -> None:
         """Drop what was read ahead, held or handed out (another turn, or a seek)."""
-        self._queue = EntryQueue(self._queue_size, self._wake, self._schema)
+        self._queue = EntryQueue(self._queue_size, self.wake, self._schema)
         self._redeliver = collections.deque()
-        self._unacked.clear()
+        self.forget_received()
         self._held = []
         if self._held_timer is not None:
             self._held_timer.cancel()
             self._held_timer = None
 
-    # -- receiving ----------------------------------------------------------------------
-
     def _start(self) -> None:
-        if self._fill_task is None:
+        if self._fill_task is None and not self._closed:
             self._scanner.start_after = self._acks.mark_delete
             self._fill_task = asyncio.get_running_loop().create_task(
                 self._queue.fill(self._scanner)
             )
-        if self._ack_timeout_s > 0 and self._timeout_task is None:
-            self._timeout_task = asyncio.get_running_loop().create_task(self._ack_timeouts())
 
-    def _take(self) -> Message | None:
+    def take(self) -> Message | None:
         """The next message to deliver, if one is here now: redeliveries first, then
         delayed messages now due, then the read-ahead messages not acknowledged yet
         (individual acks persisted before a restart); a message delayed past now is held
         (at most MAX_HELD_MESSAGES: then reading ahead waits for the first to be due)."""
+        if not self.is_active or self._reload_cursor:
+            return None
+        self._start()
         acks = self._acks
         while self._redeliver:
             again = self._redeliver.popleft()
@@ -313,168 +600,38 @@ class Consumer:
 
     def _held_due(self) -> None:
         self._held_timer = None
-        self._wake.set()
+        self.wake.set()
 
     def _deliver_again(self, message: Message, into: collections.deque[Message]) -> None:
         into.append(message)  # (dropped if a seek replaced the deque meanwhile)
         if into is self._redeliver:
-            self._wake.set()
-
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message (redeliveries first); TimeoutError after timeout seconds."""
-        if self._closed:
-            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
-        message = None
-        if self.is_active and not self._reload_cursor:
-            self._start()
-            message = self._take()
-        if message is None or (self._dead_letter is not None and self._dead_lettering(message)):
-            try:
-                async with asyncio.timeout(timeout):
-                    while message is None or self._dead_lettering(message):
-                        if message is not None:
-                            await self._to_dead_letter(message)
-                        if self._closed:
-                            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
-                        if self._gate is not None:
-                            await self._activate()
-                        self._start()  # (again, if a seek or a change of turn stopped it)
-                        message = self._take()
-                        if message is None:
-                            self._wake.clear()
-                            await self._wake.wait()
-            except builtins.TimeoutError:
-                raise TimeoutError(f"no message on {self.stream!r} within {timeout} s") from None
-        self._unacked[message.message_id] = (message, time.monotonic())
-        self.received += 1
-        return message
-
-    def receive_nowait(self) -> Message | None:
-        """The next message if one is here now, else None (a broker's dispatcher drains
-        what was read ahead this way). Not for a consumer with a dead-letter policy."""
-        if self._closed or self._dead_letter is not None or self._reload_cursor:
-            return None
-        if not self.is_active:
-            return None
-        self._start()
-        message = self._take()
-        if message is not None:
-            self._unacked[message.message_id] = (message, time.monotonic())
-            self.received += 1
-        return message
-
-    async def batch_receive(
-        self, max_num_messages: int = 100, timeout_ms: int = 100
-    ) -> list[Message]:
-        """Up to max_num_messages, waiting at most timeout_ms for them to come (Pulsar's
-        BatchReceivePolicy); fewer, or none, when the time is up."""
-        return await batch_receive(self.receive, max_num_messages, timeout_ms)
-
-    # -- dead letters -------------------------------------------------------------------
-
-    def _dead_lettering(self, message: Message) -> bool:
-        policy = self._dead_letter
-        return policy is not None and message.redelivery_count > policy.max_redeliver_count
-
-    async def _to_dead_letter(self, message: Message) -> None:
-        """Publish the message to the dead-letter stream, then acknowledge it here. If the
-        publish fails, it is delivered again after the redelivery delay (and tried again
-        then): at least once, in one of the two streams."""
-        stream = self.dead_letter_stream
-        assert stream is not None and self._producer_factory is not None
-        try:
-            if self._dead_letter_producer is None:
-                self._dead_letter_producer = await self._producer_factory(stream)
-            await send_dead_letter(self._dead_letter_producer, message, self.stream)
-        except StreamlibError as error:
-            log.warning("dead-lettering %s to %r failed: %s", message.message_id, stream, error)
-            asyncio.get_running_loop().call_later(
-                self._nack_delay_s, self._deliver_again, message, self._redeliver
-            )
-            return
-        self.dead_lettered += 1
-        self._acks.ack(message.previous, message.message_id)
-        self._changed()
-
-    # -- a message listener -------------------------------------------------------------
-
-    def listen(self, listener: Callable[[Consumer, Message], object]) -> None:
-        """Call listener(consumer, message) for each message, on the loop, until closed
-        (Pulsar's message_listener); a coroutine function is awaited. An exception it
-        raises is logged, and the message is delivered again (negative ack)."""
-        if self._listener_task is not None:
-            raise BadRequestError("this consumer has a message listener already")
-
-        async def run() -> None:
-            while not self._closed:
-                try:
-                    message = await self.receive()
-                except ClientClosedError:
-                    return
-                try:
-                    outcome = listener(self, message)
-                    if inspect.isawaitable(outcome):
-                        await outcome
-                except Exception:
-                    log.exception("message listener of %r failed", self.subscription)
-                    self.negative_acknowledge(message)
-
-        self._listener_task = asyncio.get_running_loop().create_task(run())
+            self.wake.set()
 
     # -- acknowledging ------------------------------------------------------------------
 
-    def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (given as received, or its id)."""
-        message = self._received(message)
-        self._unacked.pop(message.message_id, None)
-        self._acks.ack(message.previous, message.message_id)
-        self.acknowledged += 1
-        self._changed()
-
-    def _received(self, message: Message | MessageId) -> Message:
-        """The message, given as received or by the id of one received (unacknowledged)."""
-        if not isinstance(message, MessageId):
-            return message
-        entry = self._unacked.get(message)
-        if entry is None:
+    @staticmethod
+    def _message(message: Message | MessageId) -> Message:
+        if isinstance(message, MessageId):
             raise BadRequestError(f"message {message} was not received by this consumer")
-        return entry[0]
+        return message
 
-    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and everything before it."""
-        position = message if isinstance(message, MessageId) else message.message_id
-        self._acks.ack_cumulative(position)
-        for received in [p for p in self._unacked if p <= position]:
-            del self._unacked[received]
+    def acknowledge(self, message: Message | MessageId) -> None:
+        message = self._message(message)
+        self._acks.ack(message.previous, message.message_id)
         self._changed()
 
-    def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Have the message (given as received, or its id) delivered again after the
-        redelivery delay."""
-        message = self._received(message)
-        self._unacked.pop(message.message_id, None)
-        self.negatively_acknowledged += 1
-        again = message.redelivered()
-        asyncio.get_running_loop().call_later(
-            self._nack_delay_s, self._deliver_again, again, self._redeliver
-        )
+    def acknowledge_cumulative(self, position: MessageId) -> None:
+        self._acks.ack_cumulative(position)
+        self._changed()
 
-    async def _ack_timeouts(self) -> None:
-        """Redeliver messages left unacknowledged for ack_timeout_ms."""
-        period = max(0.01, self._ack_timeout_s / 4)
-        while not self._closed:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for position, (message, received_at) in list(self._unacked.items()):
-                if now - received_at >= self._ack_timeout_s:
-                    del self._unacked[position]
-                    self._deliver_again(message.redelivered(), self._redeliver)
+    def give_back(self, message: Message | MessageId, delay_s: float) -> None:
+        again = self._message(message).redelivered()
+        if delay_s <= 0:
+            self._deliver_again(again, self._redeliver)
+            return
+        asyncio.get_running_loop().call_later(delay_s, self._deliver_again, again, self._redeliver)
 
     # -- the durable cursor -------------------------------------------------------------
-
-    @property
-    def mark_delete_position(self) -> MessageId:
-        return self._acks.mark_delete
 
     def _changed(self) -> None:
         self._dirty = True
@@ -511,20 +668,11 @@ class Consumer:
                     return
                 self.persisted += 1
 
-    # -- moving the cursor --------------------------------------------------------------
-
     async def seek(self, target: MessageId | int) -> None:
-        """Redeliver from a message id (that message first), or from the first message
-        published at or after a timestamp (epoch milliseconds)."""
-        if isinstance(target, int) and not isinstance(target, bool):
-            position = await self._scanner.position_before_time(target)
-        elif isinstance(target, MessageId):
+        if isinstance(target, MessageId):
             position = position_before(target)
         else:
-            raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, got {target!r}")
-        await self._restart(position)
-
-    async def _restart(self, position: MessageId) -> None:
+            position = await self._scanner.position_before_time(target)
         if position == LATEST:
             position = await self._scanner.end_position()
         filling = self._fill_task
@@ -535,36 +683,28 @@ class Consumer:
         self._acks.reset(position)
         self._forget_read()
         self._fill_task = None  # the next receive reads from the new position
-        self._wake.set()  # ... including one waiting now
+        self.wake.set()  # ... including one waiting now
         self._dirty = True
         await self.persist()
         await self._registry.cursor_moved_back(self.stream)  # retention must see it now
 
     async def unsubscribe(self) -> None:
-        """Delete the subscription (its cursor) and close."""
+        """Delete the subscription (its cursor); the consumer closes after."""
         await self.close(persist=False)
         await self._registry.delete_cursor(self.stream, self.subscription)
 
-    async def close(self, persist: bool = True) -> None:
-        """Persist the cursor (unless persist=False) and leave the subscription. Once
-        begun, the close runs to its end even if the caller is cancelled (closing.py);
-        a second call waits for the first."""
-        self._closed = True  # (at once: a receive() from here on raises)
-        await self._closing.run(lambda: self._close(persist))
-
-    async def _close(self, persist: bool) -> None:
+    async def close(self, persist: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._persist_timer is not None:
             self._persist_timer.cancel()
         if self._held_timer is not None:
             self._held_timer.cancel()
-        if self._listener_task is not None:
-            self._listener_task.cancel()
-            await asyncio.gather(self._listener_task, return_exceptions=True)
-        self._wake.set()  # a receive() waiting now ends (ClientClosedError)
-        for task in (self._fill_task, self._timeout_task, self._persisting):
-            if task is not None and task is not self._persisting:
-                task.cancel()
-        tasks = [t for t in (self._fill_task, self._timeout_task, self._persisting) if t]
+        self.wake.set()
+        if self._fill_task is not None:
+            self._fill_task.cancel()
+        tasks = [t for t in (self._fill_task, self._persisting) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
             # (A standby that never received has nothing of its own to write.)
@@ -574,11 +714,3 @@ class Consumer:
         finally:
             if self._gate is not None:  # the cursor first, then the next in line
                 await self._gate.leave()
-            if self._dead_letter_producer is not None:
-                await self._dead_letter_producer.close()
-
-    def __aiter__(self) -> Consumer:
-        return self
-
-    async def __anext__(self) -> Message:
-        return await self.receive()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from streamlib.protocol.errors import InvalidPositionError
+from streamlib.protocol.errors import BadRequestError, InvalidPositionError
 
 _PACKED = struct.Struct(">qqi")
 
@@ -81,6 +81,19 @@ def parse_start(value: MessageId | str | bytes) -> MessageId:
     if value in ("latest", "LATEST"):
         return LATEST
     return MessageId.parse(value)
+
+
+def parse_initial_position(value: object) -> str:
+    """The string "latest" or "earliest", from those (any case), InitialPosition, or
+    anything with such a ``name`` (pulsar-client's ``InitialPosition.Latest`` /
+    ``.Earliest``); BadRequestError for anything else."""
+    text = value if isinstance(value, str) else getattr(value, "name", None)
+    if isinstance(text, str) and text.lower() in ("latest", "earliest"):
+        return text.lower()
+    raise BadRequestError(
+        f"initial_position is 'latest' or 'earliest' (or streamlib.InitialPosition, or "
+        f"pulsar-client's InitialPosition), got {value!r}"
+    )
 
 
 def position_before(position: MessageId) -> MessageId:

@@ -1,9 +1,18 @@
 """Producer: batches messages into entries of a stream (the entry format is
-streamlib.stream.batch's: key, properties, publish time, event time, payload per message)."""
+streamlib.stream.batch's: key, properties, publish time, event time, payload per message).
+
+One implementation for both ways to reach a stream: the producer builds every entry
+(batching, compression, chunking, schemas, sequence ids, deduplication of resends) and
+hands it to its Appender -- in direct mode the stream's writer (it takes the stream over
+and appends to the ledgers), through the stream service a broker connection
+(streamlib/service/appender.py) that sends the entry to the stream's owner, which
+stores it as it is.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import functools
 import inspect
@@ -11,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from streamlib.protocol.errors import (
     BadRequestError,
@@ -31,7 +40,7 @@ from streamlib.stream.batch import (
     metadata_of,
     parse_compression,
 )
-from streamlib.stream.positions import MessageId
+from streamlib.stream.positions import EARLIEST, MessageId
 from streamlib.stream.writer import StreamWriter, now_ms
 
 MAX_ENTRY_BYTES = 5 * 1024 * 1024
@@ -41,8 +50,47 @@ CHUNK_BYTES = 4 * 1024 * 1024
 MAX_CHUNKED_METADATA_BYTES = 64 * 1024
 
 
+# Sends a producer remembers the position of, to answer a resend of one (dedup).
+RECENT_IDS = 4096
+
+
 class ProducerQueueIsFullError(StreamlibError):
     """max_pending_messages are waiting for acknowledgement and block_if_queue_full is off."""
+
+
+class Appender(Protocol):
+    """Where a producer's entries go: each is appended whole, in the order given; its
+    future gives (ledger id, entry id) once it is durable (or, for an entry whose last
+    sequence id was stored before, where that one went)."""
+
+    name: str
+
+    def append_entry(
+        self, entry: bytes, first_sequence_id: int, last_sequence_id: int, messages: int
+    ) -> asyncio.Future[tuple[int, int]]: ...
+
+    async def flush(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class WriterAppender:
+    """Direct mode's appender: the stream's writer (streamlib/stream/writer.py)."""
+
+    def __init__(self, writer: StreamWriter) -> None:
+        self.writer = writer
+        self.name = writer.name
+
+    def append_entry(
+        self, entry: bytes, first_sequence_id: int, last_sequence_id: int, messages: int
+    ) -> asyncio.Future[tuple[int, int]]:
+        return self.writer.append_nowait(entry)
+
+    async def flush(self) -> None:
+        await self.writer.flush()
+
+    async def close(self) -> None:
+        await self.writer.close()
 
 
 @dataclass
@@ -50,6 +98,7 @@ class _Batch:
     messages: BatchBuilder
     futures: list[asyncio.Future[MessageId]]
     started: float = 0.0  # when its first message was sent (time.monotonic())
+    chunked: bool = False  # a piece of a chunked message
 
 
 Checked = tuple[bytes, int, "envelope.Metadata | None", int]
@@ -111,7 +160,7 @@ def _check(
 class Producer:
     def __init__(
         self,
-        writer: StreamWriter,
+        appender: Appender | StreamWriter,
         *,
         batching_max_messages: int = 1000,
         batching_max_bytes: int = 128 * 1024,
@@ -124,6 +173,7 @@ class Producer:
         schema: Any = None,
         initial_sequence_id: int | None = None,
         producer_name: str = "",
+        recent: Mapping[int, MessageId] | None = None,
     ) -> None:
         if not isinstance(producer_name, str):
             raise BadRequestError(f"producer_name must be a str, got {producer_name!r}")
@@ -150,8 +200,17 @@ class Producer:
         # The last sequence id given (Pulsar's: the next message gets one more). The
         # client sets it from the stream's last message when the option is not given.
         self.last_sequence_id = -1 if initial_sequence_id is None else initial_sequence_id
-        self._writer = writer
-        self.stream = writer.name
+        # Where sends went, by sequence id (the last RECENT_IDS, and `recent`: the
+        # stream's last entry when the producer was made): a resend of one of them is
+        # answered with the original's id, and stored nothing. Sends in flight, too.
+        self._recent: collections.OrderedDict[int, MessageId] = collections.OrderedDict(
+            sorted((recent or {}).items())
+        )
+        self._unsettled: dict[int, asyncio.Future[MessageId]] = {}
+        self._appender: Appender = (
+            WriterAppender(appender) if isinstance(appender, StreamWriter) else appender
+        )
+        self.stream = self._appender.name
         self._max_messages = batching_max_messages
         self._max_bytes = min(batching_max_bytes, MAX_ENTRY_BYTES)
         self._delay_s = batching_max_publish_delay_ms / 1000.0
@@ -167,6 +226,7 @@ class Producer:
         # Counted for client.stats() and the client's Prometheus collector.
         self.sent = 0
         self.send_errors = 0
+        self.duplicates = 0  # resends answered with the original's id
         self.latency_sum_s = 0.0  # send to durable, summed over the messages sent
 
     @property
@@ -268,12 +328,16 @@ class Producer:
             isinstance(sequence_id, int) and not isinstance(sequence_id, bool) and sequence_id >= 0
         ):
             sequence = sequence_id
+            if sequence <= self.last_sequence_id:
+                return self._resent(sequence)
         else:
             raise BadRequestError(f"sequence_id must be an int >= 0, got {sequence_id!r}")
-        self.last_sequence_id = max(self.last_sequence_id, sequence)
+        self.last_sequence_id = sequence
         size = message_size(data, metadata)
         if size > MAX_MESSAGE_BYTES:  # (_checked let it through: this producer chunks)
-            return self._send_chunked(data, event_ms, metadata, deliver_ms, sequence)
+            return self._send_chunked(
+                data, event_ms, metadata, deliver_ms, sequence, producer or self.producer_name
+            )
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -284,6 +348,7 @@ class Producer:
             data, now_ms(), event_ms, metadata, deliver_ms, sequence, producer or self.producer_name
         )
         self._batch.futures.append(future)
+        self._unsettled[sequence] = future
         self._pending += 1
         # Adaptive batching (Nagle / Kafka's linger, as the journal's group commit): with
         # nothing in flight a message goes at once -- waiting would only add latency;
@@ -297,6 +362,18 @@ class Producer:
             self._seal()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._seal)
+        return future
+
+    def _resent(self, sequence: int) -> asyncio.Future[MessageId]:
+        """A send of a sequence id already sent (Pulsar's deduplication): acknowledged
+        with the original's id -- when it is still in flight, once it is durable -- and
+        stored nothing. EARLIEST when the original is too old to remember."""
+        self.duplicates += 1
+        original = self._unsettled.get(sequence)
+        if original is not None:
+            return original
+        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        future.set_result(self._recent.get(sequence, EARLIEST))
         return future
 
     async def send(
@@ -378,8 +455,11 @@ class Producer:
     def _append(self, batch: _Batch, encode: Callable[[], bytes]) -> None:
         """Append one entry; its batch's sends settle with it."""
         self._in_flight += 1
+        sequence_ids = batch.messages.sequence_ids
         try:
-            entry = self._writer.append_nowait(encode())
+            entry = self._appender.append_entry(
+                encode(), sequence_ids[0], sequence_ids[-1], len(sequence_ids)
+            )
         except Exception as error:  # every send of the batch gets this outcome
             self._settle(batch, error=error)
             return
@@ -392,6 +472,7 @@ class Producer:
         metadata: envelope.Metadata | None,
         deliver_ms: int,
         sequence: int,
+        producer: str = "",
     ) -> asyncio.Future[MessageId]:
         """A message too large for one entry, as consecutive format 4 entries of at most
         CHUNK_BYTES of it each (what gathered before goes first). Its MessageId is the
@@ -400,14 +481,17 @@ class Producer:
         self._seal()
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         self._pending += 1
+        self._unsettled[sequence] = future
         message_uuid = uuid.uuid4().hex
         count = -(-len(data) // CHUNK_BYTES)
         published = now_ms()
         for index in range(count):
             piece = BatchBuilder()
             piece.add(data[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES], published,
-                      event_ms, metadata, deliver_ms, sequence)  # fmt: skip
-            batch = _Batch(piece, [future] if index == count - 1 else [], time.monotonic())
+                      event_ms, metadata, deliver_ms, sequence, producer)  # fmt: skip
+            batch = _Batch(
+                piece, [future] if index == count - 1 else [], time.monotonic(), chunked=True
+            )
             self._append(
                 batch, functools.partial(piece.encode_chunk, message_uuid, index, count, len(data))
             )
@@ -425,7 +509,11 @@ class Producer:
                 if done.cancelled()
                 else done.exception()
             )
+        sequence_ids = batch.messages.sequence_ids
+        recent = self._recent
         for index, future in enumerate(batch.futures):
+            sequence = sequence_ids[-1] if batch.chunked else sequence_ids[index]
+            self._unsettled.pop(sequence, None)
             if future.done():
                 continue
             if error is not None:
@@ -433,7 +521,12 @@ class Producer:
             else:
                 assert done is not None
                 ledger_id, entry_id = done.result()
-                future.set_result(MessageId(ledger_id, entry_id, index))
+                position = MessageId(ledger_id, entry_id, 0 if batch.chunked else index)
+                future.set_result(position)
+                recent[sequence] = position
+        if len(recent) > RECENT_IDS:
+            for _ in range(len(recent) - RECENT_IDS):
+                recent.popitem(last=False)
         settled = len(batch.futures)
         if error is not None:
             self.send_errors += settled
@@ -449,11 +542,11 @@ class Producer:
     async def flush(self) -> None:
         """Send the open batch now and wait until everything sent is durable."""
         self._seal()
-        await self._writer.flush()
+        await self._appender.flush()
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._seal()
-        await self._writer.close()
+        await self._appender.close()

@@ -8,7 +8,7 @@ import builtins
 import collections
 import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from tenacity import (
     AsyncRetrying,
@@ -335,10 +335,23 @@ class StreamScanner:
 
     async def last_sequence_id(self) -> int:
         """The sequence id of the last message confirmed now (-1: none, or it has none)."""
+        return (await self.last_sent())[0]
+
+    async def last_sent(self) -> tuple[int, dict[int, MessageId]]:
+        """The sequence id of the last message confirmed now (-1: none, or it has none),
+        and where each message of its entry went, by sequence id (what a new producer
+        answers a resend of them with)."""
         last = await self._last_entry()
         if last is None or last[2].sequence_ids is None or not last[2].payloads:
-            return -1
-        return max(-1, last[2].sequence_ids[-1])
+            return -1, {}
+        ledger_id, entry_id, batch = last
+        assert batch.sequence_ids is not None
+        where = {
+            sequence: MessageId(ledger_id, entry_id, index)
+            for index, sequence in enumerate(batch.sequence_ids)
+            if sequence >= 0
+        }
+        return max(-1, batch.sequence_ids[-1]), where
 
     async def start_position(self, start: MessageId | str, inclusive: bool) -> MessageId:
         """Where a reader from `start` starts (the position it starts after): after the
@@ -721,34 +734,84 @@ class EntryQueue:
         return message
 
 
-class Reader:
-    """A non-durable reader: reads from a position, remembers nothing."""
+class Feed(Protocol):
+    """What a Reader reads from: messages after a start, in order -- in direct mode the
+    stream's ledgers (ScannerFeed), through the stream service a broker's reader session
+    (streamlib/service/subscription.py)."""
 
-    def __init__(
-        self,
-        scanner: StreamScanner,
-        *,
-        queue_size: int = 1000,
-        inclusive: bool = False,
-        schema: Any = None,
-    ) -> None:
+    def take_nowait(self) -> Message | None: ...
+
+    async def take(self, timeout: float | None) -> Message: ...
+
+    def has_queued(self) -> bool: ...
+
+    async def restart(self, start: MessageId | int, inclusive: bool) -> MessageId | None: ...
+
+    async def last_message(self) -> MessageId | None: ...
+
+    async def close(self) -> None: ...
+
+
+class ScannerFeed:
+    """Direct mode's feed: the stream's ledgers, whole entries read ahead."""
+
+    def __init__(self, scanner: StreamScanner, queue_size: int, schema: Any) -> None:
         self._scanner = scanner
-        self._inclusive = inclusive
         self._queue_size = queue_size
         self._schema = schema
-        self._queue = EntryQueue(queue_size, schema=schema)  # whole entries, read ahead
+        self._queue = EntryQueue(queue_size, schema=schema)
         self._task: asyncio.Task[None] | None = None
-        self._last: MessageId | Message = scanner.start_after  # the last read (or start)
-        self.stream = scanner.name
+
+    def take_nowait(self) -> Message | None:
+        return self._queue.take_nowait()
+
+    async def take(self, timeout: float | None) -> Message:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._queue.fill(self._scanner))
+        return await self._queue.take(timeout)
+
+    def has_queued(self) -> bool:
+        return bool(self._queue)
+
+    async def restart(self, start: MessageId | int, inclusive: bool) -> MessageId:
+        """Read after `start` next (a position, as a reader's start; or epoch ms: from the
+        first message published then or later); the position it reads after."""
+        if isinstance(start, MessageId):
+            after = await self._scanner.start_position(start, inclusive)
+        else:
+            after = await self._scanner.position_before_time(start)
+        if after == LATEST:  # (fixed now: what is published from here on is read)
+            after = await self._scanner.end_position()
+        await self.close()
+        self._scanner.start_after = after
+        self._queue = EntryQueue(self._queue_size, schema=self._schema)
+        return after
+
+    async def last_message(self) -> MessageId | None:
+        return await self._scanner.last_message()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
+class Reader:
+    """A non-durable reader: reads from a position, remembers nothing (either mode)."""
+
+    def __init__(self, feed: Feed, stream: str, start_after: MessageId, inclusive: bool) -> None:
+        self._feed = feed
+        self._inclusive = inclusive
+        self._last: MessageId | Message = start_after  # the last read (or the start)
+        self.stream = stream
 
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""
-        message = self._queue.take_nowait()  # the common case while catching up
+        message = self._feed.take_nowait()  # the common case while catching up
         if message is None:
-            if self._task is None:
-                self._task = asyncio.get_running_loop().create_task(self._queue.fill(self._scanner))
             try:
-                message = await self._queue.take(timeout)
+                message = await self._feed.take(timeout)
             except builtins.TimeoutError:
                 raise StreamTimeoutError(
                     f"no message on {self.stream!r} within {timeout} s"
@@ -757,13 +820,14 @@ class Reader:
         return message
 
     async def has_message_available(self) -> bool:
-        if self._queue:
+        """Whether a message after the last one read is there now."""
+        if self._feed.has_queued():
             return True
-        end = await self._scanner.end_position()
+        end = await self._feed.last_message()
         last = self._last if isinstance(self._last, MessageId) else self._last.message_id
-        if last == LATEST:
+        if end is None or last == LATEST:
             return False
-        return end != EARLIEST and (end.ledger_id, end.entry_id) > (last.ledger_id, last.entry_id)
+        return end > last
 
     async def seek(self, position: MessageId | str | int) -> None:
         """Read from `position` next, as the reader's start: just after that message, or
@@ -772,23 +836,12 @@ class Reader:
         or later. (Pulsar's rule; a Consumer's seek always includes the message.)"""
         if isinstance(position, bool):
             raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, not {position}")
-        if isinstance(position, int):
-            start = await self._scanner.position_before_time(position)
-        else:
-            start = await self._scanner.start_position(position, self._inclusive)
-        await self._stop()
-        self._scanner.start_after = start
-        self._last = self._scanner.start_after
-        self._queue = EntryQueue(self._queue_size, schema=self._schema)
-
-    async def _stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        start = position if isinstance(position, int) else parse_start(position)
+        after = await self._feed.restart(start, self._inclusive)
+        self._last = EARLIEST if after is None else after
 
     async def close(self) -> None:
-        await self._stop()
+        await self._feed.close()
 
     def __aiter__(self) -> Reader:
         return self

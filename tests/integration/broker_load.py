@@ -38,10 +38,10 @@ from typing import Any
 
 import grpc
 
-from streamlib.broker import broker_pb2 as pb
-from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.broker.launcher import BrokerProcess
 from streamlib.ledger.bookie_client import BookieClientConfig
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire import broker_pb2_grpc as pb_grpc
 
 MiB = 1 << 20
 KiB = 1 << 10

@@ -305,7 +305,7 @@ async def test_the_broker_authenticates_and_authorizes_as_the_bookies_do(
     with pytest.raises(UnauthenticatedError):  # an expired one
         await service("writer", expires_in_s=-60)
     with pytest.raises(UnauthorizedError):  # unloading is the admin's
-        from streamlib.broker.client import unload
+        from streamlib.service.client import unload
 
         await unload(secure.cluster.brokers[0].address, "secured", tls_ca=str(certs.ca),
                      token=secure.token("writer"))  # fmt: skip

@@ -16,11 +16,12 @@ import pytest
 import streamlib
 import streamlib.errors as errors
 from metadata.services.brokers import BrokerRegistry
-from streamlib.broker import broker_pb2 as pb
-from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.schema import IncompatibleSchemaError, JsonSchema
 from streamlib.stream.positions import EARLIEST
 from streamlib.stream.producer import ProducerQueueIsFullError
+from streamlib.stream.batch import BatchBuilder
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire import broker_pb2_grpc as pb_grpc
 from tests.integration.conftest import script_process
 
 pytestmark = pytest.mark.timeout(180)
@@ -229,6 +230,17 @@ async def open_raw_producer(address: str, stream: str, name: str):
     return channel, call, ready
 
 
+def raw_entries(producer: str, *messages: tuple[int, bytes]) -> pb.ProduceRequest:
+    """A request of one entry per message, as a producer builds them."""
+    request = pb.ProduceRequest(entries=pb.EntryBatch())
+    for sequence_id, payload in messages:
+        batch = BatchBuilder()
+        batch.add(payload, 1, sequence_id=sequence_id, producer=producer)
+        request.entries.entries.add(entry=batch.encode(), first_sequence_id=sequence_id,
+                                    last_sequence_id=sequence_id, messages=1)  # fmt: skip
+    return request
+
+
 async def test_the_broker_drops_a_resent_sequence_id_and_says_where_the_original_went(cluster):
     cluster.start_bookies(3)
     [broker] = cluster.start_brokers(1)
@@ -243,8 +255,7 @@ async def test_the_broker_drops_a_resent_sequence_id_and_says_where_the_original
     channel, call, ready = await open_raw_producer(broker.address, "dedup", "p")
     try:
         assert ready.ready.last_sequence_id == 9
-        await call.write(pb.ProduceRequest(send=pb.SendBatch(sends=[
-            pb.Send(sequence_id=5, payload=b"5 again"), pb.Send(sequence_id=10, payload=b"10")])))  # fmt: skip
+        await call.write(raw_entries("p", (5, b"5 again"), (10, b"10")))
         answer = await call.read()
         receipts = {r.sequence_id: r for r in answer.receipts.receipts}
         assert receipts[5].duplicate
@@ -264,7 +275,7 @@ async def test_bad_requests_get_clear_errors(cluster):
     async with grpc.aio.insecure_channel(broker.address) as channel:
         stub = pb_grpc.BrokerStub(channel)
         call = stub.Produce()
-        await call.write(pb.ProduceRequest(send=pb.SendBatch()))
+        await call.write(pb.ProduceRequest(entries=pb.EntryBatch()))
         answer = await call.read()
         assert answer.error.code == "BadRequestError"
         call = stub.Produce()
@@ -285,6 +296,34 @@ async def test_bad_requests_get_clear_errors(cluster):
     with pytest.raises(errors.TooLargeError):
         producer = await client.create_producer("x")
         await producer.send(b"x" * (6 << 20))
+
+
+async def test_the_broker_refuses_an_entry_that_is_not_the_producers_own(cluster):
+    """An entry must hold the producer's own messages with the sequence ids it claims:
+    one naming another producer would, read back after a failover, make that one's
+    sends look like duplicates. Each bad entry fails alone; the good one is stored."""
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    channel, call, ready = await open_raw_producer(broker.address, "own", "p")
+    try:
+        good = raw_entries("p", (0, b"mine")).entries.entries[0]
+        forged = raw_entries("q", (1, b"as q")).entries.entries[0]
+        claimed = raw_entries("p", (2, b"claims 3")).entries.entries[0]
+        claimed.last_sequence_id = 3
+        junk = pb.EntrySend(entry=b"not a batch", first_sequence_id=4, last_sequence_id=4,
+                            messages=1)  # fmt: skip
+        request = pb.ProduceRequest(entries=pb.EntryBatch(entries=[forged, claimed, junk, good]))
+        await call.write(request)
+        answers = [await call.read() for _ in range(4)]
+    finally:
+        call.cancel()
+        await channel.close()
+    failed = [a.failed for a in answers if a.WhichOneof("kind") == "failed"]
+    assert [f.sequence_ids[0] for f in failed] == [1, 3, 4]
+    assert {f.error.code for f in failed} == {"BadRequestError", "MessageDecodeError"}
+    [stored] = [a.receipts for a in answers if a.WhichOneof("kind") == "receipts"]
+    assert [r.sequence_id for r in stored.receipts] == [0]
+    assert [m.data for m in await read_all(cluster, "own", 1)] == [b"mine"]
 
 
 async def test_streams_spread_over_brokers_and_move_when_unloaded(cluster):

@@ -17,11 +17,11 @@ import pytest
 
 import metadata
 from metadata.services.principals import SubscriptionGrants
-from streamlib.broker import broker_pb2 as pb
-from streamlib.broker import broker_pb2_grpc as pb_grpc
 from streamlib.errors import NoSuchStreamError, UnauthorizedError
 from streamlib.security import write_private
 from streamlib.stream.positions import EARLIEST
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire import broker_pb2_grpc as pb_grpc
 from tests.integration.test_auth import Secure, secure  # noqa: F401 - (the fixture)
 
 pytestmark = pytest.mark.timeout(180)

@@ -21,9 +21,9 @@ import pytest
 
 import metadata
 from metadata.services.principals import PrincipalRoles
-from streamlib.broker.client import unload
 from streamlib.errors import StreamlibError
 from streamlib.security import make_token, new_secret_key, write_private
+from streamlib.service.client import unload
 from tests.integration.broker_load import (
     LOADED_BROKER,
     SCENARIO_A,
@@ -147,9 +147,9 @@ async def test_a_principal_past_its_session_cap_is_refused_until_one_of_its_sess
         assert answer_kind(await sessions.consume("capped")) == REFUSED
 
         # The service client retries a refusal, and its first connection gives up with it.
-        import streamlib.broker.client
+        import streamlib.service.connection
 
-        monkeypatch.setattr(streamlib.broker.client, "FIRST_CONNECT_S", 3.0)
+        monkeypatch.setattr(streamlib.service.connection, "FIRST_CONNECT_S", 3.0)
         client = await cluster.service_client()
         started = time.monotonic()
         with pytest.raises(StreamlibError) as refused:

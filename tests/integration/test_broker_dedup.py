@@ -14,12 +14,12 @@ import pytest
 
 from metadata.errors import NoNodeError
 from metadata.services.brokers import BrokerRegistry
-from streamlib.broker import broker_pb2 as pb
 from streamlib.broker.owned import SNAPSHOT_EVERY
 from streamlib.client import Client
 from streamlib.stream import snapshots
 from streamlib.stream.positions import EARLIEST, MessageId
-from tests.integration.test_broker import open_raw_producer, read_all
+from streamlib.wire import broker_pb2 as pb
+from tests.integration.test_broker import open_raw_producer, raw_entries, read_all
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -119,8 +119,7 @@ async def test_five_thousand_long_producer_names_keep_the_broker_and_survive_its
     channel, call, ready = await open_raw_producer(successor.address, "many", names[0])
     try:
         assert ready.ready.last_sequence_id == 0
-        await call.write(pb.ProduceRequest(send=pb.SendBatch(sends=[
-            pb.Send(sequence_id=0, payload=b"again")])))  # fmt: skip
+        await call.write(raw_entries(names[0], (0, b"again")))
         answer = await call.read()
         [receipt] = answer.receipts.receipts
         assert receipt.duplicate

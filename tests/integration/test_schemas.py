@@ -13,9 +13,6 @@ import pytest
 
 import streamlib
 from metadata.schemas import LedgerConfig, Position
-from streamlib.broker import broker_pb2 as pb
-from streamlib.broker import broker_pb2_grpc as pb_grpc
-from streamlib.broker.client import FIRST_CONNECT_S
 from streamlib.errors import BadRequestError, InvalidSchemaError, NoSuchStreamError
 from streamlib.schema import (
     SCHEMA_DEFINITION,
@@ -28,6 +25,9 @@ from streamlib.schema import (
     SchemaDecodeError,
     StringSchema,
 )
+from streamlib.service.connection import FIRST_CONNECT_S
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire import broker_pb2_grpc as pb_grpc
 from tests.unit.test_schema_definitions import HandMadeJson
 
 pytestmark = pytest.mark.timeout(120)

@@ -210,10 +210,10 @@ async def test_a_redelivery_acknowledged_meanwhile_and_a_receive_across_a_seek(c
     first = await consumer.receive(timeout=30)
     # Left unacknowledged, it times out and is queued for redelivery ...
     for _ in range(3000):  # bounded: the ack-timeout task runs every 10 ms
-        if consumer._redeliver:
+        if consumer._source._redeliver:
             break
         await asyncio.sleep(0.01)
-    assert [m.data for m in consumer._redeliver] == [b"0"]
+    assert [m.data for m in consumer._source._redeliver] == [b"0"]
     # ... but acknowledged before it comes again: it does not come again.
     consumer.acknowledge(first)
     assert (await consumer.receive(timeout=30)).data == b"1"
@@ -251,7 +251,7 @@ async def test_tailing_consumer_waits_on_the_long_poll(cluster):
     assert received == [b"live-%d" % i for i in range(5)]
     # It waited on the bookies' long poll: a handful of polls for five sends one by
     # one, not a spin (each poll returns as soon as the LAC moves).
-    assert 1 <= consumer._scanner.long_polls <= 15
+    assert 1 <= consumer._source._scanner.long_polls <= 15
 
 
 async def test_bad_input_gets_typed_errors(cluster):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from streamlib.broker import broker_pb2 as pb
 from streamlib.broker import server
 from streamlib.broker.server import _merged_receipts
+from streamlib.wire import broker_pb2 as pb
 
 
 def receipts(*sequence_ids: int) -> pb.ProduceResponse:

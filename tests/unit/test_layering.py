@@ -80,10 +80,26 @@ def test_client_uses_only_the_wire_of_the_bookie(path):
     assert not bad, f"{path} imports the bookie server: {bad}"
 
 
-def test_the_brokers_client_imports_no_server_code():
-    found = imports_of(ROOT / "streamlib" / "broker" / "client.py")
-    bad = {m for m in found if top(m) == "bookie" or m.startswith("streamlib.broker.server")}
-    assert not bad, f"streamlib/broker/client.py imports {bad}"
+@pytest.mark.parametrize("path", sources("streamlib/service"), ids=str)
+def test_the_service_client_imports_no_server_code(path):
+    bad = {m for m in imports_of(path) if top(m) == "bookie" or m.startswith("streamlib.broker")}
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sources("streamlib/wire"), ids=str)
+def test_the_service_wire_sits_below_client_and_server(path):
+    bad = {m for m in imports_of(path) if m.startswith(("streamlib.broker", "streamlib.service"))}
+    assert not bad, f"{path} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    "path", [*sources("streamlib/broker"), *sources("streamlib/stream")], ids=str
+)
+def test_nothing_below_the_clients_imports_them(path):
+    if path.name == "cli.py":  # (the broker's command line: `unload` is a client's call)
+        return
+    bad = {m for m in imports_of(path) if m.startswith(("streamlib.service", "streamlib.client"))}
+    assert not bad, f"{path} imports {bad}"
 
 
 @pytest.mark.parametrize("module", ["launcher", "bench"])
@@ -94,6 +110,7 @@ def test_client_side_bookie_tools_import_no_server_code(module):
 
 
 def test_every_package_states_its_rule():
-    for package in ("metadata", "bookie", "streamlib", "streamlib/protocol"):
+    for package in ("metadata", "bookie", "streamlib", "streamlib/protocol", "streamlib/service",
+                    "streamlib/wire"):  # fmt: skip
         doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
         assert doc and "import" in doc, f"{package}/__init__.py must say what it may not import"

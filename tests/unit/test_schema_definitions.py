@@ -12,9 +12,6 @@ import json
 import pytest
 
 from metadata.schemas import LedgerConfig
-from streamlib.broker import broker_pb2 as pb
-from streamlib.broker.client import error_from_pb
-from streamlib.broker.server import error_pb
 from streamlib.errors import BadRequestError, InvalidSchemaError
 from streamlib.schema import (
     MAX_DEFINITION_BYTES,
@@ -30,6 +27,8 @@ from streamlib.schema import (
     check_against,
     validate_definition,
 )
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire.convert import error_from_pb, error_pb
 
 
 @dataclasses.dataclass

@@ -6,6 +6,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LastMessageIdRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class LastMessageIdResponse(_message.Message):
+    __slots__ = ("message_id",)
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    message_id: MessageIdPb
+    def __init__(self, message_id: _Optional[_Union[MessageIdPb, _Mapping]] = ...) -> None: ...
+
+class AdminRequest(_message.Message):
+    __slots__ = ("call", "arguments_json")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    call: str
+    arguments_json: str
+    def __init__(self, call: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+
+class AdminResponse(_message.Message):
+    __slots__ = ("result_json",)
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    result_json: str
+    def __init__(self, result_json: _Optional[str] = ...) -> None: ...
+
 class LookupRequest(_message.Message):
     __slots__ = ("stream",)
     STREAM_FIELD_NUMBER: _ClassVar[int]
@@ -72,42 +98,31 @@ class ProducerOpen(_message.Message):
     resume: bool
     def __init__(self, stream: _Optional[str] = ..., producer_name: _Optional[str] = ..., access_mode: _Optional[str] = ..., schema_type: _Optional[str] = ..., schema_definition: _Optional[str] = ..., schema_checked_type: _Optional[str] = ..., schema_checked_definition: _Optional[str] = ..., resume: _Optional[bool] = ...) -> None: ...
 
-class Send(_message.Message):
-    __slots__ = ("sequence_id", "payload", "key", "properties", "event_time_ms", "deliver_at_ms")
-    class PropertiesEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
-    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
-    EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
-    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
-    sequence_id: int
-    payload: bytes
-    key: str
-    properties: _containers.ScalarMap[str, str]
-    event_time_ms: int
-    deliver_at_ms: int
-    def __init__(self, sequence_id: _Optional[int] = ..., payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., event_time_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+class EntrySend(_message.Message):
+    __slots__ = ("entry", "first_sequence_id", "last_sequence_id", "messages")
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    entry: bytes
+    first_sequence_id: int
+    last_sequence_id: int
+    messages: int
+    def __init__(self, entry: _Optional[bytes] = ..., first_sequence_id: _Optional[int] = ..., last_sequence_id: _Optional[int] = ..., messages: _Optional[int] = ...) -> None: ...
+
+class EntryBatch(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[EntrySend]
+    def __init__(self, entries: _Optional[_Iterable[_Union[EntrySend, _Mapping]]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("open", "send")
+    __slots__ = ("open", "entries")
     OPEN_FIELD_NUMBER: _ClassVar[int]
-    SEND_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
     open: ProducerOpen
-    send: SendBatch
-    def __init__(self, open: _Optional[_Union[ProducerOpen, _Mapping]] = ..., send: _Optional[_Union[SendBatch, _Mapping]] = ...) -> None: ...
-
-class SendBatch(_message.Message):
-    __slots__ = ("sends",)
-    SENDS_FIELD_NUMBER: _ClassVar[int]
-    sends: _containers.RepeatedCompositeFieldContainer[Send]
-    def __init__(self, sends: _Optional[_Iterable[_Union[Send, _Mapping]]] = ...) -> None: ...
+    entries: EntryBatch
+    def __init__(self, open: _Optional[_Union[ProducerOpen, _Mapping]] = ..., entries: _Optional[_Union[EntryBatch, _Mapping]] = ...) -> None: ...
 
 class ProducerReady(_message.Message):
     __slots__ = ("producer_name", "last_sequence_id")
@@ -160,7 +175,7 @@ class SendFailed(_message.Message):
     def __init__(self, sequence_ids: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class ConsumerOpen(_message.Message):
-    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume")
+    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "start_time_ms")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +187,7 @@ class ConsumerOpen(_message.Message):
     START_LATEST_FIELD_NUMBER: _ClassVar[int]
     START_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     subscription: str
     consumer_type: str
@@ -183,7 +199,8 @@ class ConsumerOpen(_message.Message):
     start_latest: bool
     start_inclusive: bool
     resume: bool
-    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ...) -> None: ...
+    start_time_ms: int
+    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., start_time_ms: _Optional[int] = ...) -> None: ...
 
 class Flow(_message.Message):
     __slots__ = ("permits",)

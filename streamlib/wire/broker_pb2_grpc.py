@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from streamlib.broker import broker_pb2 as streamlib_dot_broker_dot_broker__pb2
+from streamlib.wire import broker_pb2 as streamlib_dot_wire_dot_broker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in streamlib/broker/broker_pb2_grpc.py depends on'
+        + ' but the generated code in streamlib/wire/broker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,33 @@ class BrokerStub:
         """
         self.Lookup = channel.unary_unary(
                 '/streamlib.broker.v1.Broker/Lookup',
-                request_serializer=streamlib_dot_broker_dot_broker__pb2.LookupRequest.SerializeToString,
-                response_deserializer=streamlib_dot_broker_dot_broker__pb2.LookupResponse.FromString,
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.LookupRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.LookupResponse.FromString,
                 _registered_method=True)
         self.Produce = channel.stream_stream(
                 '/streamlib.broker.v1.Broker/Produce',
-                request_serializer=streamlib_dot_broker_dot_broker__pb2.ProduceRequest.SerializeToString,
-                response_deserializer=streamlib_dot_broker_dot_broker__pb2.ProduceResponse.FromString,
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.ProduceResponse.FromString,
                 _registered_method=True)
         self.Consume = channel.stream_stream(
                 '/streamlib.broker.v1.Broker/Consume',
-                request_serializer=streamlib_dot_broker_dot_broker__pb2.ConsumeRequest.SerializeToString,
-                response_deserializer=streamlib_dot_broker_dot_broker__pb2.ConsumeResponse.FromString,
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.ConsumeRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.ConsumeResponse.FromString,
                 _registered_method=True)
         self.Unload = channel.unary_unary(
                 '/streamlib.broker.v1.Broker/Unload',
-                request_serializer=streamlib_dot_broker_dot_broker__pb2.UnloadRequest.SerializeToString,
-                response_deserializer=streamlib_dot_broker_dot_broker__pb2.UnloadResponse.FromString,
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.UnloadRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.UnloadResponse.FromString,
+                _registered_method=True)
+        self.LastMessageId = channel.unary_unary(
+                '/streamlib.broker.v1.Broker/LastMessageId',
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.LastMessageIdRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.LastMessageIdResponse.FromString,
+                _registered_method=True)
+        self.Admin = channel.unary_unary(
+                '/streamlib.broker.v1.Broker/Admin',
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.AdminRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.AdminResponse.FromString,
                 _registered_method=True)
 
 
@@ -87,28 +97,53 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LastMessageId(self, request, context):
+        """The position of a stream's last message (Pulsar's getLastMessageId).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Admin(self, request, context):
+        """A call of the streams' administration (StreamManager's, by name), for clients
+        that reach the cluster only through its brokers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Lookup': grpc.unary_unary_rpc_method_handler(
                     servicer.Lookup,
-                    request_deserializer=streamlib_dot_broker_dot_broker__pb2.LookupRequest.FromString,
-                    response_serializer=streamlib_dot_broker_dot_broker__pb2.LookupResponse.SerializeToString,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.LookupRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.LookupResponse.SerializeToString,
             ),
             'Produce': grpc.stream_stream_rpc_method_handler(
                     servicer.Produce,
-                    request_deserializer=streamlib_dot_broker_dot_broker__pb2.ProduceRequest.FromString,
-                    response_serializer=streamlib_dot_broker_dot_broker__pb2.ProduceResponse.SerializeToString,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.ProduceResponse.SerializeToString,
             ),
             'Consume': grpc.stream_stream_rpc_method_handler(
                     servicer.Consume,
-                    request_deserializer=streamlib_dot_broker_dot_broker__pb2.ConsumeRequest.FromString,
-                    response_serializer=streamlib_dot_broker_dot_broker__pb2.ConsumeResponse.SerializeToString,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.ConsumeRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.ConsumeResponse.SerializeToString,
             ),
             'Unload': grpc.unary_unary_rpc_method_handler(
                     servicer.Unload,
-                    request_deserializer=streamlib_dot_broker_dot_broker__pb2.UnloadRequest.FromString,
-                    response_serializer=streamlib_dot_broker_dot_broker__pb2.UnloadResponse.SerializeToString,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.UnloadRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.UnloadResponse.SerializeToString,
+            ),
+            'LastMessageId': grpc.unary_unary_rpc_method_handler(
+                    servicer.LastMessageId,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.LastMessageIdRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.LastMessageIdResponse.SerializeToString,
+            ),
+            'Admin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Admin,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.AdminRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.AdminResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,8 +171,8 @@ class Broker:
             request,
             target,
             '/streamlib.broker.v1.Broker/Lookup',
-            streamlib_dot_broker_dot_broker__pb2.LookupRequest.SerializeToString,
-            streamlib_dot_broker_dot_broker__pb2.LookupResponse.FromString,
+            streamlib_dot_wire_dot_broker__pb2.LookupRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.LookupResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -163,8 +198,8 @@ class Broker:
             request_iterator,
             target,
             '/streamlib.broker.v1.Broker/Produce',
-            streamlib_dot_broker_dot_broker__pb2.ProduceRequest.SerializeToString,
-            streamlib_dot_broker_dot_broker__pb2.ProduceResponse.FromString,
+            streamlib_dot_wire_dot_broker__pb2.ProduceRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -190,8 +225,8 @@ class Broker:
             request_iterator,
             target,
             '/streamlib.broker.v1.Broker/Consume',
-            streamlib_dot_broker_dot_broker__pb2.ConsumeRequest.SerializeToString,
-            streamlib_dot_broker_dot_broker__pb2.ConsumeResponse.FromString,
+            streamlib_dot_wire_dot_broker__pb2.ConsumeRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.ConsumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -217,8 +252,62 @@ class Broker:
             request,
             target,
             '/streamlib.broker.v1.Broker/Unload',
-            streamlib_dot_broker_dot_broker__pb2.UnloadRequest.SerializeToString,
-            streamlib_dot_broker_dot_broker__pb2.UnloadResponse.FromString,
+            streamlib_dot_wire_dot_broker__pb2.UnloadRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.UnloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LastMessageId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamlib.broker.v1.Broker/LastMessageId',
+            streamlib_dot_wire_dot_broker__pb2.LastMessageIdRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.LastMessageIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Admin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamlib.broker.v1.Broker/Admin',
+            streamlib_dot_wire_dot_broker__pb2.AdminRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.AdminResponse.FromString,
             options,
             channel_credentials,
             insecure,

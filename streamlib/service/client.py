@@ -1,0 +1,271 @@
+"""The client of the stream service: ``streamlib.connect("streamlib://HOST:PORT,...")``.
+
+The same Producer / Consumer / Reader as direct mode -- the same classes
+(streamlib/stream/producer.py, consumer.py, reader.py) -- over a broker connection
+instead of the ledgers: a producer's entries go to the stream's owner
+(appender.py), a consumer's messages come from it (subscription.py), a reader's from
+any broker. Each looks its stream up, holds one gRPC call to its broker and, when that
+breaks, looks the stream up again and reconnects on its own (connection.py).
+``client.streams`` asks a broker for the streams' administration (admin.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from streamlib.client_metrics import MetricsServer, registry_for
+from streamlib.client_metrics import stats as client_stats
+from streamlib.protocol.errors import BadRequestError
+from streamlib.service.admin import ServiceStreams
+from streamlib.service.appender import ServiceAppender
+from streamlib.service.connection import Brokers
+from streamlib.service.subscription import ServiceFeed, ServiceSubscription
+from streamlib.stream.admin import partition_name
+from streamlib.stream.consumer import Consumer, DeadLetterPolicy
+from streamlib.stream.multi import subscribe_each
+from streamlib.stream.partitioned import produce_each
+from streamlib.stream.positions import EARLIEST, MessageId, parse_initial_position, parse_start
+from streamlib.stream.producer import Producer
+from streamlib.stream.reader import Message, Reader
+from streamlib.stream.subscription import parse_consumer_type
+from streamlib.wire import broker_pb2 as pb
+
+ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
+
+
+class ServiceClient:
+    """Producers, consumers and readers through the brokers (see the module doc)."""
+
+    def __init__(self, brokers: Brokers) -> None:
+        self.brokers = brokers
+        self.uri = brokers.uri
+        self.streams = ServiceStreams(brokers)
+        self._open: list[Any] = []  # producers / consumers / readers to close with us
+        #: The client's metrics for Prometheus (streamlib/client_metrics.py).
+        self.metrics_registry = registry_for(lambda: self._open)
+        self._metrics = MetricsServer(self.metrics_registry)
+        self.closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        uri: str,
+        *,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        token: str | None = None,
+        **_ignored: Any,
+    ) -> ServiceClient:
+        """A client of the brokers at uri (streamlib://HOST:PORT[,HOST:PORT...]): TLS to
+        them with tls_ca (and tls_cert + tls_key for mutual TLS), token naming this
+        client's principal; not given, $STREAMLIB_TLS_* and $STREAMLIB_TOKEN as in
+        direct mode (streamlib/security.py). Other options (session_timeout_s,
+        bookie_config, ...) are direct mode's and are not used."""
+        from streamlib.security import client_config
+
+        config = client_config(None, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token)
+        brokers = Brokers(
+            uri,
+            config.channel_credentials(),
+            config.token,
+            tls_files=(config.tls_ca, config.tls_cert),
+        )
+        try:
+            await brokers.lookup_any()  # fail now when no broker answers
+        except BaseException:
+            await brokers.close()
+            raise
+        return cls(brokers)
+
+    async def partitions(self, stream: str) -> int:
+        """How many partitions `stream` has (0: not partitioned)."""
+        return int((await self.brokers.lookup_answer(stream)).partitions)
+
+    # -- the API ------------------------------------------------------------------------
+
+    async def create_producer(
+        self,
+        stream: str,
+        *,
+        producer_name: str | None = None,
+        access_mode: str = "shared",
+        schema: Any = None,
+        initial_sequence_id: int | None = None,
+        **options: Any,
+    ) -> Producer:
+        """A producer through the owning broker, with direct mode's options (batching,
+        compression, chunking, schema, ...: see Client.create_producer). access_mode:
+        "shared" (default: many producers), "exclusive" (ProducerBusyError while others
+        publish), "exclusive_with_fencing" (the others get ProducerFencedError),
+        "wait_for_exclusive" (waits for the others to go)."""
+        Producer.check_options(schema=schema, initial_sequence_id=initial_sequence_id, **options)
+        if access_mode not in ACCESS_MODES:
+            raise BadRequestError(
+                f"access_mode is one of {', '.join(ACCESS_MODES)}: {access_mode!r}"
+            )
+        if count := await self.partitions(stream):  # one producer per partition, by key
+            routed = await produce_each(
+                stream,
+                count,
+                lambda name: self.create_producer(
+                    name,
+                    producer_name=producer_name,
+                    access_mode=access_mode,
+                    schema=schema,
+                    initial_sequence_id=initial_sequence_id,
+                    **options,
+                ),
+            )
+            self._open.append(routed)
+            return routed  # type: ignore[return-value]
+        appender = ServiceAppender(self.brokers, stream, producer_name or "", access_mode, schema)
+        await appender.start()
+        last = appender.last_sequence_id
+        producer = Producer(
+            appender,
+            producer_name=appender.producer_name,
+            schema=schema,
+            initial_sequence_id=last
+            if initial_sequence_id is None
+            else max(initial_sequence_id, last),
+            **options,
+        )
+        self._open.append(producer)
+        return producer
+
+    async def subscribe(
+        self,
+        stream: str | list[str],
+        subscription: str,
+        initial_position: Any = "latest",
+        *,
+        consumer_type: Any = "exclusive",
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+        negative_ack_redelivery_delay_ms: int = 1000,
+        schema: Any = None,
+        message_listener: Callable[..., object] | None = None,
+        dead_letter_policy: DeadLetterPolicy | None = None,
+        ack_timeout_ms: int = 0,
+        cursor_persist_interval_ms: int = 100,
+    ) -> Consumer:
+        """A consumer of a durable subscription through its stream's owner:
+        consumer_type "exclusive", "failover", "shared" or "key_shared". (The broker
+        keeps the cursor: cursor_persist_interval_ms is its business here.)"""
+        position = parse_initial_position(initial_position)
+        if isinstance(stream, str) and (count := await self.partitions(stream)):
+            stream = [partition_name(stream, i) for i in range(count)]
+        if not isinstance(stream, str):  # several streams, one subscription
+            if message_listener is not None:
+                raise BadRequestError("a message listener takes one stream per consumer")
+            multi = await subscribe_each(
+                stream,
+                lambda name: self.subscribe(
+                    name,
+                    subscription,
+                    position,
+                    consumer_type=consumer_type,
+                    consumer_name=consumer_name,
+                    receiver_queue_size=receiver_queue_size,
+                    negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                    schema=schema,
+                    dead_letter_policy=dead_letter_policy,
+                    ack_timeout_ms=ack_timeout_ms,
+                ),
+            )
+            self._open.append(multi)
+            return multi  # type: ignore[return-value]
+        kind = parse_consumer_type(consumer_type, service=True)
+        opened = pb.ConsumerOpen(
+            stream=stream,
+            subscription=subscription,
+            consumer_type=kind.value,
+            # (named, so a reconnect can take its own old session's place)
+            consumer_name=consumer_name or f"consumer-{uuid.uuid4().hex[:10]}",
+            initial_position=position,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+        )
+        source = ServiceSubscription(self.brokers, opened, receiver_queue_size, schema)
+        consumer = Consumer(
+            source,
+            ack_timeout_ms=ack_timeout_ms,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+            dead_letter_policy=dead_letter_policy,
+            producer_factory=self.create_producer,
+        )
+        await source.start()
+        self._open.append(consumer)
+        if message_listener is not None:
+            consumer.listen(message_listener)
+        return consumer
+
+    async def create_reader(
+        self,
+        stream: str,
+        start: MessageId | str = EARLIEST,
+        *,
+        receiver_queue_size: int = 1000,
+        start_message_id_inclusive: bool = False,
+        schema: Any = None,
+    ) -> Reader:
+        """A non-durable reader through any broker (readers fence nothing)."""
+        begin = parse_start(start)
+        if await self.partitions(stream):
+            raise BadRequestError(
+                f"stream {stream!r} is partitioned: read each partition "
+                f"({partition_name(stream, 0)}, ...), or subscribe to {stream!r}"
+            )
+        feed = ServiceFeed(self.brokers, stream, receiver_queue_size, schema)
+        after = await feed.restart(begin, start_message_id_inclusive)
+        reader = Reader(feed, stream, EARLIEST if after is None else after,
+                        start_message_id_inclusive)  # fmt: skip
+        self._open.append(reader)
+        return reader
+
+    def stats(self) -> dict[str, Any]:
+        """As direct mode's Client.stats()."""
+        return client_stats(self._open)
+
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve metrics_registry for Prometheus on http://addr:port/ (0: any free port);
+        the port. Stops with the client."""
+        return self._metrics.serve(port, addr)
+
+    async def close(self) -> None:
+        self.closed = True
+        self._metrics.stop()
+        for thing in reversed(self._open):
+            try:
+                await thing.close()
+            except Exception:
+                pass
+        self._open.clear()
+        await self.brokers.close()
+
+    async def __aenter__(self) -> ServiceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def unload(address: str, stream: str, **options: Any) -> bool:
+    """Ask the broker at address to give up `stream` (admin; options: tls_ca, token, ...
+    as ServiceClient.connect)."""
+    client = await ServiceClient.connect(f"streamlib://{address}", **options)
+    try:
+        brokers = client.brokers
+        answer = await brokers.ask(
+            lambda stub: stub.Unload(
+                pb.UnloadRequest(stream=stream), timeout=30, metadata=brokers.metadata
+            )
+        )
+    finally:
+        await client.close()
+    return bool(answer.unloaded)
+
+
+__all__ = ["Message", "ServiceClient", "unload"]

@@ -1,0 +1,417 @@
+"""A consumer's subscription and a reader's feed through the stream service: one call
+to the stream's owner (a reader's: to any broker) that delivers messages within
+flow-control permits (receiver_queue_size), opened again whenever it breaks. What a
+client does with the messages -- listeners, ack timeouts, dead letters, seek rules --
+is streamlib/stream/consumer.py's and reader.py's, the same as in direct mode.
+
+A consumer's message it did not acknowledge before its connection broke is delivered
+again (at least once); a reader opens again after the last message it read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from typing import Any
+
+from streamlib.protocol.errors import (
+    BadRequestError,
+    BrokerUnavailableError,
+    ClientClosedError,
+)
+from streamlib.service.connection import EOF, OPEN_TIMEOUT_S, Brokers, Session, read
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId
+from streamlib.stream.reader import Message
+from streamlib.wire import broker_pb2 as pb
+from streamlib.wire import broker_pb2_grpc as pb_grpc
+from streamlib.wire.convert import error_from_pb, id_from_pb, id_pb
+
+ACKS_WRITTEN_WITHIN_S = 5.0  # persist() waits this long for its acks to go out
+
+
+class ServiceMessage(Message):
+    """A message delivered by a broker."""
+
+    __slots__ = ("_mid", "_pb", "_schema", "_stream")
+
+    def __init__(self, delivered: pb.Delivered, stream: str, schema: Any) -> None:
+        self._pb = delivered
+        self._stream = stream
+        self._schema = schema
+        i = delivered.id
+        self._mid = MessageId(i.ledger_id, i.entry_id, i.batch_index)
+
+    @property
+    def stream(self) -> str:
+        return self._stream
+
+    @property
+    def message_id(self) -> MessageId:
+        return self._mid
+
+    @property
+    def data(self) -> bytes:
+        return self._pb.payload
+
+    @property
+    def key(self) -> str | None:
+        return self._pb.key if self._pb.HasField("key") else None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self._pb.properties)
+
+    @property
+    def publish_time_ms(self) -> int:
+        return self._pb.publish_time_ms
+
+    @property
+    def event_time_ms(self) -> int:
+        return self._pb.event_time_ms
+
+    @property
+    def sequence_id(self) -> int:
+        return self._pb.sequence_id
+
+    @property
+    def producer_name(self) -> str:
+        return self._pb.producer_name
+
+    @property
+    def redelivery_count(self) -> int:
+        return self._pb.redelivery_count
+
+    @property
+    def deliver_at_ms(self) -> int:
+        return 0
+
+    def value(self) -> Any:
+        return self.data if self._schema is None else self._schema.decode(self.data)
+
+    def __repr__(self) -> str:
+        return f"Message({self._stream!r}, {self._mid}, {self.data[:40]!r})"
+
+
+class _Delivery(Session):
+    """One Consume call: its open, its permits, and the messages it delivers (queued
+    until taken). The queue is dropped when the call breaks: the broker delivers what it
+    held again (a consumer), or the reader opens after the last it took."""
+
+    def __init__(
+        self, brokers: Brokers, opened: pb.ConsumerOpen, queue_size: int, schema: Any
+    ) -> None:
+        if queue_size < 1:
+            raise BadRequestError("receiver_queue_size must be >= 1")
+        super().__init__(brokers, opened.stream)
+        self._open_pb = opened
+        self._queue_size = queue_size
+        self._schema = schema
+        self.wake = asyncio.Event()
+        self._messages: collections.deque[ServiceMessage] = collections.deque()
+        self._error: BaseException | None = None
+        self._taken = 0  # taken since permits were last given back
+        self._flush = asyncio.Event()
+        self._active = asyncio.Event()
+
+    def take_nowait(self) -> ServiceMessage | None:
+        if self._messages:
+            self._taken += 1
+            if self._taken >= max(1, self._queue_size // 2):
+                self._flush.set()
+            return self._messages.popleft()
+        if self._error is not None:
+            raise self._error
+        return None
+
+    def has_queued(self) -> bool:
+        return bool(self._messages)
+
+    async def session(self, stub: pb_grpc.BrokerStub) -> None:
+        call = stub.Consume(metadata=self.brokers.metadata)
+        try:
+            self._open_pb.resume = self.ready.done()  # (again: its old session may linger)
+            first = await self.open(call, pb.ConsumeRequest(open=self._open_pb))
+            self._set_active(first.ready.active)
+            self._messages.clear()  # (what the last connection left: delivered again)
+            self._taken = 0
+            self.up(call)
+            await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=self._queue_size)))
+            if not self.ready.done():
+                self.ready.set_result(None)
+            sender = asyncio.get_running_loop().create_task(self._send_loop(call))
+            try:
+                while True:
+                    response = await read(call)
+                    if response is EOF:
+                        raise BrokerUnavailableError("the broker ended the consumer's stream")
+                    self._answer(response)
+            finally:
+                self.down()
+                self.ended()
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+        finally:
+            call.cancel()
+
+    def _answer(self, response: pb.ConsumeResponse) -> None:
+        which = response.WhichOneof("kind")
+        if which == "deliveries":
+            stream, schema = self.stream, self._schema
+            self._messages.extend(
+                ServiceMessage(one, stream, schema) for one in response.deliveries.messages
+            )
+            self.wake.set()
+        elif which == "active":
+            self._set_active(response.active.active)
+        elif which == "done":
+            self.done(response.done)
+        elif which == "error":
+            raise error_from_pb(response.error)
+
+    def _set_active(self, active: bool) -> None:
+        if active:
+            self._active.set()
+        else:
+            self._active.clear()
+        self.wake.set()
+
+    async def _send_loop(self, call: Any) -> None:
+        """Permits, and what the subclass has to send, gathered: one write for however
+        many came meanwhile."""
+        while True:
+            self._flush.clear()
+            if self._taken >= max(1, self._queue_size // 2):
+                permits, self._taken = self._taken, 0
+                await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))
+            for request in self.outgoing():
+                await call.write(request)
+            if not self.has_outgoing() and self._taken < max(1, self._queue_size // 2):
+                await self._flush.wait()
+
+    def outgoing(self) -> list[pb.ConsumeRequest]:
+        return []
+
+    def has_outgoing(self) -> bool:
+        return False
+
+    def done(self, done: pb.Done) -> None:
+        pass
+
+    def ended(self) -> None:
+        """The call broke (or closed)."""
+
+    def fail(self, error: BaseException) -> None:
+        self._error = self._error or error
+        self.wake.set()
+
+
+class ServiceSubscription(_Delivery):
+    """A consumer's Subscription (streamlib/stream/consumer.py) through a broker: the
+    broker reads, dispatches by the subscription type and keeps the cursor."""
+
+    def __init__(
+        self, brokers: Brokers, opened: pb.ConsumerOpen, queue_size: int, schema: Any
+    ) -> None:
+        super().__init__(brokers, opened, queue_size, schema)
+        self.subscription = opened.subscription
+        self.forget_received: Any = lambda: None
+        self._acks: list[tuple[MessageId, bool, bool]] = []  # (id, cumulative, negative)
+        self._acks_out = asyncio.Event()  # set when every ack given went to the broker
+        self._acks_out.set()
+        self._control: list[pb.ConsumeRequest] = []  # seeks, unsubscribes: sent in order
+        self._asked: dict[str, asyncio.Future[None]] = {}  # what awaits the broker's Done
+
+    @property
+    def consumer_type(self) -> str:
+        return self._open_pb.consumer_type or "exclusive"
+
+    @property
+    def is_active(self) -> bool:
+        return self._active.is_set()
+
+    @property
+    def mark_delete_position(self) -> MessageId:
+        return EARLIEST  # (the broker keeps the cursor)
+
+    def take(self) -> Message | None:
+        return self.take_nowait()
+
+    async def prepare(self) -> None:
+        pass
+
+    # -- what goes to the broker --------------------------------------------------------
+
+    def _ack(self, message: Message | MessageId, cumulative: bool, negative: bool) -> None:
+        position = message if isinstance(message, MessageId) else message.message_id
+        self._acks.append((position, cumulative, negative))
+        self._acks_out.clear()
+        self._flush.set()
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        self._ack(message, False, False)
+
+    def acknowledge_cumulative(self, position: MessageId) -> None:
+        self._ack(position, True, False)
+
+    def give_back(self, message: Message | MessageId, delay_s: float) -> None:
+        """A negative acknowledgement: the broker delivers it again after the
+        subscription's redelivery delay (to this consumer or, shared, another)."""
+        self._ack(message, False, True)
+
+    def outgoing(self) -> list[pb.ConsumeRequest]:
+        # Acks first: those given before a seek or an unsubscribe apply before it.
+        acks, self._acks = self._acks, []
+        grouped: dict[tuple[bool, bool], list[pb.MessageIdPb]] = {}
+        for position, cumulative, negative in acks:
+            grouped.setdefault((cumulative, negative), []).append(id_pb(position))
+        out = [
+            pb.ConsumeRequest(ack=pb.AckRequest(ids=ids, cumulative=c, negative=n))
+            for (c, n), ids in grouped.items()
+        ]
+        control, self._control = self._control, []
+        if not self._acks:
+            self._acks_out.set()
+        return out + control
+
+    def has_outgoing(self) -> bool:
+        return bool(self._acks or self._control)
+
+    async def persist(self) -> None:
+        """Wait (bounded) until the acknowledgements given so far went to the broker
+        (which keeps the cursor)."""
+        if self.live_call is None:
+            return
+        self._flush.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._acks_out.wait(), ACKS_WRITTEN_WITHIN_S)
+
+    # -- seeking and unsubscribing ------------------------------------------------------
+
+    async def seek(self, target: MessageId | int) -> None:
+        """As in Pulsar, every consumer of the subscription is disconnected, and
+        reconnects at the new position."""
+        request = pb.SeekRequest()
+        if isinstance(target, MessageId):
+            request.message_id.CopyFrom(id_pb(target))
+        else:
+            request.timestamp_ms = target
+        await self._ask("seek", pb.ConsumeRequest(seek=request))
+
+    async def unsubscribe(self) -> None:
+        await self._ask("unsubscribe", pb.ConsumeRequest(unsubscribe=pb.UnsubscribeRequest()))
+
+    async def _ask(self, what: str, request: pb.ConsumeRequest) -> None:
+        """Send a seek / unsubscribe and wait for the broker's Done (its error raised)."""
+        if self.closed:
+            raise ClientClosedError(f"consumer {self.subscription!r} is closed")
+        if self.live_call is None:
+            raise BrokerUnavailableError(f"consumer {self.subscription!r} is reconnecting")
+        if what in self._asked:
+            raise BadRequestError(f"a {what} of this consumer is in progress")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asked[what] = future
+        self._control.append(request)
+        self._flush.set()
+        try:
+            await asyncio.wait_for(future, OPEN_TIMEOUT_S)
+        finally:
+            self._asked.pop(what, None)
+
+    def done(self, done: pb.Done) -> None:
+        if done.what == "seek":  # what came before it is from the old position
+            self._messages.clear()
+            self.forget_received()
+        future = self._asked.get(done.what)
+        if future is None or future.done():
+            return
+        if done.HasField("error"):
+            future.set_exception(error_from_pb(done.error))
+        else:
+            future.set_result(None)
+
+    def ended(self) -> None:
+        for what, asked in self._asked.items():  # (its Done can no longer come)
+            if not asked.done():
+                asked.set_exception(BrokerUnavailableError(f"the connection broke during a {what}"))
+
+    async def close(self, persist: bool) -> None:
+        if self.closed:
+            return
+        if persist:
+            await self.persist()
+        await self.stop()
+        self.fail(ClientClosedError(f"consumer {self.subscription!r} is closed"))
+
+
+class ServiceFeed(_Delivery):
+    """A reader's Feed (streamlib/stream/reader.py) through a broker: any broker serves
+    it (reading fences nothing)."""
+
+    def __init__(self, brokers: Brokers, stream: str, queue_size: int, schema: Any) -> None:
+        super().__init__(brokers, pb.ConsumerOpen(stream=stream), queue_size, schema)
+        self._last: MessageId | None = None  # the last message taken
+
+    def take_nowait(self) -> ServiceMessage | None:
+        message = super().take_nowait()
+        if message is not None:
+            self._last = message.message_id
+        return message
+
+    async def take(self, timeout: float | None) -> Message:
+        async with asyncio.timeout(timeout):
+            while (message := self.take_nowait()) is None:
+                self.wake.clear()
+                await self.wake.wait()
+        return message
+
+    async def session(self, stub: pb_grpc.BrokerStub) -> None:
+        if self._last is not None:  # (again: after the last message taken)
+            opened = self._open_pb
+            opened.ClearField("start_time_ms")
+            opened.start_latest = False
+            opened.start_inclusive = False
+            opened.start.CopyFrom(id_pb(self._last))
+        await super().session(stub)
+
+    async def restart(self, start: MessageId | int, inclusive: bool) -> MessageId | None:
+        """Open (again) at `start`: a message id, EARLIEST, LATEST, or epoch ms."""
+        if self._task is not None:
+            await self.stop()
+            self.closed = False
+            self.ready = asyncio.get_running_loop().create_future()
+        opened = pb.ConsumerOpen(stream=self.stream, start_inclusive=inclusive)
+        after: MessageId | None = None
+        if isinstance(start, int) and not isinstance(start, MessageId):
+            opened.start_time_ms = start
+        elif start == LATEST:
+            # Fixed now: what is published from here on is read (Pulsar's LATEST).
+            last = await self.last_message()
+            if last is not None:
+                opened.start.CopyFrom(id_pb(last))
+                after = last
+                if inclusive:
+                    opened.start_inclusive = True
+        elif start != EARLIEST:
+            opened.start.CopyFrom(id_pb(start))
+            after = start
+        self._open_pb = opened
+        self._messages.clear()
+        self._error = None
+        self._last = None
+        await self.start()
+        return after
+
+    async def last_message(self) -> MessageId | None:
+        answer = await self.brokers.ask(
+            lambda stub: stub.LastMessageId(
+                pb.LastMessageIdRequest(stream=self.stream),
+                timeout=OPEN_TIMEOUT_S,
+                metadata=self.brokers.metadata,
+            )
+        )
+        return id_from_pb(answer.message_id) if answer.HasField("message_id") else None
+
+    async def close(self) -> None:
+        await self.stop()
+        self.fail(ClientClosedError(f"reader of {self.stream!r} is closed"))
