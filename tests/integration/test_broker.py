@@ -17,9 +17,9 @@ import streamlib
 import streamlib.errors as errors
 from metadata.services.brokers import BrokerRegistry
 from streamlib.schema import IncompatibleSchemaError, JsonSchema
+from streamlib.stream.batch import BatchBuilder
 from streamlib.stream.positions import EARLIEST
 from streamlib.stream.producer import ProducerQueueIsFullError
-from streamlib.stream.batch import BatchBuilder
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
 from tests.integration.conftest import script_process
@@ -304,7 +304,7 @@ async def test_the_broker_refuses_an_entry_that_is_not_the_producers_own(cluster
     sends look like duplicates. Each bad entry fails alone; the good one is stored."""
     cluster.start_bookies(3)
     [broker] = cluster.start_brokers(1)
-    channel, call, ready = await open_raw_producer(broker.address, "own", "p")
+    channel, call, _ = await open_raw_producer(broker.address, "own", "p")
     try:
         good = raw_entries("p", (0, b"mine")).entries.entries[0]
         forged = raw_entries("q", (1, b"as q")).entries.entries[0]

@@ -18,7 +18,6 @@ from streamlib.broker.owned import SNAPSHOT_EVERY
 from streamlib.client import Client
 from streamlib.stream import snapshots
 from streamlib.stream.positions import EARLIEST, MessageId
-from streamlib.wire import broker_pb2 as pb
 from tests.integration.test_broker import open_raw_producer, raw_entries, read_all
 
 pytestmark = pytest.mark.timeout(240)
