@@ -80,6 +80,10 @@ class ServiceClient:
             raise
         return cls(brokers)
 
+    async def lookup(self, stream: str) -> str:
+        """The address of the broker serving `stream` (assigned one if none does)."""
+        return await self.brokers.lookup(stream)
+
     async def partitions(self, stream: str) -> int:
         """How many partitions `stream` has (0: not partitioned)."""
         return int((await self.brokers.lookup_answer(stream)).partitions)

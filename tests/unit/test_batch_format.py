@@ -26,6 +26,7 @@ from streamlib.stream.reader import (
     EntryMessages,
     EntryQueue,
     Reader,
+    ScannerFeed,
     decode_entry,
     entry_messages,
 )
@@ -162,7 +163,8 @@ class _FailingScanner:
 
 
 async def test_a_reader_whose_reading_fails_raises_instead_of_waiting_forever():
-    reader = Reader(_FailingScanner())  # type: ignore[arg-type]
+    feed = ScannerFeed(_FailingScanner(), 1000, None)  # type: ignore[arg-type]
+    reader = Reader(feed, "broken", EARLIEST, inclusive=False)
     with pytest.raises(StreamlibError, match="reading stream 'broken' failed") as caught:
         await reader.read_next(timeout=5)
     assert isinstance(caught.value.__cause__, ZeroDivisionError)

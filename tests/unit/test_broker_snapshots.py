@@ -57,7 +57,7 @@ async def write_durable(owned: OwnedStream, first: int, count: int) -> None:
             written = loop.create_future()
             owned.dedup.taken("p", sequence_id, written)
             written.set_result(MessageId(1, sequence_id, 0))
-            owned._written("p", sequence_id, written)
+            owned._written("p", sequence_id, written, 1)
             while started:
                 running = started[:]
                 started.clear()
@@ -71,7 +71,7 @@ async def test_a_failed_dedup_snapshot_is_tried_again_only_after_another_snapsho
         client=RefusingClient(), broker_id="b", give_up=None, dedup_snapshot_interval_s=0.0
     )
     owned = OwnedStream(broker, "s")
-    owned.producer = SimpleNamespace()  # type: ignore[assignment]  # (it took the stream over)
+    owned.writer = SimpleNamespace()  # type: ignore[assignment]  # (it took the stream over)
     caplog.set_level(logging.WARNING, logger="streamlib.broker.owned")
 
     def failures() -> int:
