@@ -543,6 +543,9 @@ class Producer:
         """Send the open batch now and wait until everything sent is durable."""
         self._seal()
         await self._appender.flush()
+        # The sends settled on the way here; their futures' done-callbacks are queued
+        # on the loop ahead of this task: one turn lets them run before flush returns.
+        await asyncio.sleep(0)
 
     async def close(self) -> None:
         if self._closed:

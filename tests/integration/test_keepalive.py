@@ -79,11 +79,11 @@ async def test_a_consumer_notices_a_frozen_broker_by_keepalive_and_follows_its_s
     frozen_broker = cluster.start_brokers(1)[0]
     client = await cluster.service_client()
     consumer = await client.subscribe("kept", "s", "earliest")
-    assert consumer.reconnects == 0
+    assert consumer._source.reconnects == 0
     os.kill(frozen_broker.pid, signal.SIGSTOP)
     try:
         async with asyncio.timeout(2.0 + 2.0 + 10.0):
-            while consumer.reconnects == 0:  # (bounded by the timeout above)
+            while consumer._source.reconnects == 0:  # (bounded by the timeout above)
                 await asyncio.sleep(0.05)
     except TimeoutError:
         pytest.fail("the frozen broker was not noticed within 14 s")
