@@ -29,11 +29,18 @@ from streamlib.closing import CloseOnce
 from streamlib.protocol.errors import (
     BadRequestError,
     ClientClosedError,
+    InvalidPositionError,
     StreamlibError,
     TimeoutError,
 )
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.positions import LATEST, MessageId, position_before
+from streamlib.stream.positions import (
+    EARLIEST,
+    LATEST,
+    MessageId,
+    as_message_id,
+    position_before,
+)
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import (
     EntryQueue,
@@ -513,15 +520,21 @@ class Consumer:
 
     # -- moving the cursor --------------------------------------------------------------
 
-    async def seek(self, target: MessageId | int) -> None:
-        """Redeliver from a message id (that message first), or from the first message
-        published at or after a timestamp (epoch milliseconds)."""
+    async def seek(self, target: object) -> None:
+        """Redeliver from a message id (that message first; streamlib's or
+        pulsar-client's, EARLIEST and LATEST too), or from the first message published at
+        or after a timestamp (epoch milliseconds)."""
         if isinstance(target, int) and not isinstance(target, bool):
             position = await self._scanner.position_before_time(target)
-        elif isinstance(target, MessageId):
-            position = position_before(target)
         else:
-            raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, got {target!r}")
+            try:
+                wanted = as_message_id(target)
+            except InvalidPositionError as error:
+                raise InvalidPositionError(
+                    f"seek takes a MessageId or epoch milliseconds: {error}"
+                ) from None
+            # (the symbolic ones are positions already: "before" them is not)
+            position = wanted if wanted in (EARLIEST, LATEST) else position_before(wanted)
         await self._restart(position)
 
     async def _restart(self, position: MessageId) -> None:
