@@ -12,10 +12,11 @@ Upgrading: readers from before format 2 ignore the format field and see a format
 as a batch of no messages. Upgrade readers (consumers, readers, Spark jobs) first, or
 have producers write format 1 meanwhile (`create_producer(..., batch_format=1)`).
 
-Format 3 is a format 2 batch compressed (a producer's ``compression_type``: lz4, zlib
-or zstd), chosen per entry: a batch that does not shrink is written as format 2. Readers
-that know only formats 1 and 2 refuse a format 3 entry with MessageDecodeError ("newer
-than this client reads"), so upgrade readers before turning compression on.
+Format 3 is a format 2 batch compressed (a producer's ``compression_type``: lz4, zlib,
+zstd or snappy), chosen per entry: a batch that does not shrink is written as format 2.
+Readers that know only formats 1 and 2 refuse a format 3 entry with MessageDecodeError
+("newer than this client reads"), so upgrade readers before turning compression on;
+readers from before snappy refuse a snappy entry the same way ("compression 4 is unknown").
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+import cramjam
 import lz4.block
 import zstandard
 from google.protobuf.message import DecodeError
@@ -219,12 +221,14 @@ class BatchBuilder:
 
 
 class Compression(enum.IntEnum):
-    """Pulsar's CompressionType numbering (SNAPPY, 4, is not offered)."""
+    """Pulsar's CompressionType numbering (stored in format 3 entries). SNAPPY is snappy's
+    raw (block) format, as Pulsar's, not its framed one."""
 
     NONE = 0
     LZ4 = 1
     ZLIB = 2
     ZSTD = 3
+    SNAPPY = 4
 
 
 def parse_compression(value: object) -> Compression:
@@ -235,7 +239,9 @@ def parse_compression(value: object) -> Compression:
     text = value if isinstance(value, str) else getattr(value, "name", None)
     if isinstance(text, str) and text.upper() in Compression.__members__:
         return Compression[text.upper()]
-    raise BadRequestError(f"compression_type is one of none, lz4, zlib, zstd; got {value!r}")
+    raise BadRequestError(
+        f"compression_type is one of none, lz4, zlib, zstd, snappy; got {value!r}"
+    )
 
 
 def compress(encoded: bytes, codec: Compression) -> bytes:
@@ -246,6 +252,8 @@ def compress(encoded: bytes, codec: Compression) -> bytes:
         packed = lz4.block.compress(encoded, store_size=False)
     elif codec is Compression.ZLIB:
         packed = zlib.compress(encoded, 6)
+    elif codec is Compression.SNAPPY:
+        packed = bytes(cramjam.snappy.compress_raw(encoded))
     else:
         packed = zstandard.ZstdCompressor(level=3).compress(encoded)
     entry = envelope.Batch(
@@ -284,6 +292,14 @@ def _decompress(batch: envelope.Batch, where: str) -> bytes:
                     chunks.append(chunk)
                     want -= len(chunk)
             out = b"".join(chunks)
+        elif batch.compression == Compression.SNAPPY:
+            # A snappy block states its own length first: compare before allocating it.
+            claimed = cramjam.snappy.decompress_raw_len(data)
+            if claimed != size:
+                raise MessageDecodeError(
+                    f"{where}: its snappy data holds {claimed} bytes, not the {size} it states"
+                )
+            out = bytes(cramjam.snappy.decompress_raw(data))
         else:
             raise MessageDecodeError(
                 f"{where}: compression {batch.compression} is unknown to this client"

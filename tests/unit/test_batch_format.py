@@ -5,6 +5,7 @@ it: columns written by producers now (format 2), single messages written before 
 import asyncio
 
 import lz4.block
+import pulsar  # the test extra's: its objects are taken as ours
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -232,7 +233,7 @@ async def test_the_read_ahead_queue_holds_at_most_its_size_in_messages():
         await queue.take(timeout=1)
 
 
-@pytest.mark.parametrize("codec", ["lz4", "zlib", "zstd", Compression.ZSTD])
+@pytest.mark.parametrize("codec", ["lz4", "zlib", "zstd", "snappy", Compression.ZSTD])
 @given(messages=messages_strategy)
 def test_a_compressed_batch_reads_back_as_written(codec, messages):
     builder = BatchBuilder()
@@ -253,7 +254,9 @@ def compressible_batch() -> bytes:
     return builder.encode()
 
 
-@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.ZLIB, Compression.ZSTD])
+@pytest.mark.parametrize(
+    "codec", [Compression.LZ4, Compression.ZLIB, Compression.ZSTD, Compression.SNAPPY]
+)
 def test_compression_shrinks_what_repeats(codec):
     encoded = compressible_batch()
     entry = compress(encoded, codec)
@@ -262,8 +265,8 @@ def test_compression_shrinks_what_repeats(codec):
     assert batch.uncompressed_size == len(encoded) and len(entry) < len(encoded) / 5
 
 
-def damaged(**changes) -> bytes:
-    batch = envelope.Batch.FromString(compress(compressible_batch(), Compression.ZSTD))
+def damaged(codec=Compression.ZSTD, **changes) -> bytes:
+    batch = envelope.Batch.FromString(compress(compressible_batch(), codec))
     for name, value in changes.items():
         setattr(batch, name, value)
     return batch.SerializeToString()
@@ -287,12 +290,32 @@ def damaged(**changes) -> bytes:
             compress(BatchBuilder().encode(1) + b"\x08\x01" * 200, Compression.ZLIB),
             "must hold format 2",
         ),
+        (damaged(Compression.SNAPPY, compressed=b""), "holds 0 bytes, not the"),
+        (damaged(Compression.SNAPPY, uncompressed_size=10), "bytes, not the 10 it states"),
+        (damaged(Compression.SNAPPY, uncompressed_size=2**31), "over the 67108864-byte limit"),
     ],
 )  # fmt: skip
 def test_damaged_compressed_entries_get_a_typed_error_naming_the_entry(payload, reason):
     with pytest.raises(MessageDecodeError, match="ledger 4 entry 5") as refused:
         decode_batch(payload, "ledger 4 entry 5")
     assert reason in str(refused.value)
+
+
+def test_damaged_snappy_blocks_get_the_same_typed_error():
+    good = envelope.Batch.FromString(damaged(Compression.SNAPPY)).compressed
+    size = len(compressible_batch())
+    cut = next(i for i, byte in enumerate(good) if byte < 0x80) + 1  # its length varint
+    length, body = good[:cut], good[cut:]
+    for block, reason in [
+        (length + body[:-5], "does not decompress"),  # cut short
+        (length + bytes(b ^ 0x5A for b in body), "does not decompress"),  # scrambled
+        (length + b"\xfe" * 40, "does not decompress"),  # copies from before the start
+        # a bomb: a block that claims 4 GiB, in an entry that claims the right size
+        (b"\xff\xff\xff\xff\x0f" + body, f"holds 4294967295 bytes, not the {size}"),
+    ]:
+        with pytest.raises(MessageDecodeError, match="ledger 4 entry 5") as refused:
+            decode_batch(damaged(Compression.SNAPPY, compressed=block), "ledger 4 entry 5")
+        assert reason in str(refused.value)
 
 
 def test_a_client_that_knows_only_format_2_would_refuse_format_3_cleanly():
@@ -313,8 +336,30 @@ def test_compression_names_as_pulsar_spells_them():
 
     assert parse_compression(PulsarCompressionType()) is Compression.ZSTD
     assert parse_compression("LZ4") is Compression.LZ4
-    with pytest.raises(BadRequestError, match="one of none, lz4, zlib, zstd"):
-        parse_compression("snappy")
+    assert parse_compression("snappy") is Compression.SNAPPY
+    for codec in ("NONE", "LZ4", "ZLib", "ZSTD", "SNAPPY"):  # pulsar-client's own enum
+        pulsar_codec = getattr(pulsar.CompressionType, codec)
+        assert parse_compression(pulsar_codec) == int(pulsar_codec)  # the same numbering
+    with pytest.raises(BadRequestError, match="one of none, lz4, zlib, zstd, snappy"):
+        parse_compression("brotli")
+
+
+def test_snappy_entries_are_snappy_raw_blocks_as_pulsar_writes_them():
+    # A block made by hand from the format (a length varint, then one literal), not by
+    # the library that reads it: the raw format, not snappy's framed one.
+    builder = BatchBuilder()
+    builder.add(b"abc", 1000)
+    inner = builder.encode()
+    assert len(inner) < 60  # (one literal tag holds lengths up to 60)
+    block = bytes([len(inner), (len(inner) - 1) << 2]) + inner
+    entry = envelope.Batch(
+        format_version=COMPRESSED_FORMAT,
+        compression=Compression.SNAPPY,
+        uncompressed_size=len(inner),
+        compressed=block,
+    ).SerializeToString()
+    [message] = decode_entry("s", 1, 0, entry, EARLIEST)
+    assert (message.data, message.publish_time_ms) == (b"abc", 1000)
 
 
 def pieces(uuid: str, parts: list[bytes], total: int, entry0: int) -> list:
