@@ -17,6 +17,9 @@ zstd or snappy), chosen per entry: a batch that does not shrink is written as fo
 Readers that know only formats 1 and 2 refuse a format 3 entry with MessageDecodeError
 ("newer than this client reads"), so upgrade readers before turning compression on;
 readers from before snappy refuse a snappy entry the same way ("compression 4 is unknown").
+
+A message's ordering key (Pulsar's) is a Metadata field: readers from before it read the
+message as they did, without it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class KeyAndProperties(Protocol):
     @property
     def properties(self) -> Mapping[str, str]: ...
 
+    @property
+    def ordering_key(self) -> bytes: ...
+
     def HasField(self, field_name: str) -> bool: ...
 
 
@@ -82,11 +88,25 @@ class DecodedBatch(NamedTuple):
     producers: Sequence[str] | None = None  # None: no message names its producer
 
 
-def metadata_of(key: str | None, properties: Mapping[str, str] | None) -> envelope.Metadata | None:
-    """A message's key and properties as stored (None when it has neither)."""
-    if key is None and not properties:
-        return None
-    return envelope.Metadata(key=key, properties=properties)
+def metadata_of(
+    key: str | None,
+    properties: Mapping[str, str] | None,
+    ordering_key: bytes | str | None = None,
+) -> envelope.Metadata | None:
+    """A message's key, properties and ordering key as stored (None when it has none of
+    them). The ordering key is bytes, as on Pulsar's wire; a str (what pulsar-client's
+    Python ``send(ordering_key=...)`` takes) is stored as its UTF-8."""
+    if ordering_key is None:
+        if key is None and not properties:
+            return None
+        return envelope.Metadata(key=key, properties=properties)
+    if isinstance(ordering_key, str):
+        ordering_key = ordering_key.encode()
+    elif isinstance(ordering_key, bytearray | memoryview):
+        ordering_key = bytes(ordering_key)
+    elif not isinstance(ordering_key, bytes):
+        raise BadRequestError(f"ordering_key is bytes or str, got {ordering_key!r:.60}")
+    return envelope.Metadata(key=key, properties=properties, ordering_key=ordering_key)
 
 
 def message_size(data: bytes, metadata: envelope.Metadata | None) -> int:
@@ -216,6 +236,8 @@ class BatchBuilder:
             if metadata is not None:
                 if metadata.HasField("key"):
                     message.key = metadata.key
+                if metadata.HasField("ordering_key"):
+                    message.ordering_key = metadata.ordering_key
                 message.properties.update(metadata.properties)
         return batch.SerializeToString()
 

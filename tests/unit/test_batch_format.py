@@ -362,6 +362,66 @@ def test_snappy_entries_are_snappy_raw_blocks_as_pulsar_writes_them():
     assert (message.data, message.publish_time_ms) == (b"abc", 1000)
 
 
+@pytest.mark.parametrize("version", [1, 2, 3])
+@given(
+    ordering_keys=st.lists(
+        st.none() | st.binary(max_size=12) | st.text(max_size=6), min_size=1, max_size=10
+    ),
+    keyed=st.booleans(),
+)
+def test_ordering_keys_read_back_in_every_format(version, ordering_keys, keyed):
+    builder = BatchBuilder()
+    for i, ordering_key in enumerate(ordering_keys):
+        key = f"k{i}" if keyed else None
+        builder.add(b"x" * 100, 1000 + i, 0, metadata_of(key, None, ordering_key))
+    encoded = builder.encode(min(version, 2))
+    entry = compress(encoded, Compression.ZLIB) if version == 3 else encoded
+    decoded = decode_entry("s", 1, 0, entry, EARLIEST)
+    expected = [k.encode() if isinstance(k, str) else k for k in ordering_keys]
+    assert [m.ordering_key() for m in decoded] == expected
+    assert [m.key for m in decoded] == [(f"k{i}" if keyed else None) for i in range(len(decoded))]
+
+
+def test_an_ordering_key_is_bytes_or_str():
+    assert metadata_of(None, None, bytearray(b"o")).ordering_key == b"o"
+    assert metadata_of(None, None, b"").HasField("ordering_key")  # b"" is a key
+    assert metadata_of(None, None) is None
+    with pytest.raises(BadRequestError, match="ordering_key is bytes or str"):
+        metadata_of("k", None, 7)
+
+
+# Entries as producers wrote them before ordering keys: a message with a key and a
+# property, then one without (format 2, then format 1).
+BEFORE_ORDERING_KEYS = {
+    2: "08021a020101220261622a020506320200093a0b0a016b12060a01701201713a00",
+    1: "080112100a016b12060a017012017118052a01611207180620092a0162",
+}
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_entries_from_before_ordering_keys_read_as_before(version):
+    entry = bytes.fromhex(BEFORE_ORDERING_KEYS[version])
+    first, second = decode_entry("s", 1, 0, entry, EARLIEST)
+    assert [fields(first), fields(second)] == [
+        (b"a", 5, 0, "k", {"p": "q"}),
+        (b"b", 6, 9, None, {}),
+    ]
+    assert first.ordering_key() is None and second.ordering_key() is None
+    assert first.partition_key() == "k" and second.partition_key() is None
+
+
+def test_messages_answer_to_pulsar_clients_accessor_names():
+    builder = BatchBuilder()
+    builder.add(b"p", 1000, 900, metadata_of("k", {"a": "b"}, b"ok"))
+    [message] = decode_entry("orders", 1, 0, builder.encode(), EARLIEST)
+    assert message.partition_key() == message.key == "k"
+    assert message.ordering_key() == b"ok"
+    assert message.publish_timestamp() == message.publish_time_ms == 1000
+    assert message.event_timestamp() == message.event_time_ms == 900
+    assert message.topic_name() == message.stream == "orders"
+    assert message.redelivered().redelivery_count == 1
+
+
 def pieces(uuid: str, parts: list[bytes], total: int, entry0: int) -> list:
     out = []
     for i, part in enumerate(parts):
