@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time the names load lazily (
     from streamlib.stream.consumer import DeadLetterPolicy as DeadLetterPolicy
     from streamlib.stream.positions import EARLIEST as EARLIEST
     from streamlib.stream.positions import LATEST as LATEST
+    from streamlib.stream.positions import InitialPosition as InitialPosition
     from streamlib.stream.positions import MessageId as MessageId
     from streamlib.stream.subscription import ConsumerType as ConsumerType
     from streamlib.sync import connect as connect
@@ -35,6 +36,7 @@ __all__ = [
     "CompressionType",
     "ConsumerType",
     "DeadLetterPolicy",
+    "InitialPosition",
     "MessageId",
     "connect",
 ]
@@ -63,7 +65,7 @@ def __getattr__(name: str) -> Any:
         from streamlib.stream.subscription import ConsumerType
 
         return ConsumerType
-    if name in ("MessageId", "EARLIEST", "LATEST"):
+    if name in ("MessageId", "EARLIEST", "LATEST", "InitialPosition"):
         from streamlib.stream import positions
 
         return getattr(positions, name)

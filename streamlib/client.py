@@ -37,7 +37,7 @@ from streamlib.stream.consumer import (
 )
 from streamlib.stream.multi import subscribe_each
 from streamlib.stream.partitioned import produce_each
-from streamlib.stream.positions import EARLIEST, MessageId, parse_start
+from streamlib.stream.positions import EARLIEST, MessageId, parse_initial_position, parse_start
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Message, Reader, ScannerFeed, StreamScanner
 from streamlib.stream.subscription import (
@@ -173,7 +173,7 @@ class Client:
         self,
         stream: str | Sequence[str],
         subscription: str,
-        initial_position: str = "latest",
+        initial_position: Any = "latest",
         *,
         receiver_queue_size: int = 1000,
         ack_timeout_ms: int = 0,
@@ -202,10 +202,7 @@ class Client:
         message_listener(consumer, message) is called for each message on the loop (a
         coroutine function is awaited) instead of calling receive(). schema (see
         streamlib.schema): what message.value() decodes with."""
-        if initial_position not in ("latest", "earliest"):
-            raise BadRequestError(
-                f"initial_position is 'latest' or 'earliest', got {initial_position!r}"
-            )
+        initial_position = parse_initial_position(initial_position)
         if isinstance(stream, str) and (count := await self.streams.partitions(stream)):
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription

@@ -237,7 +237,7 @@ class SubscriptionDispatcher:
             Pending(
                 message,
                 message.message_id,
-                key_slot(message.key, message.message_id),
+                key_slot(message.key, message.message_id, message.ordering_key()),
                 len(message.data),
             )
         )

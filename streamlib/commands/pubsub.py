@@ -47,7 +47,7 @@ def add_parsers(commands: Subparsers) -> None:
     )
     produce.add_argument("-k", "--key", help="the messages' key")
     produce.add_argument(
-        "-z", "--compression", choices=["none", "lz4", "zlib", "zstd"], default="none",
+        "-z", "--compression", choices=["none", "lz4", "zlib", "zstd", "snappy"], default="none",
         help="compress the entries (readers must know batch format 3)",
     )  # fmt: skip
     produce.add_argument(

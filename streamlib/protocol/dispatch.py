@@ -10,11 +10,12 @@ answers with the deliveries to make. One Dispatch per subscription on its owning
 - shared: round robin over the consumers that have permits; a consumer that leaves
   has its unacknowledged messages delivered to the others.
 - key_shared: a message goes to the consumer that owns its key's hash slot (consistent
-  hashing, so a consumer coming or going moves few slots). Per-key order holds across
-  such moves: a slot's messages wait while a consumer other than its new owner still
-  has messages of that slot unacknowledged, and a waiting slot's later messages wait
-  behind them (Pulsar's Key_Shared with its "recently joined consumers" rule does the
-  same thing by read position).
+  hashing, so a consumer coming or going moves few slots); its ordering key, when it has
+  one, is the key that counts (Pulsar's rule). Per-key order holds across such moves: a
+  slot's messages wait while a consumer other than its new owner still has messages of
+  that slot unacknowledged, and a waiting slot's later messages wait behind them
+  (Pulsar's Key_Shared with its "recently joined consumers" rule does the same thing by
+  read position).
 
 Messages are opaque to it (a `Pending(ref, message_id, slot, size)`); it never reads
 ahead more than `max_pending` messages or `max_pending_bytes`, and hands a consumer no
@@ -44,9 +45,13 @@ class Kind(enum.Enum):
     KEY_SHARED = "key_shared"
 
 
-def key_slot(key: str | None, message_id: Hashable) -> int:
-    """The hash slot of a message (a message without a key hashes by its id, as
-    Pulsar's Key_Shared spreads them)."""
+def key_slot(key: str | None, message_id: Hashable, ordering_key: bytes | None = None) -> int:
+    """The hash slot of a message: by its ordering key when it has one, else by its key
+    (Pulsar's Key_Shared order); a message with neither hashes by its id, as Pulsar's
+    Key_Shared spreads them. An ordering key and a key of the same UTF-8 bytes share a
+    slot."""
+    if ordering_key is not None:
+        return zlib.crc32(ordering_key) % SLOTS
     text = key if key is not None else repr(message_id)
     return zlib.crc32(text.encode()) % SLOTS
 

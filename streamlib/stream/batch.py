@@ -12,10 +12,14 @@ Upgrading: readers from before format 2 ignore the format field and see a format
 as a batch of no messages. Upgrade readers (consumers, readers, Spark jobs) first, or
 have producers write format 1 meanwhile (`create_producer(..., batch_format=1)`).
 
-Format 3 is a format 2 batch compressed (a producer's ``compression_type``: lz4, zlib
-or zstd), chosen per entry: a batch that does not shrink is written as format 2. Readers
-that know only formats 1 and 2 refuse a format 3 entry with MessageDecodeError ("newer
-than this client reads"), so upgrade readers before turning compression on.
+Format 3 is a format 2 batch compressed (a producer's ``compression_type``: lz4, zlib,
+zstd or snappy), chosen per entry: a batch that does not shrink is written as format 2.
+Readers that know only formats 1 and 2 refuse a format 3 entry with MessageDecodeError
+("newer than this client reads"), so upgrade readers before turning compression on;
+readers from before snappy refuse a snappy entry the same way ("compression 4 is unknown").
+
+A message's ordering key (Pulsar's) is a Metadata field: readers from before it read the
+message as they did, without it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+import cramjam
 import lz4.block
 import zstandard
 from google.protobuf.message import DecodeError
@@ -66,6 +71,9 @@ class KeyAndProperties(Protocol):
     @property
     def properties(self) -> Mapping[str, str]: ...
 
+    @property
+    def ordering_key(self) -> bytes: ...
+
     def HasField(self, field_name: str) -> bool: ...
 
 
@@ -80,11 +88,25 @@ class DecodedBatch(NamedTuple):
     producers: Sequence[str] | None = None  # None: no message names its producer
 
 
-def metadata_of(key: str | None, properties: Mapping[str, str] | None) -> envelope.Metadata | None:
-    """A message's key and properties as stored (None when it has neither)."""
-    if key is None and not properties:
-        return None
-    return envelope.Metadata(key=key, properties=properties)
+def metadata_of(
+    key: str | None,
+    properties: Mapping[str, str] | None,
+    ordering_key: bytes | str | None = None,
+) -> envelope.Metadata | None:
+    """A message's key, properties and ordering key as stored (None when it has none of
+    them). The ordering key is bytes, as on Pulsar's wire; a str (what pulsar-client's
+    Python ``send(ordering_key=...)`` takes) is stored as its UTF-8."""
+    if ordering_key is None:
+        if key is None and not properties:
+            return None
+        return envelope.Metadata(key=key, properties=properties)
+    if isinstance(ordering_key, str):
+        ordering_key = ordering_key.encode()
+    elif isinstance(ordering_key, bytearray | memoryview):
+        ordering_key = bytes(ordering_key)
+    elif not isinstance(ordering_key, bytes):
+        raise BadRequestError(f"ordering_key is bytes or str, got {ordering_key!r:.60}")
+    return envelope.Metadata(key=key, properties=properties, ordering_key=ordering_key)
 
 
 def message_size(data: bytes, metadata: envelope.Metadata | None) -> int:
@@ -214,17 +236,21 @@ class BatchBuilder:
             if metadata is not None:
                 if metadata.HasField("key"):
                     message.key = metadata.key
+                if metadata.HasField("ordering_key"):
+                    message.ordering_key = metadata.ordering_key
                 message.properties.update(metadata.properties)
         return batch.SerializeToString()
 
 
 class Compression(enum.IntEnum):
-    """Pulsar's CompressionType numbering (SNAPPY, 4, is not offered)."""
+    """Pulsar's CompressionType numbering (stored in format 3 entries). SNAPPY is snappy's
+    raw (block) format, as Pulsar's, not its framed one."""
 
     NONE = 0
     LZ4 = 1
     ZLIB = 2
     ZSTD = 3
+    SNAPPY = 4
 
 
 def parse_compression(value: object) -> Compression:
@@ -235,7 +261,9 @@ def parse_compression(value: object) -> Compression:
     text = value if isinstance(value, str) else getattr(value, "name", None)
     if isinstance(text, str) and text.upper() in Compression.__members__:
         return Compression[text.upper()]
-    raise BadRequestError(f"compression_type is one of none, lz4, zlib, zstd; got {value!r}")
+    raise BadRequestError(
+        f"compression_type is one of none, lz4, zlib, zstd, snappy; got {value!r}"
+    )
 
 
 def compress(encoded: bytes, codec: Compression) -> bytes:
@@ -246,6 +274,8 @@ def compress(encoded: bytes, codec: Compression) -> bytes:
         packed = lz4.block.compress(encoded, store_size=False)
     elif codec is Compression.ZLIB:
         packed = zlib.compress(encoded, 6)
+    elif codec is Compression.SNAPPY:
+        packed = bytes(cramjam.snappy.compress_raw(encoded))
     else:
         packed = zstandard.ZstdCompressor(level=3).compress(encoded)
     entry = envelope.Batch(
@@ -284,6 +314,14 @@ def _decompress(batch: envelope.Batch, where: str) -> bytes:
                     chunks.append(chunk)
                     want -= len(chunk)
             out = b"".join(chunks)
+        elif batch.compression == Compression.SNAPPY:
+            # A snappy block states its own length first: compare before allocating it.
+            claimed = cramjam.snappy.decompress_raw_len(data)
+            if claimed != size:
+                raise MessageDecodeError(
+                    f"{where}: its snappy data holds {claimed} bytes, not the {size} it states"
+                )
+            out = bytes(cramjam.snappy.decompress_raw(data))
         else:
             raise MessageDecodeError(
                 f"{where}: compression {batch.compression} is unknown to this client"

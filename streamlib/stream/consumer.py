@@ -37,11 +37,18 @@ from streamlib.closing import CloseOnce
 from streamlib.protocol.errors import (
     BadRequestError,
     ClientClosedError,
+    InvalidPositionError,
     StreamlibError,
     TimeoutError,
 )
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.positions import LATEST, MessageId, position_before
+from streamlib.stream.positions import (
+    EARLIEST,
+    LATEST,
+    MessageId,
+    as_message_id,
+    position_before,
+)
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import (
     EntryQueue,
@@ -390,14 +397,17 @@ class Consumer:
         cursor; through the service: hand them to the broker, which keeps it)."""
         await self._source.persist()
 
-    async def seek(self, target: MessageId | int) -> None:
+    async def seek(self, target: object) -> None:
         """Move the subscription's cursor: deliver again from a message id (that message
         first), or from the first message published at or after a timestamp (epoch
         milliseconds). What was received and not acknowledged is forgotten."""
-        if isinstance(target, bool) or not isinstance(target, MessageId | int):
-            raise BadRequestError(f"seek takes a MessageId or epoch milliseconds, got {target!r}")
-        if isinstance(target, MessageId):
-            target.checked()
+        if not isinstance(target, int) or isinstance(target, bool):
+            try:  # (streamlib's or pulsar-client's, EARLIEST and LATEST too)
+                target = as_message_id(target)
+            except InvalidPositionError as error:
+                raise InvalidPositionError(
+                    f"seek takes a MessageId or epoch milliseconds: {error}"
+                ) from None
         await self._source.seek(target)
         self._unacked.clear()
 
@@ -670,7 +680,8 @@ class DirectSubscription:
 
     async def seek(self, target: MessageId | int) -> None:
         if isinstance(target, MessageId):
-            position = position_before(target)
+            # (the symbolic ones are positions already: "before" them is not)
+            position = target if target in (EARLIEST, LATEST) else position_before(target)
         else:
             position = await self._scanner.position_before_time(target)
         if position == LATEST:

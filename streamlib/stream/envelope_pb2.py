@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstreamlib/stream/envelope.proto\x12\x13streamlib.stream.v1\"\xd9\x01\n\x07Message\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12@\n\nproperties\x18\x02 \x03(\x0b\x32,.streamlib.stream.v1.Message.PropertiesEntry\x12\x17\n\x0fpublish_time_ms\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_key\"\x9a\x01\n\x08Metadata\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x41\n\nproperties\x18\x02 \x03(\x0b\x32-.streamlib.stream.v1.Metadata.PropertiesEntry\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_key\"\xbb\x03\n\x05\x42\x61tch\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.streamlib.stream.v1.Message\x12\x15\n\rpayload_sizes\x18\x03 \x03(\r\x12\x10\n\x08payloads\x18\x04 \x01(\x0c\x12\x17\n\x0fpublish_time_ms\x18\x05 \x03(\x03\x12\x15\n\revent_time_ms\x18\x06 \x03(\x03\x12/\n\x08metadata\x18\x07 \x03(\x0b\x32\x1d.streamlib.stream.v1.Metadata\x12\x15\n\rdeliver_at_ms\x18\x0b \x03(\x03\x12\x13\n\x0b\x63ompression\x18\x08 \x01(\r\x12\x19\n\x11uncompressed_size\x18\t \x01(\r\x12\x12\n\ncompressed\x18\n \x01(\x0c\x12)\n\x05\x63hunk\x18\x0c \x01(\x0b\x32\x1a.streamlib.stream.v1.Chunk\x12\x19\n\x11\x66irst_sequence_id\x18\r \x01(\x03\x12\x14\n\x0csequence_ids\x18\x0e \x03(\x03\x12\x11\n\tproducers\x18\x0f \x03(\t\x12\x16\n\x0eproducer_index\x18\x10 \x03(\r\"G\n\x05\x43hunk\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\ntotal_size\x18\x04 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstreamlib/stream/envelope.proto\x12\x13streamlib.stream.v1\"\x85\x02\n\x07Message\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12@\n\nproperties\x18\x02 \x03(\x0b\x32,.streamlib.stream.v1.Message.PropertiesEntry\x12\x17\n\x0fpublish_time_ms\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x19\n\x0cordering_key\x18\x06 \x01(\x0cH\x01\x88\x01\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_keyB\x0f\n\r_ordering_key\"\xc6\x01\n\x08Metadata\x12\x10\n\x03key\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x41\n\nproperties\x18\x02 \x03(\x0b\x32-.streamlib.stream.v1.Metadata.PropertiesEntry\x12\x19\n\x0cordering_key\x18\x03 \x01(\x0cH\x01\x88\x01\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_keyB\x0f\n\r_ordering_key\"\xbb\x03\n\x05\x42\x61tch\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12.\n\x08messages\x18\x02 \x03(\x0b\x32\x1c.streamlib.stream.v1.Message\x12\x15\n\rpayload_sizes\x18\x03 \x03(\r\x12\x10\n\x08payloads\x18\x04 \x01(\x0c\x12\x17\n\x0fpublish_time_ms\x18\x05 \x03(\x03\x12\x15\n\revent_time_ms\x18\x06 \x03(\x03\x12/\n\x08metadata\x18\x07 \x03(\x0b\x32\x1d.streamlib.stream.v1.Metadata\x12\x15\n\rdeliver_at_ms\x18\x0b \x03(\x03\x12\x13\n\x0b\x63ompression\x18\x08 \x01(\r\x12\x19\n\x11uncompressed_size\x18\t \x01(\r\x12\x12\n\ncompressed\x18\n \x01(\x0c\x12)\n\x05\x63hunk\x18\x0c \x01(\x0b\x32\x1a.streamlib.stream.v1.Chunk\x12\x19\n\x11\x66irst_sequence_id\x18\r \x01(\x03\x12\x14\n\x0csequence_ids\x18\x0e \x03(\x03\x12\x11\n\tproducers\x18\x0f \x03(\t\x12\x16\n\x0eproducer_index\x18\x10 \x03(\r\"G\n\x05\x43hunk\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\ntotal_size\x18\x04 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,15 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_METADATA_PROPERTIESENTRY']._loaded_options = None
   _globals['_METADATA_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_MESSAGE']._serialized_start=57
-  _globals['_MESSAGE']._serialized_end=274
-  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=217
-  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=266
-  _globals['_METADATA']._serialized_start=277
-  _globals['_METADATA']._serialized_end=431
-  _globals['_METADATA_PROPERTIESENTRY']._serialized_start=217
-  _globals['_METADATA_PROPERTIESENTRY']._serialized_end=266
-  _globals['_BATCH']._serialized_start=434
-  _globals['_BATCH']._serialized_end=877
-  _globals['_CHUNK']._serialized_start=879
-  _globals['_CHUNK']._serialized_end=950
+  _globals['_MESSAGE']._serialized_end=318
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=244
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=293
+  _globals['_METADATA']._serialized_start=321
+  _globals['_METADATA']._serialized_end=519
+  _globals['_METADATA_PROPERTIESENTRY']._serialized_start=244
+  _globals['_METADATA_PROPERTIESENTRY']._serialized_end=293
+  _globals['_BATCH']._serialized_start=522
+  _globals['_BATCH']._serialized_end=965
+  _globals['_CHUNK']._serialized_start=967
+  _globals['_CHUNK']._serialized_end=1038
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Message(_message.Message):
-    __slots__ = ("key", "properties", "publish_time_ms", "event_time_ms", "payload")
+    __slots__ = ("key", "properties", "publish_time_ms", "event_time_ms", "payload", "ordering_key")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -20,15 +20,17 @@ class Message(_message.Message):
     PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
     key: str
     properties: _containers.ScalarMap[str, str]
     publish_time_ms: int
     event_time_ms: int
     payload: bytes
-    def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    ordering_key: bytes
+    def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., payload: _Optional[bytes] = ..., ordering_key: _Optional[bytes] = ...) -> None: ...
 
 class Metadata(_message.Message):
-    __slots__ = ("key", "properties")
+    __slots__ = ("key", "properties", "ordering_key")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,9 +40,11 @@ class Metadata(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     KEY_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
     key: str
     properties: _containers.ScalarMap[str, str]
-    def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    ordering_key: bytes
+    def __init__(self, key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., ordering_key: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("format_version", "messages", "payload_sizes", "payloads", "publish_time_ms", "event_time_ms", "metadata", "deliver_at_ms", "compression", "uncompressed_size", "compressed", "chunk", "first_sequence_id", "sequence_ids", "producers", "producer_index")

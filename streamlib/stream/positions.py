@@ -3,10 +3,16 @@
 Ledger ids of one stream grow with the ledger list (new ledgers get fresh, larger ids),
 so tuple order is stream order. EARLIEST and LATEST are symbolic starting points.
 Serialised to 20 bytes (three big-endian integers) or to the string "ledger:entry:index".
+
+pulsar-client's objects are taken where ours are, recognised by their shape (it is not a
+dependency): its MessageId (``MessageId.earliest``, ``.latest`` or one with ledger and
+entry ids) by :func:`as_message_id`, its InitialPosition by
+:func:`parse_initial_position`.
 """
 
 from __future__ import annotations
 
+import enum
 import struct
 from typing import NamedTuple
 
@@ -20,7 +26,12 @@ class MessageId(NamedTuple):
 
     Constructing one does not validate (it is on the hot path of every message);
     ids that come from outside -- bytes, strings, user calls -- go through
-    :meth:`checked`, :meth:`from_bytes`, :meth:`parse` or :func:`parse_start`."""
+    :meth:`checked`, :meth:`from_bytes`, :meth:`parse` or :func:`parse_start`.
+
+    pulsar-client's MessageId has methods ``ledger_id()``, ``entry_id()`` and
+    ``batch_index()``; here they are the tuple's fields (``mid.ledger_id``), which a
+    method of the same name cannot share. :func:`as_message_id` turns pulsar-client's
+    into this."""
 
     ledger_id: int
     entry_id: int
@@ -69,18 +80,62 @@ EARLIEST = MessageId(-1, -1, -1)
 LATEST = MessageId(2**63 - 1, 2**63 - 1, 2**31 - 1)
 
 
-def parse_start(value: MessageId | str | bytes) -> MessageId:
+# pulsar-client's MessageId.latest: both ids at C++'s INT64_MAX (and batch index -1).
+_PULSAR_LATEST = 2**63 - 1
+
+
+def as_message_id(value: object) -> MessageId:
+    """A MessageId from ours (checked), a (ledger, entry[, index]) tuple, or
+    pulsar-client's MessageId: anything with ``ledger_id()``, ``entry_id()`` and
+    ``batch_index()`` methods. InvalidPositionError for anything else.
+
+    Pulsar's ``MessageId.earliest`` (ledger and entry -1) is EARLIEST, its
+    ``MessageId.latest`` (both INT64_MAX) is LATEST. Pulsar's batch index -1 marks a
+    message that is not part of a batch -- an entry's only message -- which is index 0
+    here. Its partition is not needed: a ledger id names one stream's ledger."""
     if isinstance(value, MessageId):
         return value.checked()
     if isinstance(value, tuple):
+        if not 2 <= len(value) <= 3:
+            raise InvalidPositionError(f"a message id is (ledger, entry[, index]), got {value!r}")
         return MessageId(*value).checked()
+    ledger_of, entry_of, index_of = (
+        getattr(value, name, None) for name in ("ledger_id", "entry_id", "batch_index")
+    )
+    if not (callable(ledger_of) and callable(entry_of) and callable(index_of)):
+        raise InvalidPositionError(
+            f"expected a MessageId (streamlib's or pulsar-client's), EARLIEST or LATEST, "
+            f"got {value!r:.80}"
+        )
+    ledger_id, entry_id, batch_index = ledger_of(), entry_of(), index_of()
+    if ledger_id == -1 and entry_id == -1:
+        return EARLIEST
+    if ledger_id == _PULSAR_LATEST and entry_id == _PULSAR_LATEST:
+        return LATEST
+    return MessageId(ledger_id, entry_id, 0 if batch_index == -1 else batch_index).checked()
+
+
+def parse_start(value: object) -> MessageId:
+    """A start or seek position: a MessageId (ours or pulsar-client's, see
+    :func:`as_message_id`), EARLIEST / LATEST or "earliest" / "latest", its 20 bytes
+    or its "ledger:entry[:index]" string. InvalidPositionError for anything else."""
     if isinstance(value, bytes | bytearray):
         return MessageId.from_bytes(bytes(value))
-    if value in ("earliest", "EARLIEST"):
-        return EARLIEST
-    if value in ("latest", "LATEST"):
-        return LATEST
-    return MessageId.parse(value)
+    if isinstance(value, str):
+        if value in ("earliest", "EARLIEST"):
+            return EARLIEST
+        if value in ("latest", "LATEST"):
+            return LATEST
+        return MessageId.parse(value)
+    return as_message_id(value)
+
+
+class InitialPosition(enum.Enum):
+    """Where a new subscription starts (Pulsar's ``InitialPosition.Latest`` /
+    ``.Earliest``): after what is published now, or at the stream's first message."""
+
+    Latest = "latest"
+    Earliest = "earliest"
 
 
 def parse_initial_position(value: object) -> str:

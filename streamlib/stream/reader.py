@@ -46,7 +46,14 @@ from streamlib.stream.writer import STREAM_PASSWORD
 class Message:
     """One message as consumers see it: an index into its entry's decoded columns (the
     entry's messages share them). Reading many messages costs little until they are
-    looked at; its position is computed when asked for."""
+    looked at; its position is computed when asked for.
+
+    Its fields are properties (``message.data``, ``message.key``); the methods with
+    pulsar-client's names (``partition_key()``, ``ordering_key()``,
+    ``publish_timestamp()``, ``event_timestamp()``, ``topic_name()``) are there for code
+    written against pulsar-client. Where pulsar-client has a method of a field's own name
+    (``data()``, ``properties()``, ``message_id()``, ``redelivery_count()``,
+    ``producer_name()``) streamlib keeps the property: drop the parentheses."""
 
     # Made by new_message. _prev is None when the entry implies it; _id until asked for.
     __slots__ = ("_entry", "_id", "_index", "_prev", "_redeliveries")
@@ -119,6 +126,34 @@ class Message:
         has none); SchemaDecodeError if they do not decode."""
         schema = self._entry.schema
         return self.data if schema is None else schema.decode(self.data)
+
+    def ordering_key(self) -> bytes | None:
+        """Pulsar's ordering key (None when the producer set none): what key_shared's
+        slot is hashed from when set, over the key (dispatch.key_slot). pulsar-client
+        returns it as str, '' for none; here it is the bytes stored, as on Pulsar's wire."""
+        metadata = self._entry.metadata
+        if metadata is None:
+            return None
+        mine = metadata[self._index]
+        return mine.ordering_key if mine.HasField("ordering_key") else None
+
+    # pulsar-client's names for the properties above (methods there).
+
+    def partition_key(self) -> str | None:
+        """The key (pulsar-client's name; it returns '' where this returns None)."""
+        return self.key
+
+    def publish_timestamp(self) -> int:
+        """publish_time_ms (pulsar-client's name)."""
+        return self.publish_time_ms
+
+    def event_timestamp(self) -> int:
+        """event_time_ms, 0 when the producer set none (pulsar-client's name)."""
+        return self.event_time_ms
+
+    def topic_name(self) -> str:
+        """The stream (pulsar-client's name)."""
+        return self.stream
 
     @property
     def sequence_id(self) -> int:

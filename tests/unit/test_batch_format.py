@@ -5,6 +5,7 @@ it: columns written by producers now (format 2), single messages written before 
 import asyncio
 
 import lz4.block
+import pulsar  # the test extra's: its objects are taken as ours
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -234,7 +235,7 @@ async def test_the_read_ahead_queue_holds_at_most_its_size_in_messages():
         await queue.take(timeout=1)
 
 
-@pytest.mark.parametrize("codec", ["lz4", "zlib", "zstd", Compression.ZSTD])
+@pytest.mark.parametrize("codec", ["lz4", "zlib", "zstd", "snappy", Compression.ZSTD])
 @given(messages=messages_strategy)
 def test_a_compressed_batch_reads_back_as_written(codec, messages):
     builder = BatchBuilder()
@@ -255,7 +256,9 @@ def compressible_batch() -> bytes:
     return builder.encode()
 
 
-@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.ZLIB, Compression.ZSTD])
+@pytest.mark.parametrize(
+    "codec", [Compression.LZ4, Compression.ZLIB, Compression.ZSTD, Compression.SNAPPY]
+)
 def test_compression_shrinks_what_repeats(codec):
     encoded = compressible_batch()
     entry = compress(encoded, codec)
@@ -264,8 +267,8 @@ def test_compression_shrinks_what_repeats(codec):
     assert batch.uncompressed_size == len(encoded) and len(entry) < len(encoded) / 5
 
 
-def damaged(**changes) -> bytes:
-    batch = envelope.Batch.FromString(compress(compressible_batch(), Compression.ZSTD))
+def damaged(codec=Compression.ZSTD, **changes) -> bytes:
+    batch = envelope.Batch.FromString(compress(compressible_batch(), codec))
     for name, value in changes.items():
         setattr(batch, name, value)
     return batch.SerializeToString()
@@ -289,12 +292,32 @@ def damaged(**changes) -> bytes:
             compress(BatchBuilder().encode(1) + b"\x08\x01" * 200, Compression.ZLIB),
             "must hold format 2",
         ),
+        (damaged(Compression.SNAPPY, compressed=b""), "holds 0 bytes, not the"),
+        (damaged(Compression.SNAPPY, uncompressed_size=10), "bytes, not the 10 it states"),
+        (damaged(Compression.SNAPPY, uncompressed_size=2**31), "over the 67108864-byte limit"),
     ],
 )  # fmt: skip
 def test_damaged_compressed_entries_get_a_typed_error_naming_the_entry(payload, reason):
     with pytest.raises(MessageDecodeError, match="ledger 4 entry 5") as refused:
         decode_batch(payload, "ledger 4 entry 5")
     assert reason in str(refused.value)
+
+
+def test_damaged_snappy_blocks_get_the_same_typed_error():
+    good = envelope.Batch.FromString(damaged(Compression.SNAPPY)).compressed
+    size = len(compressible_batch())
+    cut = next(i for i, byte in enumerate(good) if byte < 0x80) + 1  # its length varint
+    length, body = good[:cut], good[cut:]
+    for block, reason in [
+        (length + body[:-5], "does not decompress"),  # cut short
+        (length + bytes(b ^ 0x5A for b in body), "does not decompress"),  # scrambled
+        (length + b"\xfe" * 40, "does not decompress"),  # copies from before the start
+        # a bomb: a block that claims 4 GiB, in an entry that claims the right size
+        (b"\xff\xff\xff\xff\x0f" + body, f"holds 4294967295 bytes, not the {size}"),
+    ]:
+        with pytest.raises(MessageDecodeError, match="ledger 4 entry 5") as refused:
+            decode_batch(damaged(Compression.SNAPPY, compressed=block), "ledger 4 entry 5")
+        assert reason in str(refused.value)
 
 
 def test_a_client_that_knows_only_format_2_would_refuse_format_3_cleanly():
@@ -315,8 +338,90 @@ def test_compression_names_as_pulsar_spells_them():
 
     assert parse_compression(PulsarCompressionType()) is Compression.ZSTD
     assert parse_compression("LZ4") is Compression.LZ4
-    with pytest.raises(BadRequestError, match="one of none, lz4, zlib, zstd"):
-        parse_compression("snappy")
+    assert parse_compression("snappy") is Compression.SNAPPY
+    for codec in ("NONE", "LZ4", "ZLib", "ZSTD", "SNAPPY"):  # pulsar-client's own enum
+        pulsar_codec = getattr(pulsar.CompressionType, codec)
+        assert parse_compression(pulsar_codec) == int(pulsar_codec)  # the same numbering
+    with pytest.raises(BadRequestError, match="one of none, lz4, zlib, zstd, snappy"):
+        parse_compression("brotli")
+
+
+def test_snappy_entries_are_snappy_raw_blocks_as_pulsar_writes_them():
+    # A block made by hand from the format (a length varint, then one literal), not by
+    # the library that reads it: the raw format, not snappy's framed one.
+    builder = BatchBuilder()
+    builder.add(b"abc", 1000)
+    inner = builder.encode()
+    assert len(inner) < 60  # (one literal tag holds lengths up to 60)
+    block = bytes([len(inner), (len(inner) - 1) << 2]) + inner
+    entry = envelope.Batch(
+        format_version=COMPRESSED_FORMAT,
+        compression=Compression.SNAPPY,
+        uncompressed_size=len(inner),
+        compressed=block,
+    ).SerializeToString()
+    [message] = decode_entry("s", 1, 0, entry, EARLIEST)
+    assert (message.data, message.publish_time_ms) == (b"abc", 1000)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+@given(
+    ordering_keys=st.lists(
+        st.none() | st.binary(max_size=12) | st.text(max_size=6), min_size=1, max_size=10
+    ),
+    keyed=st.booleans(),
+)
+def test_ordering_keys_read_back_in_every_format(version, ordering_keys, keyed):
+    builder = BatchBuilder()
+    for i, ordering_key in enumerate(ordering_keys):
+        key = f"k{i}" if keyed else None
+        builder.add(b"x" * 100, 1000 + i, 0, metadata_of(key, None, ordering_key))
+    encoded = builder.encode(min(version, 2))
+    entry = compress(encoded, Compression.ZLIB) if version == 3 else encoded
+    decoded = decode_entry("s", 1, 0, entry, EARLIEST)
+    expected = [k.encode() if isinstance(k, str) else k for k in ordering_keys]
+    assert [m.ordering_key() for m in decoded] == expected
+    assert [m.key for m in decoded] == [(f"k{i}" if keyed else None) for i in range(len(decoded))]
+
+
+def test_an_ordering_key_is_bytes_or_str():
+    assert metadata_of(None, None, bytearray(b"o")).ordering_key == b"o"
+    assert metadata_of(None, None, b"").HasField("ordering_key")  # b"" is a key
+    assert metadata_of(None, None) is None
+    with pytest.raises(BadRequestError, match="ordering_key is bytes or str"):
+        metadata_of("k", None, 7)
+
+
+# Entries as producers wrote them before ordering keys: a message with a key and a
+# property, then one without (format 2, then format 1).
+BEFORE_ORDERING_KEYS = {
+    2: "08021a020101220261622a020506320200093a0b0a016b12060a01701201713a00",
+    1: "080112100a016b12060a017012017118052a01611207180620092a0162",
+}
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_entries_from_before_ordering_keys_read_as_before(version):
+    entry = bytes.fromhex(BEFORE_ORDERING_KEYS[version])
+    first, second = decode_entry("s", 1, 0, entry, EARLIEST)
+    assert [fields(first), fields(second)] == [
+        (b"a", 5, 0, "k", {"p": "q"}),
+        (b"b", 6, 9, None, {}),
+    ]
+    assert first.ordering_key() is None and second.ordering_key() is None
+    assert first.partition_key() == "k" and second.partition_key() is None
+
+
+def test_messages_answer_to_pulsar_clients_accessor_names():
+    builder = BatchBuilder()
+    builder.add(b"p", 1000, 900, metadata_of("k", {"a": "b"}, b"ok"))
+    [message] = decode_entry("orders", 1, 0, builder.encode(), EARLIEST)
+    assert message.partition_key() == message.key == "k"
+    assert message.ordering_key() == b"ok"
+    assert message.publish_timestamp() == message.publish_time_ms == 1000
+    assert message.event_timestamp() == message.event_time_ms == 900
+    assert message.topic_name() == message.stream == "orders"
+    assert message.redelivered().redelivery_count == 1
 
 
 def pieces(uuid: str, parts: list[bytes], total: int, entry0: int) -> list:

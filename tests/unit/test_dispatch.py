@@ -42,6 +42,17 @@ def test_key_slot_is_stable_per_key_and_spreads_keyless_messages_by_id():
     assert len({key_slot(None, i) for i in range(200)}) > 150
 
 
+def test_an_ordering_key_decides_the_slot_over_the_key():
+    assert (
+        key_slot("k1", 1, b"order-7")
+        == key_slot("k2", 2, b"order-7")
+        == key_slot(None, 3, b"order-7")
+    )
+    assert key_slot("k", 1, b"k") == key_slot("k", 1)  # the same bytes: the same slot
+    assert key_slot("k", 1, None) == key_slot("k", 1)  # none: by the key, as before
+    assert len({key_slot("k", 0, b"o%d" % i) for i in range(200)}) > 150
+
+
 # -- exclusive ----------------------------------------------------------------------------
 
 
@@ -313,6 +324,20 @@ def test_key_shared_one_slot_goes_to_one_consumer():
     for slot in owners:
         ids = [p.message_id for _, p in got if p.slot == slot]
         assert ids == sorted(ids)
+
+
+def test_key_shared_sends_one_ordering_key_to_one_consumer_whatever_the_keys():
+    d = key_shared("a", "b", "c")
+    for cid in "abc":
+        d.flow(cid, 1000)
+    candidates = [b"order-%d" % i for i in range(100)]
+    of_a = next(o for o in candidates if d.owner(key_slot(None, 0, o)) == "a")
+    of_b = next(o for o in candidates if d.owner(key_slot(None, 0, o)) == "b")
+    for message_id in range(60):  # 60 keys, which alone would go to all three
+        ordering_key = of_a if message_id % 2 == 0 else of_b
+        slot = key_slot(f"k{message_id}", message_id, ordering_key)
+        d.offer(Pending(message_id, message_id, slot))
+    assert by_consumer(d.deliveries()) == {"a": list(range(0, 60, 2)), "b": list(range(1, 60, 2))}
 
 
 def test_key_shared_owner_without_permits_holds_only_its_keys():
