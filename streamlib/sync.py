@@ -169,6 +169,7 @@ class Producer:
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
         sequence_id: int | None = None,
+        ordering_key: bytes | str | None = None,
     ) -> MessageId:
         """Send one message and wait until it is durable; its MessageId. deliver_after
         (ms or a timedelta) / deliver_at (epoch ms or a datetime): consumers hold it
@@ -182,6 +183,7 @@ class Producer:
                 deliver_after=deliver_after,
                 deliver_at=deliver_at,
                 sequence_id=sequence_id,
+                ordering_key=ordering_key,
             )
         )
 
@@ -195,6 +197,7 @@ class Producer:
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
         sequence_id: int | None = None,
+        ordering_key: bytes | str | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message without waiting for it to be durable. The returned future
         resolves to its MessageId once it is (no flush() needed); callback, if given,
@@ -205,8 +208,9 @@ class Producer:
         if self._schema is not None:
             data = self._schema.encode(data)
         checked = aproducer.Producer._checked(
-            data, key, properties, event_time, deliver_after, deliver_at, self._chunking
-        )
+            data, key, properties, event_time, deliver_after, deliver_at, self._chunking,
+            ordering_key,
+        )  # fmt: skip
         self._take_room()
         outcome: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
         try:

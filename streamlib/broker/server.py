@@ -283,14 +283,16 @@ class BrokerService(pb_grpc.BrokerServicer):
         except UnauthorizedError as error:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"UnauthorizedError: {error}")
 
-    async def _exists(self, caller: Caller, stream: str) -> int:
+    async def _exists(self, caller: Caller, stream: str, create: bool = True) -> int:
         """The stream's partitions (0: not partitioned), after creating the stream if it
-        does not exist and the cluster's policy and the caller's roles allow; else
-        NoSuchStreamError, and nothing is made."""
+        does not exist, `create` asks it, and the cluster's policy and the caller's roles
+        allow; else NoSuchStreamError, and nothing is made."""
         streams = self.broker.client.streams
         try:
             return int(await streams.partitions(stream))
         except NoSuchStreamError:
+            if not create:
+                raise
             if not may_create(caller, self.broker.allow_auto_create):
                 why = (
                     "this cluster does not create streams on first use (allow_auto_create "
@@ -310,7 +312,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             return pb.LookupResponse(broker_id=me.broker_id, address=me.address)
         await self._allowed(context, caller, Operation.LOOKUP, request.stream)
         try:
-            partitions = await self._exists(caller, request.stream)
+            partitions = await self._exists(caller, request.stream, request.create)
             if partitions:  # no owner: its partitions are streams of their own
                 return pb.LookupResponse(partitions=partitions)
             info = await self.broker.lookup(request.stream)
@@ -620,7 +622,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         context: Any,
     ) -> AsyncIterator[pb.ConsumeResponse]:
         try:
-            _not_partitioned(opened.stream, await self._exists(caller, opened.stream))
+            # (A subscription does not create its stream: as in direct mode.)
+            _not_partitioned(opened.stream, await self._exists(caller, opened.stream, False))
             kind = KINDS[
                 parse_consumer_type(opened.consumer_type or "exclusive", service=True).value
             ]
@@ -848,6 +851,9 @@ def delivered_pb(message: Message) -> pb.Delivered:
     key = message.key
     if key is not None:
         out.key = key
+    ordering_key = message.ordering_key()
+    if ordering_key is not None:
+        out.ordering_key = ordering_key
     properties = message.properties
     if properties:
         out.properties.update(properties)

@@ -39,6 +39,8 @@ class _Entry:
 
 
 class ServiceAppender(Session):
+    creates_stream = True
+
     def __init__(
         self, brokers: Brokers, stream: str, name: str, access_mode: str, schema: Any
     ) -> None:

@@ -84,9 +84,10 @@ class ServiceClient:
         """The address of the broker serving `stream` (assigned one if none does)."""
         return await self.brokers.lookup(stream)
 
-    async def partitions(self, stream: str) -> int:
-        """How many partitions `stream` has (0: not partitioned)."""
-        return int((await self.brokers.lookup_answer(stream)).partitions)
+    async def partitions(self, stream: str, create: bool = False) -> int:
+        """How many partitions `stream` has (0: not partitioned); NoSuchStreamError if it
+        does not exist, unless `create` (a producer's) and the cluster allows."""
+        return int((await self.brokers.lookup_answer(stream, create)).partitions)
 
     # -- the API ------------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class ServiceClient:
             raise BadRequestError(
                 f"access_mode is one of {', '.join(ACCESS_MODES)}: {access_mode!r}"
             )
-        if count := await self.partitions(stream):  # one producer per partition, by key
+        if count := await self.partitions(stream, create=True):  # one per partition, by key
             routed = await produce_each(
                 stream,
                 count,

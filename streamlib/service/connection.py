@@ -164,16 +164,20 @@ class Brokers:
         """Raises unless a broker answers (and accepts this client's credentials)."""
         await self.lookup_answer("")
 
-    async def lookup_answer(self, stream: str) -> pb.LookupResponse:
+    async def lookup_answer(self, stream: str, create: bool = False) -> pb.LookupResponse:
+        """Where `stream` is served; NoSuchStreamError if it does not exist, unless
+        `create` (a producer's lookup) and the cluster and this client's roles allow."""
         return await self.ask(
             lambda stub: stub.Lookup(
-                pb.LookupRequest(stream=stream), timeout=LOOKUP_TIMEOUT_S, metadata=self.metadata
+                pb.LookupRequest(stream=stream, create=create),
+                timeout=LOOKUP_TIMEOUT_S,
+                metadata=self.metadata,
             )
         )
 
-    async def lookup(self, stream: str) -> str:
-        """The address of the broker serving `stream`."""
-        answer = await self.lookup_answer(stream)
+    async def lookup(self, stream: str, create: bool = False) -> str:
+        """The address of the broker serving `stream` (see lookup_answer)."""
+        answer = await self.lookup_answer(stream, create)
         if answer.partitions:
             raise BadRequestError(f"stream {stream!r} is partitioned: use its partitions")
         return str(answer.address)
@@ -193,6 +197,8 @@ class Session:
     opened, and opened again whenever it breaks for a reason another lookup may cure
     (bounded backoff). Subclasses say what a session does (session) and what a
     permanent failure does (fail)."""
+
+    creates_stream = False  # (a producer's lookup creates its stream: see lookup_answer)
 
     def __init__(self, brokers: Brokers, stream: str) -> None:
         self.brokers = brokers
@@ -220,7 +226,7 @@ class Session:
         attempt = 0
         while not self.closed:
             try:
-                address = await self.brokers.lookup(self.stream)
+                address = await self.brokers.lookup(self.stream, self.creates_stream)
                 await self.brokers.reachable(address)
                 await self.session(self.brokers.stub(address))
             except asyncio.CancelledError:

@@ -62,6 +62,9 @@ class ServiceMessage(Message):
     def properties(self) -> dict[str, str]:
         return dict(self._pb.properties)
 
+    def ordering_key(self) -> bytes | None:
+        return self._pb.ordering_key if self._pb.HasField("ordering_key") else None
+
     @property
     def publish_time_ms(self) -> int:
         return self._pb.publish_time_ms

@@ -278,19 +278,24 @@ class Producer:
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
         sequence_id: int | None = None,
+        ordering_key: bytes | str | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message (waiting for room if the queue is full and blocking is on);
         the returned future gives its MessageId once the entry holding it is durable.
         deliver_after (ms or a timedelta) or deliver_at (epoch ms or a datetime): the
-        subscriptions' consumers hold the message until then (readers do not)."""
+        subscriptions' consumers hold the message until then (readers do not).
+        sequence_id: given, a resend of one already sent is acknowledged with the
+        original's id and stored nothing (Pulsar's deduplication). ordering_key: what
+        key_shared dispatch orders by, over the key (Pulsar's)."""
         if self.schema is not None:
             data = self.schema.encode(data)
         return await self.send_checked(
             self._checked(
-                data, key, properties, event_time, deliver_after, deliver_at, self._chunking
+                data, key, properties, event_time, deliver_after, deliver_at, self._chunking,
+                ordering_key,
             ),
             sequence_id,
-        )
+        )  # fmt: skip
 
     async def send_checked(
         self, checked: Checked, sequence_id: int | None = None
@@ -385,13 +390,15 @@ class Producer:
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
         sequence_id: int | None = None,
+        ordering_key: bytes | str | None = None,
     ) -> MessageId:
         """Send one message and wait until it is durable; its MessageId."""
         return await (
             await self.send_async(
-                data, key, properties, event_time, deliver_after, deliver_at, sequence_id
+                data, key, properties, event_time, deliver_after, deliver_at, sequence_id,
+                ordering_key,
             )
-        )
+        )  # fmt: skip
 
     @staticmethod
     def _checked(
@@ -402,6 +409,7 @@ class Producer:
         deliver_after: int | float | dt.timedelta | None = None,
         deliver_at: int | float | dt.datetime | None = None,
         chunking: bool = False,
+        ordering_key: bytes | str | None = None,
     ) -> Checked:
         """(payload, event time in ms or 0, key and properties as stored, delivery time
         in epoch ms or 0)."""
@@ -415,7 +423,7 @@ class Producer:
             isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
         ):
             raise BadRequestError("properties map str to str")
-        metadata = metadata_of(key, properties)
+        metadata = metadata_of(key, properties, ordering_key)
         size = message_size(data, metadata)
         if size > MAX_MESSAGE_BYTES and not chunking:
             raise TooLargeError(

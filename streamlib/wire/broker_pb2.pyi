@@ -33,10 +33,12 @@ class AdminResponse(_message.Message):
     def __init__(self, result_json: _Optional[str] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "create")
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+    create: bool
+    def __init__(self, stream: _Optional[str] = ..., create: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("broker_id", "address", "partitions")
@@ -253,7 +255,7 @@ class Done(_message.Message):
     def __init__(self, what: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class Delivered(_message.Message):
-    __slots__ = ("id", "payload", "key", "properties", "publish_time_ms", "event_time_ms", "sequence_id", "producer_name", "redelivery_count")
+    __slots__ = ("id", "payload", "key", "properties", "publish_time_ms", "event_time_ms", "sequence_id", "producer_name", "redelivery_count", "ordering_key")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +272,7 @@ class Delivered(_message.Message):
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
     id: MessageIdPb
     payload: bytes
     key: str
@@ -279,7 +282,8 @@ class Delivered(_message.Message):
     sequence_id: int
     producer_name: str
     redelivery_count: int
-    def __init__(self, id: _Optional[_Union[MessageIdPb, _Mapping]] = ..., payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., sequence_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
+    ordering_key: bytes
+    def __init__(self, id: _Optional[_Union[MessageIdPb, _Mapping]] = ..., payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., sequence_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., redelivery_count: _Optional[int] = ..., ordering_key: _Optional[bytes] = ...) -> None: ...
 
 class Deliveries(_message.Message):
     __slots__ = ("messages",)
