@@ -20,29 +20,50 @@ from streamlib.protocol.errors import BadRequestError
 from streamlib.stream.consumer import Consumer
 from streamlib.stream.producer import Producer
 
+_PRODUCER_COUNTS = ("sent", "send_errors", "pending_messages", "latency_sum_s")
+_CONSUMER_COUNTS = ("received", "acknowledged", "negatively_acknowledged", "dead_lettered")
+
+
+def _summed(
+    things: Iterable[object],
+) -> tuple[dict[str, dict[str, Any]], dict[Any, dict[str, Any]]]:
+    """Counts per stream (producers) and per (stream, subscription) (consumers), summed
+    over every one the client made: a stream's producer closed and made again counts
+    once with its predecessors, as one series."""
+    producers: dict[str, dict[str, Any]] = {}
+    consumers: dict[Any, dict[str, Any]] = {}
+    for thing in things:
+        if isinstance(thing, Producer):
+            into = producers.setdefault(thing.stream, dict.fromkeys(_PRODUCER_COUNTS, 0))
+            for name in _PRODUCER_COUNTS:
+                into[name] += getattr(thing, name)
+        elif isinstance(thing, Consumer):
+            key = (thing.stream, thing.subscription)
+            into = consumers.setdefault(key, {**dict.fromkeys(_CONSUMER_COUNTS, 0),
+                                              "active": False})  # fmt: skip
+            for name in _CONSUMER_COUNTS:
+                into[name] += getattr(thing, name)
+            into["active"] = into["active"] or thing.is_active
+    return producers, consumers
+
 
 def stats(things: Iterable[object]) -> dict[str, Any]:
     """Per producer (by stream) and consumer (by stream/subscription): its counts."""
-    producers: dict[str, dict[str, Any]] = {}
-    consumers: dict[str, dict[str, Any]] = {}
-    for thing in things:
-        if isinstance(thing, Producer):
-            mean = thing.latency_sum_s / thing.sent if thing.sent else 0.0
-            producers[thing.stream] = {
-                "sent": thing.sent,
-                "send_errors": thing.send_errors,
-                "pending": thing.pending_messages,
-                "mean_send_latency_ms": round(mean * 1000, 3),
+    producers, consumers = _summed(things)
+    return {
+        "producers": {
+            stream: {
+                "sent": c["sent"],
+                "send_errors": c["send_errors"],
+                "pending": c["pending_messages"],
+                "mean_send_latency_ms": round(
+                    c["latency_sum_s"] / c["sent"] * 1000 if c["sent"] else 0.0, 3
+                ),
             }
-        elif isinstance(thing, Consumer):
-            consumers[f"{thing.stream}/{thing.subscription}"] = {
-                "received": thing.received,
-                "acknowledged": thing.acknowledged,
-                "negatively_acknowledged": thing.negatively_acknowledged,
-                "dead_lettered": thing.dead_lettered,
-                "active": thing.is_active,
-            }
-    return {"producers": producers, "consumers": consumers}
+            for stream, c in producers.items()
+        },
+        "consumers": {f"{stream}/{sub}": c for (stream, sub), c in consumers.items()},
+    }
 
 
 class ClientCollector(Collector):
@@ -79,17 +100,17 @@ class ClientCollector(Collector):
             "Messages negatively acknowledged",
             labels=["stream", "subscription"],
         )
-        for thing in list(self._things()):
-            if isinstance(thing, Producer):
-                sent.add_metric([thing.stream], thing.sent)
-                errors.add_metric([thing.stream], thing.send_errors)
-                pending.add_metric([thing.stream], thing.pending_messages)
-                latency.add_metric([thing.stream], thing.sent, thing.latency_sum_s)
-            elif isinstance(thing, Consumer):
-                labels = [thing.stream, thing.subscription]
-                received.add_metric(labels, thing.received)
-                acked.add_metric(labels, thing.acknowledged)
-                nacked.add_metric(labels, thing.negatively_acknowledged)
+        producers, consumers = _summed(list(self._things()))
+        for stream, c in producers.items():
+            sent.add_metric([stream], c["sent"])
+            errors.add_metric([stream], c["send_errors"])
+            pending.add_metric([stream], c["pending_messages"])
+            latency.add_metric([stream], c["sent"], c["latency_sum_s"])
+        for (stream, subscription), c in consumers.items():
+            labels = [stream, subscription]
+            received.add_metric(labels, c["received"])
+            acked.add_metric(labels, c["acknowledged"])
+            nacked.add_metric(labels, c["negatively_acknowledged"])
         yield from (sent, errors, pending, latency, received, acked, nacked)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import time
 from collections.abc import Callable, Container
@@ -71,6 +72,13 @@ class Dedup:
             self._names.move_to_end(name)
         state.active_at = self._clock()
         return state
+
+    def recent(self, name: str, count: int) -> list[tuple[int, MessageId]]:
+        """The positions of the name's last `count` durable messages, by sequence id."""
+        state = self._names.get(name)
+        if state is None:
+            return []
+        return list(itertools.islice(reversed(state.recent.items()), count))
 
     def last(self, name: str) -> int:
         state = self._names.get(name)

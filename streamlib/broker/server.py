@@ -59,6 +59,7 @@ MAX_RECEIPTS_PER_RESPONSE = 10_000  # (about 40 B each, far below a gRPC message
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a gRPC message (a batch of sends, or deliveries)
 PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then reading waits)
 MAX_ENTRIES_PER_REQUEST = 10_000
+RECENT_AT_OPEN = 1000  # a producer's last sends' positions its Ready tells it (dedup)
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
 OPEN_WITHIN_S = 10.0  # a call's first message, its Open, comes within this
 LOOK_AGAIN_S = 1.0  # a reader's session checks this often whether its client half-closed
@@ -441,11 +442,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         tasks: list[asyncio.Task[Any]] = []  # the session's: stopped at its end
         in_flight = HeldBytes(self.broker.publish_buffer)  # its sends' bytes, until settled
         try:
-            yield pb.ProduceResponse(
-                ready=pb.ProducerReady(
-                    producer_name=session.name, last_sequence_id=owned.dedup.last(session.name)
-                )
+            ready = pb.ProducerReady(
+                producer_name=session.name, last_sequence_id=owned.dedup.last(session.name)
             )
+            for sequence_id, where in owned.dedup.recent(session.name, RECENT_AT_OPEN):
+                ready.recent.add(sequence_id=sequence_id, message_id=id_pb(where))
+            yield pb.ProduceResponse(ready=ready)
             # (bounded: a client that does not read its receipts stops being read)
             receipts: asyncio.Queue[pb.ProduceResponse | None] = asyncio.Queue(PENDING_BATCHES)
             pending: asyncio.Queue[Any] = asyncio.Queue(PENDING_BATCHES)  # batches to settle

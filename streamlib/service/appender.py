@@ -18,9 +18,10 @@ from typing import Any
 
 from streamlib.protocol.errors import BrokerUnavailableError, ClientClosedError, StreamlibError
 from streamlib.service.connection import EOF, Brokers, Session, read
+from streamlib.stream.positions import MessageId
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
-from streamlib.wire.convert import error_from_pb
+from streamlib.wire.convert import error_from_pb, id_from_pb
 
 SEND_BATCH_BYTES = 1 << 20  # entries per gRPC message: about this many bytes
 SEND_BATCH_ENTRIES = 1000
@@ -51,6 +52,7 @@ class ServiceAppender(Session):
         self.schema = schema
         self._schema_checked = ("", "")  # the stream's schema ours was found compatible with
         self.last_sequence_id = -1  # the name's last, as the broker knew it at the open
+        self.recent: dict[int, MessageId] = {}  # ... and where its last sends went
         # Appended and not yet acknowledged, in order; the first `_sent` of them went on
         # the current connection.
         self._pending: collections.deque[_Entry] = collections.deque()
@@ -132,6 +134,7 @@ class ServiceAppender(Session):
             self.producer_name = ready.producer_name
             if not self.ready.done():
                 self.last_sequence_id = ready.last_sequence_id
+                self.recent = {r.sequence_id: id_from_pb(r.message_id) for r in ready.recent}
                 self.ready.set_result(None)
             self.up(call)
             # Everything unacknowledged goes again, in order, on this connection.

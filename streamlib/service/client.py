@@ -132,6 +132,7 @@ class ServiceClient:
         producer = Producer(
             appender,
             producer_name=appender.producer_name,
+            recent=appender.recent,
             schema=schema,
             initial_sequence_id=last
             if initial_sequence_id is None

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstreamlib/wire/broker.proto\x12\x13streamlib.broker.v1\"&\n\x14LastMessageIdRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"M\n\x15LastMessageIdResponse\x12\x34\n\nmessage_id\x18\x01 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\"4\n\x0c\x41\x64minRequest\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"$\n\rAdminResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"/\n\rLookupRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0e\n\x06\x63reate\x18\x02 \x01(\x08\"H\n\x0eLookupResponse\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\"\x1f\n\rUnloadRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"\"\n\x0eUnloadResponse\x12\x10\n\x08unloaded\x18\x01 \x01(\x08\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"G\n\x0bMessageIdPb\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\x05\"\xca\x01\n\x0cProducerOpen\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65ss_mode\x18\x03 \x01(\t\x12\x13\n\x0bschema_type\x18\x04 \x01(\t\x12\x19\n\x11schema_definition\x18\x05 \x01(\t\x12\x1b\n\x13schema_checked_type\x18\x06 \x01(\t\x12!\n\x19schema_checked_definition\x18\x07 \x01(\t\x12\x0e\n\x06resume\x18\x08 \x01(\x08\"a\n\tEntrySend\x12\r\n\x05\x65ntry\x18\x01 \x01(\x0c\x12\x19\n\x11\x66irst_sequence_id\x18\x02 \x01(\x03\x12\x18\n\x10last_sequence_id\x18\x03 \x01(\x03\x12\x10\n\x08messages\x18\x04 \x01(\r\"=\n\nEntryBatch\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.streamlib.broker.v1.EntrySend\"\x7f\n\x0eProduceRequest\x12\x31\n\x04open\x18\x01 \x01(\x0b\x32!.streamlib.broker.v1.ProducerOpenH\x00\x12\x32\n\x07\x65ntries\x18\x03 \x01(\x0b\x32\x1f.streamlib.broker.v1.EntryBatchH\x00\x42\x06\n\x04kind\"@\n\rProducerReady\x12\x15\n\rproducer_name\x18\x01 \x01(\t\x12\x18\n\x10last_sequence_id\x18\x02 \x01(\x03\"g\n\x07Receipt\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x03\x12\x34\n\nmessage_id\x18\x02 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x11\n\tduplicate\x18\x03 \x01(\x08\">\n\x0cReceiptBatch\x12.\n\x08receipts\x18\x01 \x03(\x0b\x32\x1c.streamlib.broker.v1.Receipt\"\x9a\x02\n\x0fProduceResponse\x12\x33\n\x05ready\x18\x01 \x01(\x0b\x32\".streamlib.broker.v1.ProducerReadyH\x00\x12\x35\n\x08receipts\x18\x02 \x01(\x0b\x32!.streamlib.broker.v1.ReceiptBatchH\x00\x12+\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1a.streamlib.broker.v1.ErrorH\x00\x12\x31\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x1f.streamlib.broker.v1.SendFailedH\x00\x12\x33\n\theartbeat\x18\x05 \x01(\x0b\x32\x1e.streamlib.broker.v1.HeartbeatH\x00\x42\x06\n\x04kind\"\x0b\n\tHeartbeat\"M\n\nSendFailed\x12\x14\n\x0csequence_ids\x18\x01 \x03(\x03\x12)\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1a.streamlib.broker.v1.Error\"\xdc\x02\n\x0c\x43onsumerOpen\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x15\n\rconsumer_type\x18\x03 \x01(\t\x12\x15\n\rconsumer_name\x18\x04 \x01(\t\x12\x18\n\x10initial_position\x18\x05 \x01(\t\x12(\n negative_ack_redelivery_delay_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x61\x63k_timeout_ms\x18\x07 \x01(\x03\x12/\n\x05start\x18\x08 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x14\n\x0cstart_latest\x18\t \x01(\x08\x12\x17\n\x0fstart_inclusive\x18\n \x01(\x08\x12\x0e\n\x06resume\x18\x0b \x01(\x08\x12\x1a\n\rstart_time_ms\x18\x0c \x01(\x03H\x00\x88\x01\x01\x42\x10\n\x0e_start_time_ms\"\x17\n\x04\x46low\x12\x0f\n\x07permits\x18\x01 \x01(\r\"a\n\nAckRequest\x12-\n\x03ids\x18\x01 \x03(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x12\n\ncumulative\x18\x02 \x01(\x08\x12\x10\n\x08negative\x18\x03 \x01(\x08\"\x98\x02\n\x0e\x43onsumeRequest\x12\x31\n\x04open\x18\x01 \x01(\x0b\x32!.streamlib.broker.v1.ConsumerOpenH\x00\x12)\n\x04\x66low\x18\x02 \x01(\x0b\x32\x19.streamlib.broker.v1.FlowH\x00\x12.\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1f.streamlib.broker.v1.AckRequestH\x00\x12\x30\n\x04seek\x18\x04 \x01(\x0b\x32 .streamlib.broker.v1.SeekRequestH\x00\x12>\n\x0bunsubscribe\x18\x05 \x01(\x0b\x32\'.streamlib.broker.v1.UnsubscribeRequestH\x00\x42\x06\n\x04kind\"g\n\x0bSeekRequest\x12\x36\n\nmessage_id\x18\x01 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPbH\x00\x12\x16\n\x0ctimestamp_ms\x18\x02 \x01(\x03H\x00\x42\x08\n\x06target\"\x14\n\x12UnsubscribeRequest\"?\n\x04\x44one\x12\x0c\n\x04what\x18\x01 \x01(\t\x12)\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1a.streamlib.broker.v1.Error\"\xfd\x02\n\tDelivered\x12,\n\x02id\x18\x01 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x10\n\x03key\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x42\n\nproperties\x18\x04 \x03(\x0b\x32..streamlib.broker.v1.Delivered.PropertiesEntry\x12\x17\n\x0fpublish_time_ms\x18\x05 \x01(\x03\x12\x15\n\revent_time_ms\x18\x06 \x01(\x03\x12\x13\n\x0bsequence_id\x18\x07 \x01(\x03\x12\x15\n\rproducer_name\x18\x08 \x01(\t\x12\x18\n\x10redelivery_count\x18\t \x01(\r\x12\x19\n\x0cordering_key\x18\n \x01(\x0cH\x01\x88\x01\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_keyB\x0f\n\r_ordering_key\">\n\nDeliveries\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.streamlib.broker.v1.Delivered\"\x1f\n\rConsumerReady\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x08\"\x1e\n\x0c\x41\x63tiveChange\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x08\"\xc7\x02\n\x0f\x43onsumeResponse\x12\x33\n\x05ready\x18\x01 \x01(\x0b\x32\".streamlib.broker.v1.ConsumerReadyH\x00\x12\x35\n\ndeliveries\x18\x02 \x01(\x0b\x32\x1f.streamlib.broker.v1.DeliveriesH\x00\x12\x33\n\x06\x61\x63tive\x18\x03 \x01(\x0b\x32!.streamlib.broker.v1.ActiveChangeH\x00\x12+\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1a.streamlib.broker.v1.ErrorH\x00\x12\x33\n\theartbeat\x18\x05 \x01(\x0b\x32\x1e.streamlib.broker.v1.HeartbeatH\x00\x12)\n\x04\x64one\x18\x06 \x01(\x0b\x32\x19.streamlib.broker.v1.DoneH\x00\x42\x06\n\x04kind2\x9a\x04\n\x06\x42roker\x12Q\n\x06Lookup\x12\".streamlib.broker.v1.LookupRequest\x1a#.streamlib.broker.v1.LookupResponse\x12X\n\x07Produce\x12#.streamlib.broker.v1.ProduceRequest\x1a$.streamlib.broker.v1.ProduceResponse(\x01\x30\x01\x12X\n\x07\x43onsume\x12#.streamlib.broker.v1.ConsumeRequest\x1a$.streamlib.broker.v1.ConsumeResponse(\x01\x30\x01\x12Q\n\x06Unload\x12\".streamlib.broker.v1.UnloadRequest\x1a#.streamlib.broker.v1.UnloadResponse\x12\x66\n\rLastMessageId\x12).streamlib.broker.v1.LastMessageIdRequest\x1a*.streamlib.broker.v1.LastMessageIdResponse\x12N\n\x05\x41\x64min\x12!.streamlib.broker.v1.AdminRequest\x1a\".streamlib.broker.v1.AdminResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bstreamlib/wire/broker.proto\x12\x13streamlib.broker.v1\"&\n\x14LastMessageIdRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"M\n\x15LastMessageIdResponse\x12\x34\n\nmessage_id\x18\x01 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\"4\n\x0c\x41\x64minRequest\x12\x0c\n\x04\x63\x61ll\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"$\n\rAdminResponse\x12\x13\n\x0bresult_json\x18\x01 \x01(\t\"/\n\rLookupRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0e\n\x06\x63reate\x18\x02 \x01(\x08\"H\n\x0eLookupResponse\x12\x11\n\tbroker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\"\x1f\n\rUnloadRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\"\"\n\x0eUnloadResponse\x12\x10\n\x08unloaded\x18\x01 \x01(\x08\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"G\n\x0bMessageIdPb\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\x05\"\xca\x01\n\x0cProducerOpen\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\rproducer_name\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65ss_mode\x18\x03 \x01(\t\x12\x13\n\x0bschema_type\x18\x04 \x01(\t\x12\x19\n\x11schema_definition\x18\x05 \x01(\t\x12\x1b\n\x13schema_checked_type\x18\x06 \x01(\t\x12!\n\x19schema_checked_definition\x18\x07 \x01(\t\x12\x0e\n\x06resume\x18\x08 \x01(\x08\"a\n\tEntrySend\x12\r\n\x05\x65ntry\x18\x01 \x01(\x0c\x12\x19\n\x11\x66irst_sequence_id\x18\x02 \x01(\x03\x12\x18\n\x10last_sequence_id\x18\x03 \x01(\x03\x12\x10\n\x08messages\x18\x04 \x01(\r\"=\n\nEntryBatch\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.streamlib.broker.v1.EntrySend\"\x7f\n\x0eProduceRequest\x12\x31\n\x04open\x18\x01 \x01(\x0b\x32!.streamlib.broker.v1.ProducerOpenH\x00\x12\x32\n\x07\x65ntries\x18\x03 \x01(\x0b\x32\x1f.streamlib.broker.v1.EntryBatchH\x00\x42\x06\n\x04kind\"n\n\rProducerReady\x12\x15\n\rproducer_name\x18\x01 \x01(\t\x12\x18\n\x10last_sequence_id\x18\x02 \x01(\x03\x12,\n\x06recent\x18\x03 \x03(\x0b\x32\x1c.streamlib.broker.v1.Receipt\"g\n\x07Receipt\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x03\x12\x34\n\nmessage_id\x18\x02 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x11\n\tduplicate\x18\x03 \x01(\x08\">\n\x0cReceiptBatch\x12.\n\x08receipts\x18\x01 \x03(\x0b\x32\x1c.streamlib.broker.v1.Receipt\"\x9a\x02\n\x0fProduceResponse\x12\x33\n\x05ready\x18\x01 \x01(\x0b\x32\".streamlib.broker.v1.ProducerReadyH\x00\x12\x35\n\x08receipts\x18\x02 \x01(\x0b\x32!.streamlib.broker.v1.ReceiptBatchH\x00\x12+\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x1a.streamlib.broker.v1.ErrorH\x00\x12\x31\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x1f.streamlib.broker.v1.SendFailedH\x00\x12\x33\n\theartbeat\x18\x05 \x01(\x0b\x32\x1e.streamlib.broker.v1.HeartbeatH\x00\x42\x06\n\x04kind\"\x0b\n\tHeartbeat\"M\n\nSendFailed\x12\x14\n\x0csequence_ids\x18\x01 \x03(\x03\x12)\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1a.streamlib.broker.v1.Error\"\xdc\x02\n\x0c\x43onsumerOpen\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x15\n\rconsumer_type\x18\x03 \x01(\t\x12\x15\n\rconsumer_name\x18\x04 \x01(\t\x12\x18\n\x10initial_position\x18\x05 \x01(\t\x12(\n negative_ack_redelivery_delay_ms\x18\x06 \x01(\x03\x12\x16\n\x0e\x61\x63k_timeout_ms\x18\x07 \x01(\x03\x12/\n\x05start\x18\x08 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x14\n\x0cstart_latest\x18\t \x01(\x08\x12\x17\n\x0fstart_inclusive\x18\n \x01(\x08\x12\x0e\n\x06resume\x18\x0b \x01(\x08\x12\x1a\n\rstart_time_ms\x18\x0c \x01(\x03H\x00\x88\x01\x01\x42\x10\n\x0e_start_time_ms\"\x17\n\x04\x46low\x12\x0f\n\x07permits\x18\x01 \x01(\r\"a\n\nAckRequest\x12-\n\x03ids\x18\x01 \x03(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x12\n\ncumulative\x18\x02 \x01(\x08\x12\x10\n\x08negative\x18\x03 \x01(\x08\"\x98\x02\n\x0e\x43onsumeRequest\x12\x31\n\x04open\x18\x01 \x01(\x0b\x32!.streamlib.broker.v1.ConsumerOpenH\x00\x12)\n\x04\x66low\x18\x02 \x01(\x0b\x32\x19.streamlib.broker.v1.FlowH\x00\x12.\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1f.streamlib.broker.v1.AckRequestH\x00\x12\x30\n\x04seek\x18\x04 \x01(\x0b\x32 .streamlib.broker.v1.SeekRequestH\x00\x12>\n\x0bunsubscribe\x18\x05 \x01(\x0b\x32\'.streamlib.broker.v1.UnsubscribeRequestH\x00\x42\x06\n\x04kind\"g\n\x0bSeekRequest\x12\x36\n\nmessage_id\x18\x01 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPbH\x00\x12\x16\n\x0ctimestamp_ms\x18\x02 \x01(\x03H\x00\x42\x08\n\x06target\"\x14\n\x12UnsubscribeRequest\"?\n\x04\x44one\x12\x0c\n\x04what\x18\x01 \x01(\t\x12)\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1a.streamlib.broker.v1.Error\"\xfd\x02\n\tDelivered\x12,\n\x02id\x18\x01 \x01(\x0b\x32 .streamlib.broker.v1.MessageIdPb\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x10\n\x03key\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x42\n\nproperties\x18\x04 \x03(\x0b\x32..streamlib.broker.v1.Delivered.PropertiesEntry\x12\x17\n\x0fpublish_time_ms\x18\x05 \x01(\x03\x12\x15\n\revent_time_ms\x18\x06 \x01(\x03\x12\x13\n\x0bsequence_id\x18\x07 \x01(\x03\x12\x15\n\rproducer_name\x18\x08 \x01(\t\x12\x18\n\x10redelivery_count\x18\t \x01(\r\x12\x19\n\x0cordering_key\x18\n \x01(\x0cH\x01\x88\x01\x01\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04_keyB\x0f\n\r_ordering_key\">\n\nDeliveries\x12\x30\n\x08messages\x18\x01 \x03(\x0b\x32\x1e.streamlib.broker.v1.Delivered\"\x1f\n\rConsumerReady\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x08\"\x1e\n\x0c\x41\x63tiveChange\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x08\"\xc7\x02\n\x0f\x43onsumeResponse\x12\x33\n\x05ready\x18\x01 \x01(\x0b\x32\".streamlib.broker.v1.ConsumerReadyH\x00\x12\x35\n\ndeliveries\x18\x02 \x01(\x0b\x32\x1f.streamlib.broker.v1.DeliveriesH\x00\x12\x33\n\x06\x61\x63tive\x18\x03 \x01(\x0b\x32!.streamlib.broker.v1.ActiveChangeH\x00\x12+\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1a.streamlib.broker.v1.ErrorH\x00\x12\x33\n\theartbeat\x18\x05 \x01(\x0b\x32\x1e.streamlib.broker.v1.HeartbeatH\x00\x12)\n\x04\x64one\x18\x06 \x01(\x0b\x32\x19.streamlib.broker.v1.DoneH\x00\x42\x06\n\x04kind2\x9a\x04\n\x06\x42roker\x12Q\n\x06Lookup\x12\".streamlib.broker.v1.LookupRequest\x1a#.streamlib.broker.v1.LookupResponse\x12X\n\x07Produce\x12#.streamlib.broker.v1.ProduceRequest\x1a$.streamlib.broker.v1.ProduceResponse(\x01\x30\x01\x12X\n\x07\x43onsume\x12#.streamlib.broker.v1.ConsumeRequest\x1a$.streamlib.broker.v1.ConsumeResponse(\x01\x30\x01\x12Q\n\x06Unload\x12\".streamlib.broker.v1.UnloadRequest\x1a#.streamlib.broker.v1.UnloadResponse\x12\x66\n\rLastMessageId\x12).streamlib.broker.v1.LastMessageIdRequest\x1a*.streamlib.broker.v1.LastMessageIdResponse\x12N\n\x05\x41\x64min\x12!.streamlib.broker.v1.AdminRequest\x1a\".streamlib.broker.v1.AdminResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -62,43 +62,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRODUCEREQUEST']._serialized_start=935
   _globals['_PRODUCEREQUEST']._serialized_end=1062
   _globals['_PRODUCERREADY']._serialized_start=1064
-  _globals['_PRODUCERREADY']._serialized_end=1128
-  _globals['_RECEIPT']._serialized_start=1130
-  _globals['_RECEIPT']._serialized_end=1233
-  _globals['_RECEIPTBATCH']._serialized_start=1235
-  _globals['_RECEIPTBATCH']._serialized_end=1297
-  _globals['_PRODUCERESPONSE']._serialized_start=1300
-  _globals['_PRODUCERESPONSE']._serialized_end=1582
-  _globals['_HEARTBEAT']._serialized_start=1584
-  _globals['_HEARTBEAT']._serialized_end=1595
-  _globals['_SENDFAILED']._serialized_start=1597
-  _globals['_SENDFAILED']._serialized_end=1674
-  _globals['_CONSUMEROPEN']._serialized_start=1677
-  _globals['_CONSUMEROPEN']._serialized_end=2025
-  _globals['_FLOW']._serialized_start=2027
-  _globals['_FLOW']._serialized_end=2050
-  _globals['_ACKREQUEST']._serialized_start=2052
-  _globals['_ACKREQUEST']._serialized_end=2149
-  _globals['_CONSUMEREQUEST']._serialized_start=2152
-  _globals['_CONSUMEREQUEST']._serialized_end=2432
-  _globals['_SEEKREQUEST']._serialized_start=2434
-  _globals['_SEEKREQUEST']._serialized_end=2537
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=2539
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=2559
-  _globals['_DONE']._serialized_start=2561
-  _globals['_DONE']._serialized_end=2624
-  _globals['_DELIVERED']._serialized_start=2627
-  _globals['_DELIVERED']._serialized_end=3008
-  _globals['_DELIVERED_PROPERTIESENTRY']._serialized_start=2934
-  _globals['_DELIVERED_PROPERTIESENTRY']._serialized_end=2983
-  _globals['_DELIVERIES']._serialized_start=3010
-  _globals['_DELIVERIES']._serialized_end=3072
-  _globals['_CONSUMERREADY']._serialized_start=3074
-  _globals['_CONSUMERREADY']._serialized_end=3105
-  _globals['_ACTIVECHANGE']._serialized_start=3107
-  _globals['_ACTIVECHANGE']._serialized_end=3137
-  _globals['_CONSUMERESPONSE']._serialized_start=3140
-  _globals['_CONSUMERESPONSE']._serialized_end=3467
-  _globals['_BROKER']._serialized_start=3470
-  _globals['_BROKER']._serialized_end=4008
+  _globals['_PRODUCERREADY']._serialized_end=1174
+  _globals['_RECEIPT']._serialized_start=1176
+  _globals['_RECEIPT']._serialized_end=1279
+  _globals['_RECEIPTBATCH']._serialized_start=1281
+  _globals['_RECEIPTBATCH']._serialized_end=1343
+  _globals['_PRODUCERESPONSE']._serialized_start=1346
+  _globals['_PRODUCERESPONSE']._serialized_end=1628
+  _globals['_HEARTBEAT']._serialized_start=1630
+  _globals['_HEARTBEAT']._serialized_end=1641
+  _globals['_SENDFAILED']._serialized_start=1643
+  _globals['_SENDFAILED']._serialized_end=1720
+  _globals['_CONSUMEROPEN']._serialized_start=1723
+  _globals['_CONSUMEROPEN']._serialized_end=2071
+  _globals['_FLOW']._serialized_start=2073
+  _globals['_FLOW']._serialized_end=2096
+  _globals['_ACKREQUEST']._serialized_start=2098
+  _globals['_ACKREQUEST']._serialized_end=2195
+  _globals['_CONSUMEREQUEST']._serialized_start=2198
+  _globals['_CONSUMEREQUEST']._serialized_end=2478
+  _globals['_SEEKREQUEST']._serialized_start=2480
+  _globals['_SEEKREQUEST']._serialized_end=2583
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=2585
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=2605
+  _globals['_DONE']._serialized_start=2607
+  _globals['_DONE']._serialized_end=2670
+  _globals['_DELIVERED']._serialized_start=2673
+  _globals['_DELIVERED']._serialized_end=3054
+  _globals['_DELIVERED_PROPERTIESENTRY']._serialized_start=2980
+  _globals['_DELIVERED_PROPERTIESENTRY']._serialized_end=3029
+  _globals['_DELIVERIES']._serialized_start=3056
+  _globals['_DELIVERIES']._serialized_end=3118
+  _globals['_CONSUMERREADY']._serialized_start=3120
+  _globals['_CONSUMERREADY']._serialized_end=3151
+  _globals['_ACTIVECHANGE']._serialized_start=3153
+  _globals['_ACTIVECHANGE']._serialized_end=3183
+  _globals['_CONSUMERESPONSE']._serialized_start=3186
+  _globals['_CONSUMERESPONSE']._serialized_end=3513
+  _globals['_BROKER']._serialized_start=3516
+  _globals['_BROKER']._serialized_end=4054
 # @@protoc_insertion_point(module_scope)

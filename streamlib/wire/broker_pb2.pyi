@@ -127,12 +127,14 @@ class ProduceRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[ProducerOpen, _Mapping]] = ..., entries: _Optional[_Union[EntryBatch, _Mapping]] = ...) -> None: ...
 
 class ProducerReady(_message.Message):
-    __slots__ = ("producer_name", "last_sequence_id")
+    __slots__ = ("producer_name", "last_sequence_id", "recent")
     PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
     producer_name: str
     last_sequence_id: int
-    def __init__(self, producer_name: _Optional[str] = ..., last_sequence_id: _Optional[int] = ...) -> None: ...
+    recent: _containers.RepeatedCompositeFieldContainer[Receipt]
+    def __init__(self, producer_name: _Optional[str] = ..., last_sequence_id: _Optional[int] = ..., recent: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
 
 class Receipt(_message.Message):
     __slots__ = ("sequence_id", "message_id", "duplicate")
