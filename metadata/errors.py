@@ -3,6 +3,12 @@
 Every backend raises these and nothing else: a kazoo or sqlite3 exception that escapes
 a backend is a bug. Callers branch on the class (BadVersionError -> re-read and retry,
 NodeExistsError -> someone else created it, ...), so each class names one situation.
+
+Each class also says whether the operation, tried again, may succeed (``retriable``, the
+attribute streamlib's errors carry too, so one predicate asks both families): a lost
+CAS (after a re-read), a store briefly unreachable or busy. Not a missing or existing
+node, a bad argument, a refusal, an expired session (its ephemeral nodes and locks are
+gone: the caller must start over, not repeat the call).
 """
 
 from __future__ import annotations
@@ -11,9 +17,13 @@ from __future__ import annotations
 class MetadataError(Exception):
     """Root of every error the metadata layer raises."""
 
+    retriable: bool = False
+
 
 class BadVersionError(MetadataError):
     """A compare-and-swap lost: the node's version is not the expected one. Re-read it."""
+
+    retriable = True
 
 
 class NoNodeError(MetadataError):
@@ -60,9 +70,13 @@ class SessionExpiredError(MetadataError):
 class ConnectionLossError(MetadataError):
     """The store could not be reached; the outcome of the operation is unknown."""
 
+    retriable = True
+
 
 class StoreBusyError(MetadataError):
     """The embedded database stayed locked by other processes past the retry budget."""
+
+    retriable = True
 
 
 class StoreIOError(MetadataError):
@@ -77,13 +91,14 @@ class TransactionError(MetadataError):
     """One operation of a multi-op transaction failed, so none was applied.
 
     ``index`` is the position of the failing op and ``cause`` the error it alone would
-    have raised (BadVersionError, NoNodeError, ...).
+    have raised (BadVersionError, NoNodeError, ...). Retriable when that cause is.
     """
 
     def __init__(self, index: int, cause: MetadataError) -> None:
         super().__init__(f"transaction op #{index} failed, nothing applied: {cause!r}")
         self.index = index
         self.cause = cause
+        self.retriable = cause.retriable
 
 
 class SchemaError(MetadataError, ValueError):

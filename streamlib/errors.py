@@ -4,6 +4,9 @@ Two families: :class:`StreamlibError` (ledgers, bookies, streams; mirrors the bo
 status codes) and :class:`metadata.errors.MetadataError` (the coordination store:
 BadVersionError, NoNodeError, ...). They are two roots because the metadata package
 sits below streamlib and imports nothing of ours.
+
+Each error says whether trying again may help (``err.retriable``; ``is_retriable(err)``
+asks any exception). A retry that gave up raises a RetriesExhausted.
 """
 
 from streamlib.protocol.errors import (
@@ -32,6 +35,8 @@ from streamlib.protocol.errors import (
     ProducerFencedError,
     ReadOnlyError,
     RecoveryAbortedError,
+    RemoteError,
+    RetriesExhausted,
     StatusCode,
     StreamFencedError,
     StreamlibError,
@@ -45,6 +50,7 @@ from streamlib.protocol.errors import (
     UnauthorizedError,
     UnsupportedConsumerTypeError,
     error_for_status,
+    is_retriable,
 )
 
 __all__ = [
@@ -73,6 +79,8 @@ __all__ = [
     "ProducerFencedError",
     "ReadOnlyError",
     "RecoveryAbortedError",
+    "RemoteError",
+    "RetriesExhausted",
     "StatusCode",
     "StreamFencedError",
     "StreamlibError",
@@ -86,4 +94,5 @@ __all__ = [
     "UnauthorizedError",
     "UnsupportedConsumerTypeError",
     "error_for_status",
+    "is_retriable",
 ]

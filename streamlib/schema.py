@@ -52,6 +52,8 @@ class IncompatibleSchemaError(StreamlibError):
     """A producer's schema cannot be used on the stream: another type, or a change that
     consumers of the stream's schema could not read."""
 
+    retriable = False
+
 
 class SchemaDecodeError(StreamlibError):
     """A message's bytes do not decode with the consumer's schema."""

@@ -10,7 +10,10 @@ class AutoRecoveryError(StreamlibError):
 
 
 class ReplicationCopyError(AutoRecoveryError):
-    """The replacement bookie refused or did not answer a recovery add."""
+    """The replacement bookie refused or did not answer a recovery add: the next try
+    picks a replacement again."""
+
+    retriable = True
 
 
 class UnknownBookieError(AutoRecoveryError, BadRequestError):
@@ -22,4 +25,7 @@ class BookieStillWritableError(AutoRecoveryError, BadRequestError):
 
 
 class DecommissionTimeoutError(AutoRecoveryError):
-    """Ledgers still referenced the bookie when the wait ran out."""
+    """Ledgers still referenced the bookie when the wait ran out: running it again goes on
+    from there."""
+
+    retriable = True

@@ -5,7 +5,8 @@ worker frees it and two workers never repair one ledger at once), asks
 streamlib.protocol.replication what to do, copies each bad fragment's entries from
 surviving replicas (digests verified by the read) to a replacement bookie with
 recovery adds, CASes the swapped ensemble into the metadata, and finally clears the
-mark. Failures release the lock and are retried with backoff (tenacity).
+mark. Failures worth retrying (is_retriable: the error's class says) are retried with
+backoff (streamlib.retry.REPLICATION); then the lock is released and the mark stays.
 """
 
 from __future__ import annotations
@@ -15,13 +16,6 @@ import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
 
 from bookie.wire import bookie_pb2 as pb
 from metadata.errors import BadVersionError, MetadataError
@@ -35,19 +29,14 @@ from streamlib.ledger.handles import ReadHandle
 from streamlib.protocol import LedgerMetadata
 from streamlib.protocol.actions import EntryData, rewrite_flags
 from streamlib.protocol.digest import master_key
-from streamlib.protocol.errors import (
-    BookieIOError,
-    BookieUnavailableError,
-    NotEnoughBookiesError,
-    RecoveryAbortedError,
-    StreamlibError,
-)
+from streamlib.protocol.errors import StreamlibError
 from streamlib.protocol.replication import (
     FragmentCopy,
     choose_replacement,
     plan_replication,
     still_referenced,
 )
+from streamlib.retry import REPLICATION, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +44,10 @@ COPY_BATCH_ENTRIES = 256
 COPY_WRITES_IN_FLIGHT = 4
 
 
-# Worth another attempt after a pause: a bookie or the store hiccupped, a recovery
-# raced another, or no replacement bookie is writable yet.
-TRANSIENT = (
-    ReplicationCopyError,
-    BookieUnavailableError,
-    BookieIOError,
-    RecoveryAbortedError,
-    NotEnoughBookiesError,
-    MetadataError,
-)
-
-
 @dataclass
 class WorkerConfig:
     grace_period_s: float = 30.0
-    attempts: int = 3  # per ledger and pass, before the lock is released for later
-    backoff_s: float = 0.2
+    retry: RetryPolicy = REPLICATION  # per ledger and pass, before the lock is released
 
 
 @dataclass(frozen=True)
@@ -111,14 +87,9 @@ class ReplicationWorker:
             return Outcome(ledger_id, "locked")
         finished = False
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(TRANSIENT),
-                stop=stop_after_attempt(self.config.attempts),
-                wait=wait_exponential(multiplier=self.config.backoff_s, max=5.0),
-                reraise=True,
-            ):
-                with attempt:
-                    outcome = await self._repair_locked(ledger_id)
+            outcome = await self.config.retry.run(
+                f"ledger {ledger_id}: replication", lambda: self._repair_locked(ledger_id)
+            )
             finished = outcome.status == "done"
             return outcome
         finally:

@@ -55,6 +55,8 @@ class Sink(Protocol):
 class MetadataStoreFailure(StreamlibError):
     """The metadata store failed while the protocol needed it (not a version conflict)."""
 
+    retriable = True
+
 
 class Context:
     """What drivers share within one client."""

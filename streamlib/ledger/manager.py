@@ -8,16 +8,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    RetryError,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
-
 from bookie.wire import bookie_pb2 as pb
 from metadata.errors import AuthFailedError, BadVersionError, NoNodeError, TransactionError
 from metadata.errors import NoSuchLedgerError as MetadataNoSuchLedger
@@ -43,16 +33,9 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.quorum import validate_quorums
 from streamlib.protocol.recovery import LedgerRecovery, RecoveryOptions
 from streamlib.protocol.term_recovery import TermRecovery
-from streamlib.retry import retry_cas
+from streamlib.retry import RECOVERY, RECOVERY_RETRY_FOR_S, retry_cas
 
 T = TypeVar("T")
-
-# A recovery (or takeover) that aborts - some bookies did not answer, and an Unknown is
-# never taken for a missing entry - is tried again from freshly read metadata, after a
-# jittered exponential backoff from 0.1 s up to 2 s, for up to this long: enough to ride
-# out bookies that restart (their connections come back within about a second).
-RECOVERY_RETRY_FOR_S = 20.0
-RECOVERY_BACKOFF = wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1)
 
 
 class _LedgerMoved(Exception):
@@ -279,31 +262,16 @@ class LedgerManager:
         self,
         ledger_id: int,
         what: str,
-        attempt: Callable[[], Awaitable[T]],  # an async def: tenacity awaits only those
+        attempt: Callable[[], Awaitable[T]],
         attempts: int | None,
         retry_for_s: float,
     ) -> T:
-        """attempt() again while it raises RecoveryAbortedError, with RECOVERY_BACKOFF
-        between tries, for up to retry_for_s seconds (and `attempts` tries, if given);
-        then the last abort, saying how long we tried. Other errors end it at once."""
-        stop = stop_after_delay(retry_for_s)
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(RecoveryAbortedError),
-            stop=stop if attempts is None else stop | stop_after_attempt(attempts),
-            wait=RECOVERY_BACKOFF,
-        )
-        started = time.monotonic()
-        try:
-            return await retrying(attempt)
-        except RetryError as gave_up:
-            last = gave_up.last_attempt
-            tries = f"{last.attempt_number} attempt{'s' if last.attempt_number > 1 else ''}"
-            raise RecoveryAbortedError(
-                f"ledger {ledger_id}: {what} gave up after {tries} in "
-                f"{time.monotonic() - started:.1f}s: the bookies of its last fragment never "
-                "answered enough to decide; check that they are up, then try again. "
-                f"Last abort: {last.exception()}"
-            ) from last.exception()
+        """attempt() again while it raises RecoveryAbortedError (streamlib.retry.RECOVERY),
+        for up to retry_for_s seconds (and `attempts` tries, if given); then a
+        RecoveryRetriesExhausted (a RecoveryAbortedError) saying how long it tried. Other
+        errors end it at once."""
+        policy = RECOVERY.replace(stop_after_s=retry_for_s, attempts=attempts)
+        return await policy.run(f"ledger {ledger_id}: {what}", attempt)
 
     async def recover(
         self, metadata: LedgerMetadata, version: int, *, material: bytes | None = None
@@ -348,7 +316,7 @@ class LedgerManager:
         The previous writer's next add fails with InvalidTermError. A takeover whose
         recovery aborts is tried again (re-read, new term) as open() retries recovery."""
 
-        async def take_over_once() -> WriteHandle:  # a coroutine function, for tenacity
+        async def take_over_once() -> WriteHandle:
             return await self._take_over_once(ledger_id, password)
 
         return await self._retry_aborted(

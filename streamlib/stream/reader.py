@@ -10,20 +10,12 @@ import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Protocol
 
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_random_exponential,
-)
-
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import ReadHandle
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.actions import EntryData, is_noop
 from streamlib.protocol.errors import (
     BadRequestError,
-    BookieIOError,
     NoSuchEntryError,
     NoSuchLedgerError,
     StreamlibError,
@@ -37,6 +29,7 @@ from streamlib.protocol.stream_rules import (
     confirmed_end,
     reader_step,
 )
+from streamlib.retry import SCAN_READ
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.batch import MessageDecodeError as MessageDecodeError  # (its old home)
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start, position_before
@@ -511,17 +504,14 @@ class StreamScanner:
     async def _read(handle: ReadHandle, first: int, last: int) -> list[EntryData] | None:
         """Entries first..last; None when fragment retention dropped some of them since
         the handle last looked (a reader behind every durable cursor skips ahead). While
-        no replica can be read (bookies restarting) it retries for up to READ_RETRY_S:
-        the entries are confirmed, so they come back with their bookies."""
+        no replica can be read (bookies restarting) it retries for up to READ_RETRY_S
+        (streamlib.retry.SCAN_READ): the entries are confirmed, so they come back with
+        their bookies."""
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(BookieIOError),
-                stop=stop_after_delay(READ_RETRY_S),
-                wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                reraise=True,
-            ):
-                with attempt:
-                    return await handle.read_entries(first, last)
+            return await SCAN_READ.replace(stop_after_s=READ_RETRY_S).run(
+                f"ledger {handle.ledger_id}: reading entries {first}..{last}",
+                lambda: handle.read_entries(first, last),
+            )
         except (NoSuchEntryError, BadRequestError):
             if not handle.metadata.unbounded:
                 raise
@@ -529,7 +519,6 @@ class StreamScanner:
             if first >= handle.metadata.first_entry_id:
                 raise
             return None
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _decode(
         self, entries: list[EntryData], ledger_id: int, after: MessageId, previous: MessageId

@@ -8,7 +8,7 @@ fails every later append with StreamFencedError; what it had acknowledged stays 
 stream (the new writer recovered it). A writer whose ledger fails for another reason is
 broken, not fenced: the appends in flight fail with that error (they are not in the
 stream: the ledger is closed at its LAC) and the next append replaces the ledger,
-retried for up to REPLACE_S seconds while bookies come back.
+retried while bookies come back (streamlib.retry.STREAM_LEDGER_REPLACE).
 """
 
 from __future__ import annotations
@@ -24,16 +24,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_random_exponential,
-)
-
 from metadata.errors import BadVersionError, MetadataError
 from metadata.schemas import LedgerInfo, StreamMetadata, StreamMode
 from metadata.services.streams import StreamRegistry
+from streamlib.ledger.driver import MetadataStoreFailure
 from streamlib.ledger.handles import WriteHandle
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.errors import (
@@ -41,7 +35,6 @@ from streamlib.protocol.errors import (
     LedgerFencedError,
     StreamFencedError,
     StreamlibError,
-    TlsError,
 )
 from streamlib.protocol.stream_rules import (
     LedgerSpan,
@@ -66,7 +59,13 @@ from streamlib.protocol.stream_writer import (
     TakeOverLedger,
     WriteList,
 )
-from streamlib.retry import retry_cas
+from streamlib.retry import (
+    FENCING,
+    STREAM_LEDGER_CLOSE,
+    STREAM_LEDGER_REPLACE,
+    retriable_unless_fenced,
+    retry_cas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,34 +74,16 @@ log = logging.getLogger(__name__)
 # taking-over writer recovers them with the stored secret (LedgerManager.material).
 # Ledgers made before key version 1 had the empty password; the same calls open them.
 STREAM_PASSWORD = None
-REPLACE_S = 30.0  # how long the append that finds the writer broken retries a new ledger
-CLOSE_S = 10.0  # how long closing a ledger rolled away from is retried (readers wait)
-_FENCING = (LedgerFencedError, InvalidTermError, StreamFencedError)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _retryable(error: BaseException) -> bool:
-    # (A TLS mismatch with the bookies is a setting no retry changes.)
-    return isinstance(error, StreamlibError) and not isinstance(error, (*_FENCING, TlsError))
-
-
-def _retrying(seconds: float, first_wait_s: float, max_wait_s: float) -> AsyncRetrying:
-    """Retry what fails for a reason other than fencing, for up to `seconds`."""
-    return AsyncRetrying(
-        retry=retry_if_exception(_retryable),
-        stop=stop_after_delay(seconds),
-        wait=wait_random_exponential(multiplier=first_wait_s, max=max_wait_s),
-        reraise=True,
-    )
-
-
 def _failure(error: Exception) -> StreamlibError:
     if isinstance(error, StreamlibError):
         return error
-    return StreamlibError(f"metadata store: {error}")
+    return MetadataStoreFailure(f"metadata store: {error}")
 
 
 @dataclass
@@ -288,11 +269,11 @@ class StreamWriter:
     async def _close_ledger(self, ledger_id: int) -> None:
         handle = self._handles[ledger_id]
         try:  # transient failures retried here: readers wait for this close
-            async for attempt in _retrying(CLOSE_S, 0.05, 1.0):
-                with attempt:
-                    closed = await handle.close()
+            closed = await STREAM_LEDGER_CLOSE.run(
+                f"stream {self.name!r}: closing ledger {ledger_id}", handle.close
+            )
         except StreamlibError as error:
-            fenced = isinstance(error, _FENCING)
+            fenced = isinstance(error, FENCING)
             if fenced:
                 self._handles.pop(ledger_id, None)
             self._feed("on_close_failed", ledger_id, error, fenced)
@@ -387,7 +368,7 @@ class StreamWriter:
         try:
             inner = handle.append_nowait([data])[0]
         except StreamlibError as error:
-            if not _retryable(error):
+            if not retriable_unless_fenced(error):
                 raise
             # It failed with nothing in flight: replace it now.
             self._feed("on_ledger_failed", handle.ledger_id, error, False)
@@ -431,12 +412,16 @@ class StreamWriter:
     async def _replace(self) -> None:
         """The current ledger failed (not fenced): replace it, then send what was held."""
         error: StreamlibError | None = None
+
+        async def replace_once() -> None:
+            await self._op_done.wait()  # a roll in flight ends first
+            if self._machine.state is State.BROKEN:
+                await self._run(self._machine.replace())
+
         try:
-            async for attempt in _retrying(REPLACE_S, 0.1, 2.0):
-                with attempt:
-                    await self._op_done.wait()  # a roll in flight ends first
-                    if self._machine.state is State.BROKEN:
-                        await self._run(self._machine.replace())
+            await STREAM_LEDGER_REPLACE.run(
+                f"stream {self.name!r}: replacing its failed ledger", replace_once
+            )
         except StreamlibError as failed:
             error = failed
             log.warning("stream %s: could not replace the failed ledger: %s", self.name, error)
