@@ -63,6 +63,8 @@ MAX_ENTRIES_IN_FLIGHT = 2000
 class StreamGone(StreamlibError):
     """The broker no longer serves this stream (unloaded, or taken over elsewhere)."""
 
+    retriable = True
+
 
 @dataclass
 class ProducerSession:

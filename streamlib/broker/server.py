@@ -28,7 +28,7 @@ import grpc
 
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
-from metadata.errors import InvalidNameError, NodeExistsError
+from metadata.errors import InvalidNameError
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
 from streamlib.broker import admin
 from streamlib.broker.access import BrokerAccess, Budgets, ByteBudget, HeldBytes, SessionLimits
@@ -43,15 +43,17 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
     UnauthorizedError,
+    is_retriable,
 )
 from streamlib.protocol.service_access import Caller, Operation, may_create
+from streamlib.retry import registration
 from streamlib.stream.batch import MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.reader import Message, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
-from streamlib.wire.convert import error_pb, from_json, id_from_pb, id_pb, permanent, to_json
+from streamlib.wire.convert import error_pb, from_json, id_from_pb, id_pb, to_json
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ KINDS = {
 
 class NotOwnerError(StreamlibError):
     """Another broker owns the stream (its address is in the message)."""
+
+    retriable = True
 
 
 class Broker:
@@ -115,21 +119,9 @@ class Broker:
     async def start(self, session_timeout_s: float = 10.0) -> None:
         """Register; after a crash, wait (bounded) for the dead process's session to be
         reaped: its registration holds the id until then."""
-        from tenacity import (
-            AsyncRetrying,
-            retry_if_exception_type,
-            stop_after_delay,
-            wait_exponential,
+        await registration(session_timeout_s).run(
+            f"broker {self.broker_id}: registering", lambda: self.registry.register(self.info)
         )
-
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(NodeExistsError),
-            stop=stop_after_delay(3 * session_timeout_s + 5),
-            wait=wait_exponential(multiplier=0.05, max=1.0),
-            reraise=True,
-        ):
-            with attempt:
-                await self.registry.register(self.info)
         self.client.store.add_session_listener(self._on_session)
 
     def _on_session(self, state: str) -> None:
@@ -774,7 +766,7 @@ async def _abort(context: Any, error: Exception) -> NoReturn:
         code = grpc.StatusCode.UNAUTHENTICATED
     elif isinstance(error, NoSuchStreamError):
         code = grpc.StatusCode.FAILED_PRECONDITION
-    elif permanent(error) or isinstance(error, InvalidNameError):
+    elif not is_retriable(error):
         code = grpc.StatusCode.INVALID_ARGUMENT
     else:
         code = grpc.StatusCode.UNAVAILABLE

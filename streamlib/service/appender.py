@@ -30,6 +30,8 @@ SEND_BATCH_ENTRIES = 1000
 class SchemaChecked(StreamlibError):
     """(internal) The producer checked the stream's schema: open again at once."""
 
+    retriable = True
+
 
 class _Entry:
     __slots__ = ("future", "send")

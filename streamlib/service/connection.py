@@ -17,13 +17,14 @@ import grpc
 from streamlib.protocol.errors import (
     BadRequestError,
     BrokerUnavailableError,
-    StreamlibError,
+    RetriesExhausted,
     TlsError,
 )
+from streamlib.retry import FIRST_CONNECT, RECONNECT
 from streamlib.tls_failures import tls_mismatch
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
-from streamlib.wire.convert import error_from_pb, permanent
+from streamlib.wire.convert import error_from_pb
 
 log = logging.getLogger(__name__)
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (what read() gives at the end)
@@ -32,7 +33,6 @@ SCHEME = "streamlib://"
 LOOKUP_TIMEOUT_S = 5.0
 OPEN_TIMEOUT_S = 60.0  # a takeover fences and recovers: it can take a while
 FIRST_CONNECT_S = 30.0  # how long creating a producer / consumer tries
-BACKOFF_MAX_S = 2.0
 # Deliveries carry whole messages: a chunked one (up to 256 MiB) comes in one piece.
 MAX_RECEIVE_BYTES = 300 * 1024 * 1024
 
@@ -61,15 +61,6 @@ async def read(call: Any) -> Any:
     than when the loop that handles its receipts awaits it directly (1 producer, 1 KiB
     messages, E3/Qw3/Qa2: 19.3k against 15.5k msgs/s, median of 6)."""
     return await asyncio.ensure_future(call.read())
-
-
-def retriable(error: BaseException) -> bool:
-    """Whether looking the stream up again and reconnecting may cure `error` (a broker
-    gone, a stream moved, the metadata store or bookies briefly unreachable): a
-    producer or consumer that meets any other fails with it."""
-    if isinstance(error, grpc.aio.AioRpcError | builtins.TimeoutError | OSError):
-        return True
-    return isinstance(error, StreamlibError) and not permanent(error)
 
 
 def parse_service_uri(uri: str) -> list[str]:
@@ -188,10 +179,6 @@ class Brokers:
         self._channels.clear()
 
 
-async def _backoff(attempt: int) -> None:
-    await asyncio.sleep(min(BACKOFF_MAX_S, 0.05 * (2 ** min(attempt, 6))))
-
-
 class Session:
     """One producer's or consumer's bidirectional call to its stream's owner: looked up,
     opened, and opened again whenever it breaks for a reason another lookup may cure
@@ -218,34 +205,43 @@ class Session:
 
     async def _run(self) -> None:
         """Connect, and connect again whenever the connection breaks for a reason another
-        lookup may cure. The first connection gives up after FIRST_CONNECT_S (its error
-        is create_producer's / subscribe's); later ones try until closed, as Pulsar's
-        clients do."""
-        loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + FIRST_CONNECT_S
-        attempt = 0
+        lookup may cure (the error's class says: streamlib/retry.py). The first
+        connection gives up after FIRST_CONNECT_S (its error is create_producer's /
+        subscribe's); later ones try until closed, as Pulsar's clients do, the pauses
+        starting over after each connection that came up."""
+        policy = FIRST_CONNECT.replace(stop_after_s=FIRST_CONNECT_S)
         while not self.closed:
             try:
-                address = await self.brokers.lookup(self.stream, self.creates_stream)
-                await self.brokers.reachable(address)
-                await self.session(self.brokers.stub(address))
+                await policy.run(f"stream {self.stream!r}: connecting", self._connect_once,
+                                 on_retry=self._broke)  # fmt: skip
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                retry = retriable(error)
-                if not self.ready.done() and (not retry or loop.time() > give_up_at):
-                    self.ready.set_exception(error)
-                    self.closed = True
-                    return
-                if not retry:
+                if self.ready.done():
                     self.fail(error)
                     return
-                self.reconnects += 1
-                detail = error.code() if isinstance(error, grpc.aio.AioRpcError) else error
-                log.info("%s: connection broke (%s); looking it up again", self.stream, detail)
-            attempt = 1 if self.connected else attempt + 1
-            self.connected = False
-            await _backoff(attempt)
+                # (create_producer / subscribe raise the refusal itself, or the last error)
+                last = error.last_error if isinstance(error, RetriesExhausted) else None
+                self.ready.set_exception(last or error)
+                self.closed = True
+                return
+            policy = RECONNECT  # it was up and broke
+
+    async def _connect_once(self) -> None:
+        self.connected = False
+        address = await self.brokers.lookup(self.stream, self.creates_stream)
+        await self.brokers.reachable(address)
+        try:
+            await self.session(self.brokers.stub(address))
+        except Exception as error:
+            if not (self.connected and RECONNECT.retry_on(error)):
+                raise
+            self._broke(error, 0)  # (it was up: at once again, the pauses start over)
+
+    def _broke(self, error: BaseException, attempt: int) -> None:
+        self.reconnects += 1
+        detail = error.code() if isinstance(error, grpc.aio.AioRpcError) else error
+        log.info("%s: connection broke (%s); looking it up again", self.stream, detail)
 
     async def open(self, call: Any, request: Any) -> Any:
         """Send the Open, and return the broker's first answer (its error raised)."""

@@ -57,6 +57,8 @@ RECENT_IDS = 4096
 class ProducerQueueIsFullError(StreamlibError):
     """max_pending_messages are waiting for acknowledgement and block_if_queue_full is off."""
 
+    retriable = True  # (the queue drains)
+
 
 class Appender(Protocol):
     """Where a producer's entries go: each is appended whole, in the order given; its

@@ -9,24 +9,9 @@ from typing import Any
 
 from metadata.schemas import StreamMetadata
 from streamlib.protocol import errors as error_types
-from streamlib.protocol.errors import BadRequestError, StreamlibError
+from streamlib.protocol.errors import BadRequestError, RemoteError, StreamlibError
 from streamlib.stream.positions import MessageId
 from streamlib.wire import broker_pb2 as pb
-
-# Errors no reconnect can cure (by class name: a remote error may be of a class this
-# side does not have).
-PERMANENT = {"BadRequestError", "UnauthorizedError", "UnauthenticatedError",
-             "ProducerFencedError", "IncompatibleSchemaError", "NoSuchStreamError",
-             "TooLargeError", "InvalidPositionError", "UnsupportedConsumerTypeError",
-             "ProducerBusyError", "ConsumerBusyError", "InvalidNameError",
-             "ClientClosedError", "InvalidSchemaError", "TlsError",
-             "BookieTlsError", "MessageDecodeError", "ValueError"}  # fmt: skip
-
-
-def permanent(error: BaseException) -> bool:
-    """Whether no retry can cure `error` (a refusal, bad input)."""
-    code = getattr(error, "remote_code", None) or type(error).__name__
-    return code in PERMANENT or isinstance(error, BadRequestError)
 
 
 def id_pb(message_id: MessageId) -> pb.MessageIdPb:
@@ -58,17 +43,17 @@ def error_from_pb(error: pb.Error) -> StreamlibError:
     """The error a broker answered, as the class it names (an unknown name: a
     StreamlibError carrying it as remote_code)."""
     cls = getattr(error_types, error.code, None)
-    if isinstance(cls, type) and issubclass(cls, StreamlibError):
+    if isinstance(cls, type) and issubclass(cls, StreamlibError) and cls is not StreamlibError:
         return cls(error.message)
     if error.code == "IncompatibleSchemaError":
         from streamlib.schema import IncompatibleSchemaError
 
         return IncompatibleSchemaError(error.message)
-    if error.code in ("InvalidNameError", "ValueError"):
+    if error.code in ("InvalidNameError", "ValueError", "MessageDecodeError"):
         return BadRequestError(error.message)
-    failure = StreamlibError(f"{error.code}: {error.message}")
-    failure.remote_code = error.code  # type: ignore[attr-defined]
-    return failure
+    # (an error the broker could not name, or of a class this side does not have: its
+    # class says nothing about retrying; RemoteError's is what the client did before)
+    return RemoteError(f"{error.code}: {error.message}", remote_code=error.code)
 
 
 def to_json(value: Any) -> str:
