@@ -616,8 +616,6 @@ class BrokerService(pb_grpc.BrokerServicer):
         context: Any,
     ) -> AsyncIterator[pb.ConsumeResponse]:
         try:
-            # (A subscription does not create its stream: as in direct mode.)
-            _not_partitioned(opened.stream, await self._exists(caller, opened.stream, False))
             kind = KINDS[
                 parse_consumer_type(opened.consumer_type or "exclusive", service=True).value
             ]
@@ -625,6 +623,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 raise BadRequestError(
                     f"initial_position is latest or earliest: {opened.initial_position!r}"
                 )
+            # (A subscription does not create its stream: as in direct mode.)
+            _not_partitioned(opened.stream, await self._exists(caller, opened.stream, False))
             owned = await self.broker.own(opened.stream)
             dispatcher, session = await owned.add_consumer(
                 opened.subscription,

@@ -80,9 +80,11 @@ class ServiceClient:
             raise
         return cls(brokers)
 
-    async def lookup(self, stream: str) -> str:
-        """The address of the broker serving `stream` (assigned one if none does)."""
-        return await self.brokers.lookup(stream)
+    async def lookup(self, stream: str, create: bool = False) -> str:
+        """The address of the broker serving `stream` (assigned one if none does);
+        NoSuchStreamError if it does not exist, unless `create` (as a producer's lookup)
+        and the cluster and this client's roles allow."""
+        return await self.brokers.lookup(stream, create)
 
     async def partitions(self, stream: str, create: bool = False) -> int:
         """How many partitions `stream` has (0: not partitioned); NoSuchStreamError if it
@@ -162,6 +164,7 @@ class ServiceClient:
         consumer_type "exclusive", "failover", "shared" or "key_shared". (The broker
         keeps the cursor: cursor_persist_interval_ms is its business here.)"""
         position = parse_initial_position(initial_position)
+        kind = parse_consumer_type(consumer_type, service=True)
         if isinstance(stream, str) and (count := await self.partitions(stream)):
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
@@ -184,7 +187,6 @@ class ServiceClient:
             )
             self._open.append(multi)
             return multi  # type: ignore[return-value]
-        kind = parse_consumer_type(consumer_type, service=True)
         opened = pb.ConsumerOpen(
             stream=stream,
             subscription=subscription,

@@ -28,6 +28,7 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -163,6 +164,13 @@ class RawSessions:
         if permits and first.WhichOneof("kind") == "ready":
             await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))
         return first
+
+    async def create(self, stream: str) -> None:
+        """Create the stream (a consumer's open does not)."""
+        await self._stub().Admin(
+            pb.AdminRequest(call="create", arguments_json=json.dumps({"name": stream})),
+            metadata=self.metadata,
+        )
 
     async def produce(self, stream: str, producer_name: str) -> pb.ProduceResponse:
         """A producer that sends nothing; its first answer."""
@@ -313,6 +321,7 @@ async def idle_sessions_cost(
     read: the broker's RSS growth, and its CPU share over cpu_window_s while they idle."""
     sessions = RawSessions(broker.address)
     try:
+        await sessions.create("idle")
         first = await sessions.consume("idle", "idle", consumer_type="shared")
         assert answer_kind(first) == "ready", first  # (the stream owned, the dispatcher made)
         await until_quiet(broker.pid, quiet_s=1.0, timeout_s=10)

@@ -98,6 +98,7 @@ async def test_shared_consumers_take_turns(cluster):
     cluster.start_bookies(3)
     cluster.start_brokers(1)
     client = await cluster.service_client()
+    await client.streams.create("turns")
     consumers = [
         await client.subscribe(
             "turns", "s", "earliest", consumer_type="shared", receiver_queue_size=5
@@ -520,6 +521,7 @@ async def test_a_reopened_producer_replaces_its_lingering_session_only_when_resu
 async def test_a_malformed_ack_ends_the_consumer_with_a_typed_error(cluster):
     cluster.start_bookies(3)
     [broker] = cluster.start_brokers(1)
+    await (await cluster.service_client()).streams.create("acks")
     async with grpc.aio.insecure_channel(broker.address) as channel:
         call = pb_grpc.BrokerStub(channel).Consume()
         await call.write(pb.ConsumeRequest(open=pb.ConsumerOpen(stream="acks", subscription="s")))

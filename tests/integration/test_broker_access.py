@@ -85,13 +85,15 @@ async def test_a_reader_creates_no_stream(secure: Secure, tmp_path: Path):  # no
     reader = await service(secure, "reader")
     for i in range(20):
         with pytest.raises(NoSuchStreamError, match="'reader' may not create streams"):
-            await reader.lookup(f"made-up-{i}")
+            await reader.lookup(f"made-up-{i}", create=True)
     with pytest.raises(NoSuchStreamError):
         await reader.subscribe("made-up-x", "s", "earliest")
     direct = await secure.client("admin")
     assert await direct.streams.list() == []  # nothing was made
     writer = await service(secure, "writer")
-    await writer.lookup("wanted")
+    with pytest.raises(NoSuchStreamError):  # (a consumer's, or a reader's, lookup)
+        await writer.lookup("wanted")
+    await writer.lookup("wanted", create=True)  # (a producer's)
     assert await direct.streams.list() == ["wanted"]
 
 

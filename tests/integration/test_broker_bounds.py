@@ -21,6 +21,7 @@ import pytest
 
 import metadata
 from metadata.services.principals import PrincipalRoles
+from streamlib.client import Client
 from streamlib.errors import StreamlibError
 from streamlib.security import make_token, new_secret_key, write_private
 from streamlib.service.client import unload
@@ -182,6 +183,8 @@ async def test_the_broker_caps_its_sessions_across_principals(cluster, tmp_path:
         "--auth-token-secret-file", str(secret_file),
         "--max-sessions", "60", "--max-sessions-per-principal", "40",
     ])  # fmt: skip
+    async with await Client.connect(cluster.metadata_uri) as admin:
+        await admin.streams.create("both")
     alice = RawSessions(broker.address, token=make_token(secret, "alice"))
     bob = RawSessions(broker.address, token=make_token(secret, "bob"))
     try:

@@ -101,6 +101,7 @@ async def test_a_broker_lost_while_producers_publish_and_consumers_share(cluster
     brokers = cluster.start_brokers(2)
     url = cluster.service_url
     client = await cluster.service_client()
+    await client.streams.create("jobs")
     received: collections.Counter[bytes] = collections.Counter()
     stop = asyncio.Event()
     consumers = [

@@ -78,6 +78,7 @@ async def test_a_consumer_notices_a_frozen_broker_by_keepalive_and_follows_its_s
     cluster.start_bookies(3)
     frozen_broker = cluster.start_brokers(1)[0]
     client = await cluster.service_client()
+    await client.streams.create("kept")
     consumer = await client.subscribe("kept", "s", "earliest")
     assert consumer._source.reconnects == 0
     os.kill(frozen_broker.pid, signal.SIGSTOP)

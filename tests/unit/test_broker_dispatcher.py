@@ -16,6 +16,9 @@ class Message:
         self.key = None
         self.data = b"payload"
 
+    def ordering_key(self) -> bytes | None:
+        return None
+
     def redelivered(self) -> Message:
         return self
 
