@@ -17,10 +17,11 @@ def _build_parser() -> argparse.ArgumentParser:
         description="BookKeeper-style replicated ledgers and streams.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from streamlib import bench, chaos, sandbox
+    from streamlib import bench, sandbox
     from streamlib import commands as everyday
     from streamlib.autorecovery import cli as autorecovery_cli
     from streamlib.broker import cli as broker_cli
+    from streamlib.chaos import cli as chaos_cli
 
     sandbox.add_parser(commands)
     admin = commands.add_parser("admin", help="administer bookies, ledgers, streams, recovery")
@@ -29,7 +30,7 @@ def _build_parser() -> argparse.ArgumentParser:
     everyday.add_parsers(commands, admin_commands)
     broker_cli.add_parsers(commands, admin_commands)
     bench.add_parser(commands)
-    chaos.add_parser(commands)
+    chaos_cli.add_parser(commands)
     return parser
 
 

@@ -1,14 +1,26 @@
 """The verdict of `streamlib chaos` on hand-made histories: each violation it looks for
 (lost, duplicated, reordered, misplaced) is shown to fire, and what at-least-once
 allows (redeliveries to a later consumer session, unacknowledged sends that landed)
-is shown not to. Also the fault plan: seeded, and never too many bookies down."""
+is shown not to, in both modes. Also the fault plans: seeded, never too many bookies
+down, and broker mode's one fault at a time."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from streamlib.chaos_plan import Fault, max_down, plan_faults
-from streamlib.chaos_verdict import (
+from streamlib.chaos.events import payload
+from streamlib.chaos.plan import (
+    SESSION_S,
+    Fault,
+    last_end_s,
+    max_down,
+    plan_faults,
+    plan_service_faults,
+    timeline,
+)
+from streamlib.chaos.verdict import (
     Ack,
     Delivery,
     Failure,
@@ -16,7 +28,6 @@ from streamlib.chaos_verdict import (
     StreamHistory,
     deliveries,
     judge,
-    payload_for,
     producer_run,
     unavailable_intervals,
 )
@@ -27,7 +38,7 @@ HEALED_AT = 100.0
 def acked(incarnation: int, seqs: range, ledger_id: int = 7, t0: float = 101.0) -> ProducerRun:
     """An incarnation whose sends seq were all acknowledged at (ledger_id, seq, 0)."""
     acks = [
-        Ack(incarnation, seq, payload_for(incarnation, seq), (ledger_id, seq, 0), t0 + seq / 100)
+        Ack(incarnation, seq, payload(f"p{incarnation}", seq), (ledger_id, seq, 0), t0 + seq / 100)
         for seq in seqs
     ]
     return ProducerRun(incarnation, started=t0 - 1, ended=t0 + len(seqs), acks=acks)
@@ -107,7 +118,7 @@ def test_a_sequence_number_read_after_a_higher_one_is_reordered():
     # The ids still increase: only the producer's order betrays it.
     run = acked(1, range(1, 5))
     swapped = [
-        Delivery("r", (7, i + 1, 0), payload_for(1, seq)) for i, seq in enumerate([1, 3, 2, 4])
+        Delivery("r", (7, i + 1, 0), payload("p1", seq)) for i, seq in enumerate([1, 3, 2, 4])
     ]
     verdict = judge({"s": history(run, swapped, swapped)}, HEALED_AT)
     assert verdict.reordered == 2  # once for the reader, once for the consumer session
@@ -119,14 +130,14 @@ def test_a_message_id_below_one_read_before_is_reordered():
     run = acked(1, range(1, 5))
     verdict = judge({"s": history(run, read_as(run, [1, 2, 4, 3]))}, HEALED_AT)
     assert verdict.reordered == 1
-    assert "id 7:3:0 after 7:4:0" in verdict.streams["s"].reordered[0]
+    assert "id 7:3:0 after 7:4:0" in str(verdict.streams["s"].reordered[0])
 
 
 def test_sequences_of_different_incarnations_interleave_freely():
     # A duel: incarnation 2 took over, then 1 (recreated) took it back. Each one's own
     # acknowledged messages keep their order; across incarnations anything goes.
     first, second = acked(1, range(1, 4), ledger_id=7), acked(2, range(1, 4), ledger_id=8)
-    late = Ack(1, 10, payload_for(1, 10), (9, 0, 0), 105.0)
+    late = Ack(1, 10, payload("p1", 10), (9, 0, 0), 105.0)
     first.acks.append(late)
     reads = [*read_as(first)[:3], *read_as(second), Delivery("r", (9, 0, 0), late.payload)]
     h = StreamHistory([first, second], reads, reads, final_producer=1)
@@ -144,7 +155,7 @@ def test_an_acknowledged_message_read_at_another_id_is_misplaced():
 def test_unacknowledged_sends_that_landed_are_allowed():
     run = acked(1, range(1, 4))
     run.failures.append(Failure(sent=102.0, t=105.0, error="TimeoutError"))
-    reads = [*read_as(run), Delivery("r", (7, 4, 0), payload_for(1, 4))]
+    reads = [*read_as(run), Delivery("r", (7, 4, 0), payload("p1", 4))]
     verdict = judge({"s": history(run, reads, reads)}, HEALED_AT)
     assert verdict.ok
     assert verdict.streams["s"].unacknowledged_read == 1
@@ -230,3 +241,63 @@ def test_three_bookies_get_no_bookie_faults():
     plan = plan_faults(1, 60, 3, ["a"])
     assert plan and all(isinstance(f, Fault) for f in plan)
     assert not [f for f in plan if f.kind.endswith("-bookie")]
+
+
+def test_an_unacknowledged_message_read_out_of_its_producers_order_is_reordered():
+    # p1-3 failed (no ack) but landed, after p1-4: still out of the producer's order.
+    run = acked(1, [1, 2, 4])
+    reads = [*read_as(run, [1, 2, 4]), Delivery("r", (7, 5, 0), payload("p1", 3))]
+    verdict = judge({"s": history(run, reads, read_as(run, session="c1"))}, HEALED_AT)
+    assert verdict.reordered == 1
+    assert "seq 3 after p1-4" in str(verdict.streams["s"].reordered[0])
+
+
+def test_a_shared_subscription_may_deliver_twice_and_out_of_order_but_not_lose():
+    # Broker mode's consumers: a message again in the same session, or out of order, is
+    # at-least-once; one never received is still lost.
+    run = acked(1, range(1, 6))
+    receipts = read_as(run, [2, 1, 1, 3], session="c1") + read_as(run, [3], session="c2")
+    h = StreamHistory([run], read_as(run), receipts, consumer_type="shared")
+    stream = judge({"s": h}, None).streams["s"]
+    assert stream.duplicated == [] and stream.reordered == []
+    assert stream.redelivered == 2  # p1-1 again in c1, p1-3 again in c2
+    assert stream.lost_by_consumer == [payload("p1", 4), payload("p1", 5)]
+
+
+def test_without_a_reader_beside_the_faults_the_final_scan_is_the_reader():
+    run = acked(1, range(1, 5))
+    scan = read_as(run, [1, 2, 2, 4], session="scan")
+    h = StreamHistory([run], receipts=read_as(run, session="c1"), scan=scan)
+    stream = judge({"s": h}, None).streams["s"]
+    assert stream.lost_by_reader == [payload("p1", 3)]
+    assert len(stream.duplicated) == 1
+    assert stream.recovered_after_heal is None  # (no heal to recover from)
+
+
+def test_an_acknowledgement_without_a_position_is_not_misplaced():
+    # A broker answers a resend it no longer places with EARLIEST: no place to check.
+    stored = acked(1, range(1, 4))
+    run = acked(1, range(1, 4))
+    run.acks[1] = Ack(1, 2, payload("p1", 2), (-1, -1, -1), run.acks[1].t)
+    h = history(run, read_as(stored), read_as(stored, session="c1"))
+    verdict = judge({"s": h}, HEALED_AT)
+    assert verdict.misplaced == 0 and verdict.safe
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_broker_mode_plan_is_seeded_and_one_fault_at_a_time(seed):
+    def plan():
+        return plan_service_faults(seed, 60, 2, ["P0", "P1"], ["C0", "C1"])
+
+    faults = plan()
+    assert faults == plan()
+    assert {f.kind for f in faults} <= {"kill-broker", "pause-broker", "kill-producer",
+                                        "kill-consumer"}  # fmt: skip
+    for before, after in itertools.pairwise(faults):
+        assert after.at_s >= before.at_s + before.duration_s + 1.0
+    for f in faults:
+        assert f.target in ({"0", "1"} if f.kind.endswith("broker") else {"P0", "P1", "C0", "C1"})
+        if f.kind == "pause-broker":
+            assert f.duration_s > SESSION_S  # past its metadata session: a failover
+    steps = timeline(faults, last_end_s(faults))
+    assert len(steps) == len(faults) + sum(f.kind.endswith("broker") for f in faults)

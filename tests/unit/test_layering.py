@@ -102,6 +102,18 @@ def test_nothing_below_the_clients_imports_them(path):
     assert not bad, f"{path} imports {bad}"
 
 
+@pytest.mark.parametrize("path", sources("streamlib/chaos"), ids=str)
+def test_the_chaos_verifier_sees_only_what_an_application_sees(path):
+    """Its workers reach the stream service through Client.connect, not its package; its
+    harness runs brokers as processes (the launcher), never their code."""
+    found = imports_of(path)
+    bad = {m for m in found if m.startswith("streamlib.service")}
+    bad |= {
+        m for m in found if m.startswith("streamlib.broker") and m != "streamlib.broker.launcher"
+    }
+    assert not bad, f"{path} imports {bad}"
+
+
 @pytest.mark.parametrize("module", ["launcher", "bench"])
 def test_client_side_bookie_tools_import_no_server_code(module):
     found = imports_of(ROOT / "bookie" / f"{module}.py")
@@ -111,6 +123,6 @@ def test_client_side_bookie_tools_import_no_server_code(module):
 
 def test_every_package_states_its_rule():
     for package in ("metadata", "bookie", "streamlib", "streamlib/protocol", "streamlib/service",
-                    "streamlib/wire"):  # fmt: skip
+                    "streamlib/wire", "streamlib/chaos"):  # fmt: skip
         doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
         assert doc and "import" in doc, f"{package}/__init__.py must say what it may not import"

@@ -1,28 +1,33 @@
-"""The verdict of a `streamlib chaos` run: what the histories of its producers, consumers
-and readers say about safety (lost / duplicated / reordered / misplaced messages) and
-liveness (failed sends, unavailability, recovery after healing).
+"""The verdict of a `streamlib chaos` run, in either mode: what the histories of its
+producers, consumers and readers say about safety (lost / duplicated / reordered /
+misplaced messages) and liveness (failed sends, unavailability, recovery after healing).
 
 Pure: histories in, a Verdict out (producer_run, deliveries and errors_of turn the
-events of the workers' JSON-lines logs into histories; reading the files is the
-caller's). The definitions, per stream:
+events of the workers' logs, streamlib.chaos.events, into histories; reading the files
+is the caller's). The definitions, per stream:
 
 - acknowledged: a send whose future gave a message id (the producer logged it).
   A failed or unanswered send may or may not be in the stream: never a violation.
 - lost: acknowledged, but never read by the reader (which reads the stream once from
-  EARLIEST) or never received by the durable consumer (in any of its sessions).
-- misplaced: acknowledged with one message id, read under another.
+  EARLIEST; in a run with no reader beside the faults, as broker mode, the final scan
+  is the reader) or never received by the consumers (in any of their sessions).
+- misplaced: acknowledged with one message id, read under another. (A broker answers
+  a duplicate too old to remember where it went with EARLIEST: that one has no place.)
 - duplicated: the reader read the same message id or payload twice; or one consumer
   session received the same one twice. The same message received again by a later
   session (after a consumer crash or resubscription) is "redelivered": at-least-once.
 - reordered: a message id not above the previous one read (the reader; each consumer
-  session); or, among one producer incarnation's acknowledged messages, a sequence
-  number below one read before it.
+  session); or, among one producer's messages (its payload names it and its sequence
+  number), a sequence number below one read before it.
+- A shared subscription (broker mode's consumers) promises neither order nor one
+  delivery a session: its receipts are checked for loss and place only, and every
+  receipt of a message received before is a redelivery.
 - unavailability of a producer incarnation: from its start, or from the first failed
   attempt after an acknowledgement, to its next acknowledgement (or its last event).
   (A duel's loser is unavailable by design; the stream's own figure is the longest
   stretch in which no producer had a send acknowledged.)
 - recovered after heal: the producer left running at the heal had a send acknowledged
-  after it.
+  after it (None: the run had no heal).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from streamlib.chaos.events import producer_and_seq
 
 MessageKey = tuple[int, int, int]
 SAMPLES = 5  # examples of each violation kept in the verdict
@@ -41,8 +48,7 @@ def parse_id(text: str) -> MessageKey:
     return ledger_id, entry_id, batch_index
 
 
-def payload_for(incarnation: int, seq: int) -> str:
-    return f"p{incarnation}-{seq}"
+NOWHERE: MessageKey = (-1, -1, -1)  # EARLIEST: an acknowledgement without a position
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,17 @@ class Delivery:
     payload: str
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One violation: the payload it concerns and what was wrong."""
+
+    payload: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass
 class ProducerRun:
     incarnation: int
@@ -87,9 +104,10 @@ class ProducerRun:
 @dataclass
 class StreamHistory:
     producers: list[ProducerRun] = field(default_factory=list)
-    reads: list[Delivery] = field(default_factory=list)
+    reads: list[Delivery] | None = None  # None: no reader ran beside the faults
     receipts: list[Delivery] = field(default_factory=list)
     scan: list[Delivery] | None = None  # a fresh read from EARLIEST once all stopped
+    consumer_type: str = "failover"  # of the consumers' subscription
     final_producer: int | None = None  # the incarnation left running by the heal
     errors: dict[str, list[str]] = field(default_factory=dict)  # role -> error texts
     tracebacks: dict[str, str] = field(default_factory=dict)  # role -> the first one
@@ -102,15 +120,15 @@ class StreamVerdict:
     lost_by_reader: list[str]
     lost_by_consumer: list[str]
     lost_in_scan: list[str] | None
-    misplaced: list[str]
-    duplicated: list[str]
+    misplaced: list[Finding]
+    duplicated: list[Finding]
     redelivered: int
-    reordered: list[str]
+    reordered: list[Finding]
     unacknowledged_read: int
     longest_unavailable_s: float  # of one producer incarnation
     longest_unavailable_incarnation: int | None
     longest_without_ack_s: float  # of the stream: no producer had an acknowledgement
-    recovered_after_heal: bool
+    recovered_after_heal: bool | None
     errors: dict[str, int]
     error_samples: dict[str, list[str]]
     first_tracebacks: dict[str, str]
@@ -120,8 +138,8 @@ class StreamVerdict:
         return set(self.lost_by_reader) | set(self.lost_by_consumer)
 
     def to_json(self) -> dict[str, Any]:
-        def sample(items: list[str]) -> dict[str, Any]:
-            return {"count": len(items), "examples": items[:SAMPLES]}
+        def sample(items: list[str] | list[Finding]) -> dict[str, Any]:
+            return {"count": len(items), "examples": [str(item) for item in items[:SAMPLES]]}
 
         return {
             "acknowledged": self.acknowledged,
@@ -173,7 +191,7 @@ class Verdict:
 
     @property
     def never_recovered(self) -> list[str]:
-        return sorted(name for name, v in self.streams.items() if not v.recovered_after_heal)
+        return sorted(name for name, v in self.streams.items() if v.recovered_after_heal is False)
 
     @property
     def safe(self) -> bool:
@@ -216,20 +234,19 @@ def lost(acks: Iterable[Ack], deliveries: Iterable[Delivery]) -> list[str]:
     return [a.payload for a in acks if a.payload not in seen]
 
 
-def misplaced(acks: Iterable[Ack], deliveries: Iterable[Delivery]) -> list[str]:
+def misplaced(acks: Iterable[Ack], deliveries: Iterable[Delivery]) -> list[Finding]:
     """Acknowledged payloads delivered under another message id than acknowledged."""
-    where = {a.payload: a.message_id for a in acks}
+    where = {a.payload: a.message_id for a in acks if a.message_id != NOWHERE}
     found = []
     for d in deliveries:
         acked_at = where.get(d.payload)
         if acked_at is not None and acked_at != d.message_id:
-            found.append(
-                f"{d.payload} acknowledged as {_id(acked_at)}, read as {_id(d.message_id)}"
-            )
+            why = f"acknowledged as {_id(acked_at)}, read as {_id(d.message_id)}"
+            found.append(Finding(d.payload, f"{d.payload} {why}"))
     return found
 
 
-def duplicates(deliveries: Iterable[Delivery]) -> list[str]:
+def duplicates(deliveries: Iterable[Delivery]) -> list[Finding]:
     """Deliveries whose message id or payload came before in the same session."""
     ids: dict[str, set[MessageKey]] = {}
     payloads: dict[str, set[str]] = {}
@@ -238,31 +255,34 @@ def duplicates(deliveries: Iterable[Delivery]) -> list[str]:
         session_ids = ids.setdefault(d.session, set())
         session_payloads = payloads.setdefault(d.session, set())
         if d.message_id in session_ids or d.payload in session_payloads:
-            found.append(f"{d.payload} at {_id(d.message_id)} (session {d.session})")
+            found.append(
+                Finding(d.payload, f"{d.payload} at {_id(d.message_id)} (session {d.session})")
+            )
         session_ids.add(d.message_id)
         session_payloads.add(d.payload)
     return found
 
 
-def redeliveries(deliveries: Iterable[Delivery]) -> int:
-    """Deliveries of a payload that an earlier session received (first time in this one)."""
+def redeliveries(deliveries: Iterable[Delivery], once_a_session: bool = True) -> int:
+    """Deliveries of a payload received before: by an earlier session (the first time
+    in this one), or, where a session may receive one twice (once_a_session False: a
+    shared subscription), at all."""
     sessions_of: dict[str, set[str]] = {}
     count = 0
     for d in deliveries:
         sessions = sessions_of.setdefault(d.payload, set())
-        if sessions and d.session not in sessions:
+        if sessions and not (once_a_session and d.session in sessions):
             count += 1
         sessions.add(d.session)
     return count
 
 
-def reorderings(acks: Iterable[Ack], deliveries: Iterable[Delivery]) -> list[str]:
-    """Per session: ids below the highest id delivered before; acknowledged messages of
-    one producer incarnation below a sequence number delivered before. (Equal ones are
-    duplicates, counted by duplicates().)"""
-    acked = {a.payload: (a.incarnation, a.seq) for a in acks}
+def reorderings(deliveries: Iterable[Delivery]) -> list[Finding]:
+    """Per session: ids below the highest id delivered before; a producer's messages
+    below a sequence number of its delivered before. (Equal ones are duplicates,
+    counted by duplicates().)"""
     highest_id: dict[str, MessageKey] = {}
-    highest_seq: dict[tuple[str, int], int] = {}
+    highest_seq: dict[tuple[str, str], int] = {}
     found = []
     for d in deliveries:
         why = []
@@ -270,15 +290,16 @@ def reorderings(acks: Iterable[Ack], deliveries: Iterable[Delivery]) -> list[str
         if top is not None and d.message_id < top:
             why.append(f"id {_id(d.message_id)} after {_id(top)}")
         highest_id[d.session] = max(top, d.message_id) if top is not None else d.message_id
-        if d.payload in acked:
-            incarnation, seq = acked[d.payload]
-            key = (d.session, incarnation)
+        sent = producer_and_seq(d.payload)
+        if sent is not None:
+            producer, seq = sent
+            key = (d.session, producer)
             before = highest_seq.get(key)
             if before is not None and seq < before:
-                why.append(f"seq {seq} after {payload_for(incarnation, before)}")
+                why.append(f"seq {seq} after {producer}-{before}")
             highest_seq[key] = max(before, seq) if before is not None else seq
         if why:
-            found.append(f"{d.payload}: {'; '.join(why)} (session {d.session})")
+            found.append(Finding(d.payload, f"{d.payload}: {'; '.join(why)} (session {d.session})"))
     return found
 
 
@@ -320,16 +341,22 @@ def longest_without_ack(runs: list[ProducerRun]) -> float:
     return max((b - a for a, b in itertools.pairwise(points)), default=0.0)
 
 
-def recovered_after(history: StreamHistory, healed_at: float) -> bool:
+def recovered_after(history: StreamHistory, healed_at: float | None) -> bool | None:
+    if healed_at is None:
+        return None
     for run in history.producers:
         if run.incarnation == history.final_producer:
             return any(a.t >= healed_at for a in run.acks)
     return False
 
 
-def judge_stream(history: StreamHistory, healed_at: float) -> StreamVerdict:
+def judge_stream(history: StreamHistory, healed_at: float | None) -> StreamVerdict:
     acks = [a for run in history.producers for a in run.acks]
     acked = {a.payload for a in acks}
+    reads = history.reads if history.reads is not None else history.scan or []
+    # Each session once and in order: what every subscription but a shared one promises.
+    once_a_session = history.consumer_type != "shared"
+    ordered = history.receipts if once_a_session else []
     spans = [
         (end - start, run.incarnation)
         for run in history.producers
@@ -339,14 +366,14 @@ def judge_stream(history: StreamHistory, healed_at: float) -> StreamVerdict:
     return StreamVerdict(
         acknowledged=len(acks),
         failed_sends=sum(1 for run in history.producers for f in run.failures if f.send),
-        lost_by_reader=lost(acks, history.reads),
+        lost_by_reader=lost(acks, reads),
         lost_by_consumer=lost(acks, history.receipts),
         lost_in_scan=None if history.scan is None else lost(acks, history.scan),
-        misplaced=misplaced(acks, [*history.reads, *history.receipts]),
-        duplicated=duplicates(history.reads) + duplicates(history.receipts),
-        redelivered=redeliveries(history.receipts),
-        reordered=reorderings(acks, history.reads) + reorderings(acks, history.receipts),
-        unacknowledged_read=len({d.payload for d in history.reads} - acked),
+        misplaced=misplaced(acks, [*reads, *history.receipts]),
+        duplicated=duplicates(reads) + duplicates(ordered),
+        redelivered=redeliveries(history.receipts, once_a_session),
+        reordered=reorderings(reads) + reorderings(ordered),
+        unacknowledged_read=len({d.payload for d in reads} - acked),
         longest_unavailable_s=longest,
         longest_unavailable_incarnation=incarnation,
         longest_without_ack_s=longest_without_ack(history.producers),
@@ -357,7 +384,7 @@ def judge_stream(history: StreamHistory, healed_at: float) -> StreamVerdict:
     )
 
 
-def judge(histories: dict[str, StreamHistory], healed_at: float) -> Verdict:
+def judge(histories: dict[str, StreamHistory], healed_at: float | None) -> Verdict:
     return Verdict({name: judge_stream(h, healed_at) for name, h in histories.items()})
 
 

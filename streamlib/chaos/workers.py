@@ -1,38 +1,44 @@
-"""The processes `streamlib chaos` starts, kills and restarts: a producer, a durable
-consumer and a reader of one stream, each an application written against the public
-API (`streamlib.Client`) that logs what it saw, one JSON object a line, to its own
-append-only file.
+"""The processes `streamlib chaos` starts, kills and restarts, in either mode: a
+producer, a consumer and a reader of one stream, each an application written against
+the public API (`streamlib.client.Client`, which reaches the stream service for a
+streamlib:// URI) that logs what it saw to its own event log (streamlib.chaos.events).
 
-    python -m streamlib.chaos_workers producer|consumer|reader --metadata URI \\
-        --stream NAME --log FILE --incarnation N [--seal] [--after L:E:B] [--scan]
+    python -m streamlib.chaos.workers producer|consumer|reader --url URI --stream NAME \\
+        --log FILE --incarnation N [--client-timeout S] [--name NAME] \\
+        [--subscription NAME] [--type failover|shared] [--seal] [--after L:E:B] [--scan]
 
-A line is written with one write(2) on an O_APPEND descriptor as soon as the event
-happens: the harness kills processes, not the machine, so what was written survives a
-SIGKILL. Each worker goes on after any failure as an application would (recreate the
-producer, resubscribe, reopen the reader after the last message read), logging it;
-every call is bounded, so a call that hangs is logged as a failure instead of hanging
-the worker. SIGTERM / SIGINT stop a worker cleanly (a producer closes its producer);
-a worker whose parent died stops too. SIGUSR1 logs where every task and async
-generator waits (a "stacks" event): the harness asks a worker that stalls.
+The producer of direct mode is the stream's writer: it sends windows of messages and,
+after a failure, takes the stream over again. With --name (broker mode) it is a named
+producer deduplicated by its broker: it numbers its messages itself, a restarted one
+going on after the last its name published, and sends at a steady rate. The consumer
+acknowledges what it receives, on a failover subscription (direct mode) or a shared one
+(broker mode). The reader reads from EARLIEST; with --scan it stops at the end.
+
+Each worker goes on after any failure as an application would (recreate the producer,
+resubscribe, reopen the reader after the last message read), logging it; every call is
+bounded, so a call that hangs is logged as a failure instead of hanging the worker.
+SIGTERM / SIGINT stop a worker cleanly (a producer closes its producer); a worker whose
+parent died stops too. SIGUSR1 logs where every task and async generator waits (a
+"stacks" event): the harness asks a worker that stalls.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import inspect
-import json
 import os
 import random
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from metadata.errors import MetadataError
+from streamlib.chaos.events import EventLog, describe, payload, traceback_of
 from streamlib.client import Client
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.protocol.errors import StreamlibError
@@ -40,37 +46,15 @@ from streamlib.stream.positions import EARLIEST, MessageId
 
 T = TypeVar("T")
 
-SUBSCRIPTION = "chaos"
 CALL_TIMEOUT_S = 30.0  # any one call: a takeover, a subscribe, a close
 SEND_TIMEOUT_S = 20.0  # a window of sends, from the first sent to the last answered
 POLL_S = 0.5  # how long one receive / read_next waits before the stop flag is checked
 # Failures an application expects from a cluster under faults; anything else is logged
 # as "unexpected" (with its traceback) and gone on from all the same.
 EXPECTED = (StreamlibError, MetadataError, TimeoutError, ConnectionError)
-
-
-class EventLog:
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def write(self, event: str, **fields: Any) -> None:
-        record = {"ev": event, "t": round(time.time(), 6), **fields}
-        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-
-    def error(self, error: BaseException, **fields: Any) -> None:
-        self.write("error", error=describe(error), traceback=_traceback(error), **fields)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def describe(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _traceback(error: BaseException) -> str:
-    return "".join(traceback.format_exception(error))[-4000:]
+PUBLISH_BURST = 20  # a named producer's messages per PUBLISH_GAP_S: about 2,000 a second
+PUBLISH_GAP_S = 0.01
+PUBLISH_PENDING = 500  # its sends in flight at most (send_async waits for room)
 
 
 async def bounded(call: Awaitable[T], timeout_s: float = CALL_TIMEOUT_S) -> T:
@@ -97,19 +81,38 @@ async def quietly_close(thing: Any, log: EventLog, what: str) -> bool:
 
 
 async def connect(args: argparse.Namespace, log: EventLog, stop: asyncio.Event) -> Client | None:
-    config = BookieClientConfig(
-        add_timeout_s=args.client_timeout, read_timeout_s=args.client_timeout
-    )
+    options: dict[str, Any] = {}
+    if args.client_timeout is not None:  # (a direct client's: the service's has no bookies)
+        timeout_s = args.client_timeout
+        options["bookie_config"] = BookieClientConfig(
+            add_timeout_s=timeout_s, read_timeout_s=timeout_s
+        )
     while not stop.is_set():
         try:
-            return await bounded(Client.connect(args.metadata, bookie_config=config))
+            return await bounded(Client.connect(args.url, **options))
         except Exception as error:
             log.error(error, during="connect")
             await pause(stop, 0.5)
     return None
 
 
-# -- the producer -------------------------------------------------------------------------
+# -- the producers ------------------------------------------------------------------------
+
+
+def producer_name(args: argparse.Namespace) -> str:
+    """What its payloads name it by: its --name, else its incarnation."""
+    return args.name or f"p{args.incarnation}"
+
+
+def log_ack(log: EventLog, args: argparse.Namespace, seq: int, message_id: MessageId) -> None:
+    log.write("ack", seq=seq, payload=payload(producer_name(args), seq), id=str(message_id))
+
+
+def log_failure(log: EventLog, seq: int, sent: float, error: BaseException) -> None:
+    """A send (seq -1: a takeover) that failed; with the traceback of an error no
+    application would expect."""
+    extra = {} if isinstance(error, EXPECTED) else {"traceback": traceback_of(error)}
+    log.write("fail", seq=seq, sent=sent, error=describe(error), **extra)
 
 
 async def produce(
@@ -129,7 +132,7 @@ async def produce(
                         client.create_producer(args.stream, batching_max_messages=4)
                     )
                 except Exception as error:
-                    log.write("fail", seq=-1, sent=attempt, error=describe(error), **_extra(error))
+                    log_failure(log, -1, attempt, error)
                     await pause(stop, rnd.uniform(0.2, 0.5))
                     continue
                 log.write("producer", took_s=round(time.time() - attempt, 3))
@@ -140,10 +143,11 @@ async def produce(
             for _ in range(rnd.randint(1, 16)):
                 seq += 1
                 sent = time.time()
+                data = payload(producer_name(args), seq).encode()
                 try:
-                    sends.append((seq, sent, await producer.send_async(_payload(args, seq))))
+                    sends.append((seq, sent, await producer.send_async(data)))
                 except Exception as error:
-                    log.write("fail", seq=seq, sent=sent, error=describe(error), **_extra(error))
+                    log_failure(log, seq, sent, error)
                     failed = True
                     break
             deadline = asyncio.get_running_loop().time() + SEND_TIMEOUT_S
@@ -154,11 +158,10 @@ async def produce(
                 except Exception as error:
                     if isinstance(error, TimeoutError):
                         error = TimeoutError(f"no answer within {SEND_TIMEOUT_S} s")
-                    log.write("fail", seq=number, sent=sent, error=describe(error), **_extra(error))
+                    log_failure(log, number, sent, error)
                     failed = True
                 else:
-                    payload = _payload(args, number).decode()
-                    log.write("ack", seq=number, payload=payload, id=str(message_id))
+                    log_ack(log, args, number, message_id)
             if failed:
                 await quietly_close(producer, log, "producer")
                 producer = None
@@ -168,13 +171,42 @@ async def produce(
             log.write("closed")
 
 
-def _payload(args: argparse.Namespace, seq: int) -> bytes:
-    return f"p{args.incarnation}-{seq}".encode()
+async def publish(
+    args: argparse.Namespace, client: Client, log: EventLog, stop: asyncio.Event
+) -> None:
+    """A named producer through the stream service: sends "<name>-<seq>" with its own
+    sequence ids, going on after the last one its name published (the broker tells
+    it), PUBLISH_BURST every PUBLISH_GAP_S, and logs each answer as it comes; the client
+    rides over broker failovers itself. On stop it flushes, logs "stopped" and closes."""
+    producer = await bounded(
+        client.create_producer(
+            args.stream, producer_name=args.name, max_pending_messages=PUBLISH_PENDING
+        )
+    )
+    seq = producer.last_sequence_id
+    log.write("producer", seq=seq + 1)
 
+    def answered(number: int, sent: float, future: asyncio.Future[MessageId]) -> None:
+        if future.cancelled():
+            log_failure(log, number, sent, asyncio.CancelledError())
+        elif (error := future.exception()) is not None:
+            log_failure(log, number, sent, error)
+        else:
+            log_ack(log, args, number, future.result())
 
-def _extra(error: BaseException) -> dict[str, str]:
-    """The traceback of an error no application would expect."""
-    return {} if isinstance(error, EXPECTED) else {"traceback": _traceback(error)}
+    try:
+        while not stop.is_set():
+            for _ in range(PUBLISH_BURST):
+                seq += 1
+                data = payload(args.name, seq).encode()
+                sent = time.time()
+                future = await producer.send_async(data, key=f"k{seq % 11}", sequence_id=seq)
+                future.add_done_callback(functools.partial(answered, seq, sent))
+            await pause(stop, PUBLISH_GAP_S)  # the rate's pacing
+        await bounded(producer.flush())
+        log.write("stopped", last=seq)
+    finally:
+        await quietly_close(producer, log, "producer")
 
 
 # -- the consumer and the reader --------------------------------------------------------
@@ -184,15 +216,18 @@ async def consume(
     args: argparse.Namespace, client: Client, log: EventLog, stop: asyncio.Event
 ) -> None:
     """Receive and acknowledge each message; after an error, resubscribe (a new session:
-    the cursor's position may deliver some messages again)."""
+    the cursor's position may deliver some messages again). On a failover subscription
+    a restarted consumer waits in line until its killed predecessor's metadata session
+    ends, then goes on from the cursor; on a shared one the consumers split the stream."""
     session = 0
     while not stop.is_set():
         try:
             consumer = await bounded(
-                # Failover: a restarted consumer waits in line until its killed
-                # predecessor's metadata session ends, then goes on from the cursor.
                 client.subscribe(
-                    args.stream, SUBSCRIPTION, initial_position="earliest", consumer_type="failover"
+                    args.stream,
+                    args.subscription,
+                    initial_position="earliest",
+                    consumer_type=args.type,
                 )
             )
         except Exception as error:
@@ -316,13 +351,14 @@ async def main_async(args: argparse.Namespace) -> int:
         if client is None:
             return 0
         try:
-            work = {"producer": produce, "consumer": consume, "reader": read}[args.role]
+            producer = publish if args.name else produce
+            work = {"producer": producer, "consumer": consume, "reader": read}[args.role]
             await work(args, client, log, stop)
         finally:
             await quietly_close(client, log, "client")
         return 0
     except Exception as error:  # a bug of this worker: logged for the verdict
-        log.write("error", error=describe(error), traceback=_traceback(error), during="worker")
+        log.error(error, during="worker")
         return 1
     finally:
         watchdog.cancel()
@@ -332,13 +368,16 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamlib.chaos_workers")
+    parser = argparse.ArgumentParser(prog="python -m streamlib.chaos.workers")
     parser.add_argument("role", choices=("producer", "consumer", "reader"))
-    parser.add_argument("--metadata", required=True)
+    parser.add_argument("--url", required=True, help="a metadata store's, or streamlib://...")
     parser.add_argument("--stream", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--incarnation", type=int, required=True)
-    parser.add_argument("--client-timeout", type=float, default=3.0)
+    parser.add_argument("--client-timeout", type=float, help="bookie add / read timeout, s")
+    parser.add_argument("--name", help="producer: a named one, deduplicated by the broker")
+    parser.add_argument("--subscription", default="chaos", help="consumer: its subscription")
+    parser.add_argument("--type", default="failover", choices=("failover", "shared"))
     parser.add_argument("--seal", action="store_true", help="producer: take over, close, exit")
     parser.add_argument("--after", help="reader: start after this message id")
     parser.add_argument("--scan", action="store_true", help="reader: stop at the end")
