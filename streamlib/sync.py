@@ -324,6 +324,15 @@ class Consumer:
         """Whether this consumer receives now (a failover standby does not)."""
         return self._target.is_active
 
+    def consumer(self, stream: str) -> Consumer:
+        """The consumer of one of its streams (to seek it): of a consumer of several
+        streams or of a partitioned one, that stream's; of a one-stream consumer, itself."""
+        if stream not in self._streams:
+            raise BadRequestError(f"this consumer takes {sorted(self._streams)}, not {stream!r}")
+        if len(self._streams) == 1:
+            return self
+        return Consumer(self._target.consumer(stream), self._runner)
+
     def receive(self, timeout: float | None = None) -> Message:
         """The next message (redeliveries first); streamlib.errors.TimeoutError (a
         builtin TimeoutError too) when none comes within timeout seconds."""
@@ -485,12 +494,14 @@ class Client:
     def __init__(self, target: Any, runner: _LoopThread) -> None:
         self._target = target
         self._runner = runner
-        # (A client of the stream service, streamlib://, has none of these three.)
+        # (A client of the stream service, streamlib://, has no ledgers nor registry: it
+        # reaches bookies only through brokers.)
         direct = hasattr(target, "ledgers")
         #: The ledger API (streamlib.ledger.manager.LedgerManager, blocking).
         self.ledgers: Any = SyncProxy(target.ledgers, runner) if direct else None
-        #: Stream administration (streamlib.stream.admin.StreamManager, blocking).
-        self.streams: Any = SyncProxy(target.streams, runner) if direct else None
+        #: Stream administration (streamlib.stream.admin.StreamManager, blocking; through
+        #: the stream service, the same calls asked of a broker).
+        self.streams: Any = SyncProxy(target.streams, runner)
         #: The bookies registered now (metadata.services.bookies.BookieRegistry, blocking).
         self.registry: Any = SyncProxy(target.registry, runner) if direct else None
 

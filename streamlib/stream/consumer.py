@@ -246,6 +246,13 @@ class Consumer:
     def mark_delete_position(self) -> MessageId:
         return self._source.mark_delete_position
 
+    def consumer(self, stream: str) -> Consumer:
+        """The consumer of `stream` (as a consumer of several streams has one each):
+        this one."""
+        if stream != self.stream:
+            raise BadRequestError(f"this consumer takes {self.stream!r}, not {stream!r}")
+        return self
+
     def _forget_received(self) -> None:
         self._unacked.clear()
 
