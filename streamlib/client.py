@@ -38,7 +38,7 @@ from streamlib.stream.consumer import (
 from streamlib.stream.multi import subscribe_each
 from streamlib.stream.partitioned import produce_each
 from streamlib.stream.positions import EARLIEST, MessageId, parse_initial_position, parse_start
-from streamlib.stream.producer import Producer
+from streamlib.stream.producer import Producer, parse_access_mode
 from streamlib.stream.reader import Message, Reader, ScannerFeed, StreamScanner
 from streamlib.stream.subscription import (
     ConsumerType,
@@ -123,7 +123,7 @@ class Client:
         stream's, IncompatibleSchemaError), producer_name (stored with each message),
         access_mode: a direct-mode producer is always "exclusive_with_fencing" (the other
         modes need the stream service: BadRequestError)."""
-        access_mode = options.pop("access_mode", "exclusive_with_fencing")
+        access_mode = parse_access_mode(options.pop("access_mode", "exclusive_with_fencing"))
         if access_mode != "exclusive_with_fencing":
             raise BadRequestError(
                 f"access_mode {access_mode!r} needs the stream service (streamlib://...); "

@@ -42,13 +42,12 @@ from streamlib.protocol.errors import (
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.consumer import Consumer
 from streamlib.stream.positions import MessageId
-from streamlib.stream.producer import MAX_ENTRY_BYTES
+from streamlib.stream.producer import ACCESS_MODES, MAX_ENTRY_BYTES
 from streamlib.stream.reader import Message, StreamScanner
 from streamlib.stream.writer import StreamWriter
 
 log = logging.getLogger(__name__)
 
-ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
 SNAPSHOT_EVERY = 1000  # durable messages between dedup snapshots (and after a failed one)
 # ... and at least this long between two (Pulsar's brokerDeduplicationSnapshotIntervalSeconds):
 # a snapshot is a ledger written, closed and the last one deleted -- at 20,000 msgs/s, one
@@ -604,6 +603,7 @@ class OwnedStream:
         name: str,
         initial_position: str,
         nack_delay_ms: int,
+        persist_interval_ms: int = 100,
         resume: bool = False,
         principal: str | None = None,
     ) -> tuple[SubscriptionDispatcher, ConsumerSession]:
@@ -619,6 +619,7 @@ class OwnedStream:
                     consumer_type="failover",  # the broker's own: stands by while another reads
                     consumer_name=self.broker.broker_id,
                     receiver_queue_size=1000,
+                    cursor_persist_interval_ms=persist_interval_ms,
                 )
                 if self.gone is not None:  # (it went while this one subscribed)
                     await inner.close()

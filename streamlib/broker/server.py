@@ -632,6 +632,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 opened.consumer_name,
                 opened.initial_position or "latest",
                 opened.negative_ack_redelivery_delay_ms or 1000,
+                opened.cursor_persist_interval_ms or 100,
                 resume=opened.resume,
                 principal=caller.principal,
             )

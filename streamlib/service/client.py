@@ -27,12 +27,10 @@ from streamlib.stream.consumer import Consumer, DeadLetterPolicy
 from streamlib.stream.multi import subscribe_each
 from streamlib.stream.partitioned import produce_each
 from streamlib.stream.positions import EARLIEST, MessageId, parse_initial_position, parse_start
-from streamlib.stream.producer import Producer
+from streamlib.stream.producer import Producer, parse_access_mode
 from streamlib.stream.reader import Message, Reader
 from streamlib.stream.subscription import parse_consumer_type
 from streamlib.wire import broker_pb2 as pb
-
-ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
 
 
 class ServiceClient:
@@ -98,7 +96,7 @@ class ServiceClient:
         stream: str,
         *,
         producer_name: str | None = None,
-        access_mode: str = "shared",
+        access_mode: Any = "shared",
         schema: Any = None,
         initial_sequence_id: int | None = None,
         **options: Any,
@@ -109,9 +107,11 @@ class ServiceClient:
         publish), "exclusive_with_fencing" (the others get ProducerFencedError),
         "wait_for_exclusive" (waits for the others to go)."""
         Producer.check_options(schema=schema, initial_sequence_id=initial_sequence_id, **options)
-        if access_mode not in ACCESS_MODES:
+        access_mode = parse_access_mode(access_mode)
+        if options.get("batch_format") == 1:
             raise BadRequestError(
-                f"access_mode is one of {', '.join(ACCESS_MODES)}: {access_mode!r}"
+                "batch_format 1 is for readers older than format 2 in direct mode: entries "
+                "through the stream service carry their producer's name (format 2 on)"
             )
         if count := await self.partitions(stream, create=True):  # one per partition, by key
             routed = await produce_each(
@@ -161,8 +161,9 @@ class ServiceClient:
         cursor_persist_interval_ms: int = 100,
     ) -> Consumer:
         """A consumer of a durable subscription through its stream's owner:
-        consumer_type "exclusive", "failover", "shared" or "key_shared". (The broker
-        keeps the cursor: cursor_persist_interval_ms is its business here.)"""
+        consumer_type "exclusive", "failover", "shared" or "key_shared". The broker
+        keeps the cursor, written every cursor_persist_interval_ms (the first consumer
+        of the subscription on its broker says how often)."""
         position = parse_initial_position(initial_position)
         kind = parse_consumer_type(consumer_type, service=True)
         if isinstance(stream, str) and (count := await self.partitions(stream)):
@@ -183,6 +184,7 @@ class ServiceClient:
                     schema=schema,
                     dead_letter_policy=dead_letter_policy,
                     ack_timeout_ms=ack_timeout_ms,
+                    cursor_persist_interval_ms=cursor_persist_interval_ms,
                 ),
             )
             self._open.append(multi)
@@ -195,6 +197,7 @@ class ServiceClient:
             consumer_name=consumer_name or f"consumer-{uuid.uuid4().hex[:10]}",
             initial_position=position,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+            cursor_persist_interval_ms=cursor_persist_interval_ms,
         )
         source = ServiceSubscription(self.brokers, opened, receiver_queue_size, schema)
         consumer = Consumer(

@@ -479,6 +479,8 @@ class DirectSubscription:
     ) -> None:
         if receiver_queue_size < 1:
             raise BadRequestError("receiver_queue_size must be >= 1")
+        if cursor_persist_interval_ms < 0:
+            raise BadRequestError("cursor_persist_interval_ms must be >= 0")
         self._scanner = scanner
         self._registry = registry
         self.stream = scanner.name

@@ -60,6 +60,21 @@ class ProducerQueueIsFullError(StreamlibError):
     retriable = True  # (the queue drains)
 
 
+ACCESS_MODES = ("shared", "exclusive", "exclusive_with_fencing", "wait_for_exclusive")
+
+
+def parse_access_mode(value: object) -> str:
+    """One of ACCESS_MODES, from its name (any case, with or without underscores) or
+    anything with such a ``name`` (pulsar-client's ProducerAccessMode)."""
+    text = value if isinstance(value, str) else getattr(value, "name", None)
+    if isinstance(text, str):
+        wanted = text.lower().replace("_", "")
+        for mode in ACCESS_MODES:
+            if mode.replace("_", "") == wanted:
+                return mode
+    raise BadRequestError(f"access_mode is one of {', '.join(ACCESS_MODES)}, got {value!r}")
+
+
 class Appender(Protocol):
     """Where a producer's entries go: each is appended whole, in the order given; its
     future gives (ledger id, entry id) once it is durable (or, for an entry whose last
