@@ -189,6 +189,7 @@ class _Delivery(Session):
                 await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))
             for request in self.outgoing():
                 await call.write(request)
+            self.written()
             if not self.has_outgoing() and self._taken < max(1, self._queue_size // 2):
                 await self._flush.wait()
 
@@ -197,6 +198,9 @@ class _Delivery(Session):
 
     def has_outgoing(self) -> bool:
         return False
+
+    def written(self) -> None:
+        """What outgoing() gave went out."""
 
     def done(self, done: pb.Done) -> None:
         pass
@@ -273,9 +277,11 @@ class ServiceSubscription(_Delivery):
             for (c, n), ids in grouped.items()
         ]
         control, self._control = self._control, []
+        return out + control
+
+    def written(self) -> None:
         if not self._acks:
             self._acks_out.set()
-        return out + control
 
     def has_outgoing(self) -> bool:
         return bool(self._acks or self._control)

@@ -29,11 +29,18 @@ def test_the_site_builds_strictly_with_the_api_reference(tmp_path: Path) -> None
     assert "Coming from pulsar-client" in (tmp_path / "site" / "index.html").read_text()
 
 
+# Pages whose examples run both ways: URI is the metadata store's, then a broker's.
+BOTH_MODES = ("pulsar.md",)
+
+
 def examples() -> list[tuple[str, str]]:
     found = []
     for page in sorted(DOCS.rglob("*.md")):
+        where = str(page.relative_to(DOCS))
         for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
-            found.append((f"{page.relative_to(DOCS)}#{i}", code))
+            found.append((f"{where}#{i}", code))
+            if where in BOTH_MODES:
+                found.append((f"{where}#{i}@service", code))
     return found
 
 
@@ -43,6 +50,9 @@ def test_every_example_runs_as_written(cluster, capsys, where: str, code: str) -
     # A module of its own, as a script would be (dataclasses look their module up).
     module = types.ModuleType("docs_example")
     module.URI = cluster.metadata_uri  # type: ignore[attr-defined]
+    if where.endswith("@service"):  # the same example through the stream service
+        cluster.start_brokers(1)
+        module.URI = cluster.service_url  # type: ignore[attr-defined]
     if "SERVICE_URL" in code:  # an example of the stream service: a broker too
         cluster.start_brokers(1)
         module.SERVICE_URL = cluster.service_url  # type: ignore[attr-defined]
