@@ -107,12 +107,18 @@ class Dispatch:
 
     def add(self, cid: Hashable, name: str, kind: Kind) -> None:
         if kind is not self.kind:
+            holder = next(iter(self._consumers.values())).name if self._consumers else "?"
             raise ConsumerBusy(
-                f"the subscription is {self.kind.value} while it has consumers; "
+                f"the subscription has an active {self.kind.value} consumer ({holder}); "
                 f"a {kind.value} consumer cannot join"
             )
         if self.kind is Kind.EXCLUSIVE and self._consumers:
-            raise ConsumerBusy("the subscription is exclusive and has a consumer")
+            holder = next(iter(self._consumers.values())).name
+            raise ConsumerBusy(
+                f"the subscription already has an active consumer (exclusive, {holder}): an "
+                f"exclusive subscription takes one; use consumer_type='failover' for a "
+                f"standby, or another subscription name"
+            )
         self._consumers[cid] = _Consumer(cid, name)
         self._rebuild_ring()
 

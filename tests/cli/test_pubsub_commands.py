@@ -1,13 +1,29 @@
-"""`streamlib produce | consume | read` against a real sandbox, output checked."""
+"""`streamlib produce | consume | read` against a real sandbox, output checked -- in
+direct mode (--metadata names the metadata store) and through the stream service
+(--metadata names the sandbox's broker), the same way."""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import streamlib
+from streamlib.sandbox import Sandbox
 from tests.cli.conftest import assert_one_line_error, run_cli
+
+
+@pytest.fixture(scope="module", params=["direct", "service"])
+def uri(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    box = Sandbox(tmp_path_factory.mktemp("sandbox"), bookies=3, port_base=0)
+    box.start()
+    try:
+        yield box.metadata_uri if request.param == "direct" else box.service_url
+    finally:
+        box.stop()
 
 
 def _ids(lines: list[str]) -> list[str]:
