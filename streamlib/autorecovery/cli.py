@@ -122,6 +122,11 @@ def _run(
     from streamlib.client import Client
 
     async def go() -> int:
+        if str(args.metadata).startswith("streamlib://"):
+            raise ValueError(
+                "auto-recovery needs direct mode: --metadata must name the metadata store "
+                "(zk://, sqlite://), not the stream service's brokers"
+            )
         client = await Client.connect(args.metadata, session_timeout_s=args.session_timeout)
         try:
             return await body(client, args)

@@ -28,11 +28,11 @@ def add_parsers(admin_commands: Subparsers) -> None:
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="every registered bookie")
     add_common(listing)
-    listing.set_defaults(run=run_with_client(_list))
+    listing.set_defaults(run=run_with_client(_list, direct_only=True))
     info = actions.add_parser("info", help="one bookie, and the ledgers that use it")
     info.add_argument("bookie", metavar="ID", help="the bookie id")
     add_common(info)
-    info.set_defaults(run=run_with_client(_info))
+    info.set_defaults(run=run_with_client(_info, direct_only=True))
 
 
 def bookie_record(info: BookieInfo) -> dict[str, Any]:

@@ -155,14 +155,22 @@ ERRORS = (StreamlibError, MetadataError, CommandError, ValueError, OSError, Time
 
 def run_with_client(
     body: Callable[[Client, argparse.Namespace], Awaitable[int | None]],
+    *,
+    direct_only: bool = False,
 ) -> Callable[[argparse.Namespace], int]:
-    """The argparse `run` of a command whose body needs a connected client."""
+    """The argparse `run` of a command whose body needs a connected client (direct_only:
+    one of the metadata store and bookies, which a broker does not offer)."""
 
     def run(args: argparse.Namespace) -> int:
         from streamlib.client import Client
 
         async def go() -> int:
             uri = metadata_uri(args)
+            if direct_only and uri.startswith("streamlib://"):
+                raise CommandError(
+                    f"`{' '.join(sys.argv[1:4])}` needs direct mode: --metadata must name "
+                    f"the metadata store (zk://, sqlite://), not the stream service's brokers"
+                )
             _check_store_exists(uri)
             client = await Client.connect(uri, **client_options(args))
             try:

@@ -56,7 +56,7 @@ def add_parsers(admin_commands: Subparsers) -> None:
     peek.add_argument("subscription", metavar="SUB")
     peek.add_argument("-n", "--count", type=positive_int, default=1, metavar="N")
     add_common(peek, json_help="print each message as a JSON line")
-    peek.set_defaults(run=run_with_client(_peek))
+    peek.set_defaults(run=run_with_client(_peek, direct_only=True))
     unsubscribe = actions.add_parser(
         "unsubscribe", help="delete a subscription (refused while a consumer is connected)"
     )

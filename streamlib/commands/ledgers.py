@@ -33,7 +33,7 @@ def add_parsers(admin_commands: Subparsers) -> None:
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="every ledger, with its state and size")
     add_common(listing)
-    listing.set_defaults(run=run_with_client(_list))
+    listing.set_defaults(run=run_with_client(_list, direct_only=True))
     for name, text, body in (
         ("show", "one ledger's metadata: state, quorums, fragments", _show),
         ("delete", "delete a ledger (refused while a stream lists it)", _delete),
@@ -54,7 +54,7 @@ def add_parsers(admin_commands: Subparsers) -> None:
                 "--force", action="store_true", help="delete even if a stream lists the ledger"
             )
         add_common(p)
-        p.set_defaults(run=run_with_client(body))
+        p.set_defaults(run=run_with_client(body, direct_only=True))
 
 
 async def all_ledgers(client: Client) -> list[LedgerMetadata]:

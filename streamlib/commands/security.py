@@ -48,17 +48,17 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         help=f"{'/'.join(ROLES)}; or consume STREAM/SUB ... (a subscription, or a prefix ending in *)",
     )
     add_common(grant)
-    grant.set_defaults(run=run_with_client(_grant))
+    grant.set_defaults(run=run_with_client(_grant, direct_only=True))
     revoke = actions.add_parser("revoke", help="take roles (default: all) from a principal")
     revoke.add_argument("principal")
     revoke.add_argument(
         "roles", nargs="*", metavar="ROLE", help=f"{'/'.join(ROLES)}; or consume [STREAM/SUB ...]"
     )
     add_common(revoke)
-    revoke.set_defaults(run=run_with_client(_revoke))
+    revoke.set_defaults(run=run_with_client(_revoke, direct_only=True))
     listing = actions.add_parser("list", help="every principal and its roles")
     add_common(listing)
-    listing.set_defaults(run=run_with_client(_list))
+    listing.set_defaults(run=run_with_client(_list, direct_only=True))
 
     token = commands.add_parser("token", help="make token keys and tokens (JWT)")
     token_actions = token.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -36,7 +36,7 @@ def add_parsers(admin_commands: Subparsers) -> None:
     p.add_argument("--write-quorum", type=positive_int, default=2, help="default 2")
     p.add_argument("--ack-quorum", type=positive_int, default=2, help="default 2")
     add_common(p)
-    p.set_defaults(run=run_with_client(_simpletest))
+    p.set_defaults(run=run_with_client(_simpletest, direct_only=True))
 
 
 def _payload(i: int) -> bytes:

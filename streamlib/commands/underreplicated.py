@@ -25,7 +25,7 @@ def add_parsers(admin_commands: Subparsers) -> None:
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="every ledger marked under-replicated")
     add_common(listing)
-    listing.set_defaults(run=run_with_client(_list))
+    listing.set_defaults(run=run_with_client(_list, direct_only=True))
 
 
 async def _list(client: Client, args: argparse.Namespace) -> int:

@@ -584,9 +584,12 @@ class ReadHandle:
         }
         # A last fragment with no entry yet (a roll to fresh bookies) knows nothing of
         # the LAC: the holders of the entry before it do (they report what they hold).
+        # (None when the fragment before it was dropped: an unbounded ledger's retention.)
         before = md.last_fragment.first_entry_id - 1
         extra = (
-            [b for b in md.write_set_bookies(before) if b not in ensemble] if before >= 0 else []
+            [b for b in md.write_set_bookies(before) if b not in ensemble]
+            if before >= md.first_entry_id
+            else []
         )
         for b in extra:
             calls[asyncio.ensure_future(self._context.pool.get(b).read_lac(request))] = -1

@@ -251,3 +251,27 @@ async def test_trimming_an_unbounded_stream_drops_fragments(uri: str) -> None:
         ledger = await client.ledgers.metadata(ledger_id)
     # Only the last fragment is left (no cursor, 1-byte size limit), and it starts past 0.
     assert len(ledger.fragments) == 1 and ledger.first_entry_id > 0
+
+
+def test_streams_administration_through_a_broker_and_what_needs_direct_mode(sandbox) -> None:
+    """`admin streams` and `admin cursors` work given a broker's URL (a broker runs them
+    for the caller); what only the metadata store and bookies have is refused in one line
+    that says so."""
+    url = sandbox.service_url
+    created = run_cli("admin", "streams", "create", "via-broker", "--partitions", "2", metadata=url)
+    assert created.code == 0, created
+    listed = run_cli("admin", "streams", "list", "--json", metadata=url)
+    assert listed.code == 0, listed
+    names = {record["name"] for record in json.loads(listed.out)}
+    assert {"via-broker-partition-0", "via-broker-partition-1"} <= names
+    run_cli("produce", "via-broker-partition-0", "-m", "a", "-m", "b", metadata=url)
+    consumed = run_cli("consume", "via-broker-partition-0", "-s", "s", "--initial-position",
+                       "earliest", "-n", "2", metadata=url)  # fmt: skip
+    assert consumed.code == 0, consumed
+    reset = run_cli("admin", "cursors", "reset", "via-broker-partition-0", "s", "earliest",
+                    metadata=url)  # fmt: skip
+    assert reset.code == 0 and "reset to earliest" in reset.out, reset
+    for command in (("admin", "ledgers", "list"), ("admin", "bookies", "list"),
+                    ("admin", "cursors", "peek", "via-broker-partition-0", "s")):  # fmt: skip
+        refused = run_cli(*command, metadata=url)
+        assert_one_line_error(refused, "needs direct mode", "not the stream service's brokers")

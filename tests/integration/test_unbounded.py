@@ -105,6 +105,29 @@ async def test_an_unbounded_stream_rolls_fragments_not_ledgers(cluster):
     assert received == [b"%d" % i for i in range(30)]
 
 
+async def test_a_stream_whose_fragments_retention_dropped_is_read_and_described(cluster):
+    """Its writer gone and every fragment but the last dropped: a client that opens the
+    ledger now reads its LAC from the last fragment alone (before, it also asked the
+    holders of the entry before that fragment, which no fragment lists any more:
+    BadRequestError "entry 9 precedes ledger 1's first fragment", and `admin streams
+    list` failed on every stream)."""
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    await client.streams.create("trimmed", mode="unbounded", rollover={"max_entries": 2},
+                                retention={"size_bytes": 1})  # fmt: skip
+    producer = await client.create_producer("trimmed", batching_max_publish_delay_ms=0)
+    sent = [await producer.send(b"m%d" % i) for i in range(12)]
+    await producer.close()
+    await client.streams.trim("trimmed")
+    ledger = await client.ledgers.metadata(sent[0].ledger_id)
+    assert len(ledger.fragments) == 1 and ledger.fragments[0].first_entry_id > 0
+    fresh = await cluster.client()
+    stats = await fresh.streams.stats("trimmed", count_messages=False)
+    assert stats["ledgers"][0]["entries"] == sent[-1].entry_id + 1
+    reader = await fresh.create_reader("trimmed", sent[-2])
+    assert (await reader.read_next(timeout=30)).data == b"m11"
+
+
 async def test_retention_bounds_the_fragment_list_of_a_long_running_unbounded_stream(cluster):
     bookies = cluster.start_bookies(3)
     client = await cluster.client()
