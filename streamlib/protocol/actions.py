@@ -14,11 +14,11 @@ from typing import NamedTuple
 from streamlib.protocol.errors import StreamlibError
 from streamlib.protocol.ledger_metadata import LedgerMetadata
 
-# Flag bits; the numbers are the wire's (bookie.proto AddFlag / ReadFlag).
+# Add flag bits; the numbers are the wire's (bookie.proto AddFlag). A read's fence flag
+# travels as ReadLac.fence / ReadEntry.fence.
 ADD_FLAG_RECOVERY = 1
 ADD_FLAG_TRUNCATE = 2
 ADD_FLAG_NOOP = 4
-READ_FLAG_FENCE = 1
 
 
 def is_noop(flags: int) -> bool:

@@ -47,7 +47,6 @@ from streamlib.protocol.digest import DigestManager
 from streamlib.protocol.errors import (
     REFUSALS,
     BadRequestError,
-    ClientClosedError,
     InvalidTermError,
     LedgerClosedError,
     LedgerFencedError,
@@ -497,7 +496,3 @@ class LedgerWriter:
         self.state = WriterState.FAILED
         self.error = error
         return [CloseFailed(error)]
-
-    def abandon(self) -> list[Action]:
-        """The client is going away without closing (crash-like): fail pending adds."""
-        return self._fail(ClientClosedError(f"writer of ledger {self.ledger_id} abandoned"))
