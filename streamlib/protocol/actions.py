@@ -2,7 +2,8 @@
 entry data they take back (part of their inputs).
 
 The driver (streamlib.ledger, or the simulator in tests/sim) executes each action and
-feeds the outcome back into the machine that emitted it. Bookies are named by id.
+hands its answer, an event of events.py, to the step() of the machine that emitted it.
+Bookies are named by id.
 """
 
 from __future__ import annotations

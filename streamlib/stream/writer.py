@@ -47,6 +47,18 @@ from streamlib.protocol.stream_writer import (
     CreateLedger,
     DiscardLedger,
     GiveUp,
+    LedgerClosed,
+    LedgerCloseFailed,
+    LedgerCreated,
+    LedgerCreateFailed,
+    LedgerFailed,
+    LedgerRecovered,
+    LedgerRecoveryFailed,
+    LedgerTakenOver,
+    ListConflict,
+    ListFailed,
+    ListRead,
+    ListWritten,
     ReadList,
     RecordSize,
     RecoverLedger,
@@ -55,6 +67,7 @@ from streamlib.protocol.stream_writer import (
     Serve,
     State,
     StreamAction,
+    StreamEvent,
     StreamWriterMachine,
     TakeOverLedger,
     WriteList,
@@ -145,8 +158,8 @@ class StreamWriter:
 
     # -- carrying the machine's actions ---------------------------------------------------
 
-    def _feed(self, method: str, *args: Any) -> None:
-        self._execute(getattr(self._machine, method)(*args))
+    def _step(self, event: StreamEvent) -> None:
+        self._execute(self._machine.step(event))
 
     def _execute(self, actions: list[StreamAction]) -> None:
         for action in actions:
@@ -196,14 +209,14 @@ class StreamWriter:
         try:
             md, version = await self._registry.read(self.name)
         except (StreamlibError, MetadataError) as error:
-            self._feed("on_list_failed", _failure(error))
+            self._step(ListFailed(_failure(error)))
             return
         self._md = md
         self._load_config(md)
         spans = [
             LedgerSpan(i.ledger_id, i.entries, i.size_bytes, i.created_time_ms) for i in md.ledgers
         ]
-        self._feed("on_list_read", spans, version, md.mode == StreamMode.UNBOUNDED)
+        self._step(ListRead(spans, version, md.mode == StreamMode.UNBOUNDED))
 
     async def _write_list(self, action: WriteList) -> None:
         md = self._md
@@ -224,20 +237,20 @@ class StreamWriter:
         try:
             version = await self._registry.write(self.name, md, action.expected_version)
         except BadVersionError:
-            self._feed("on_list_conflict")
+            self._step(ListConflict())
             return
         except (StreamlibError, MetadataError) as error:
-            self._feed("on_list_failed", _failure(error))
+            self._step(ListFailed(_failure(error)))
             return
-        self._feed("on_list_written", version)
+        self._step(ListWritten(version))
 
     async def _recover(self, ledger_id: int) -> None:
         try:
             handle = await self._ledgers.open(ledger_id, password=STREAM_PASSWORD)
         except StreamlibError as error:
-            self._feed("on_recovery_failed", ledger_id, error)
+            self._step(LedgerRecoveryFailed(ledger_id, error))
             return
-        self._feed("on_recovered", ledger_id, handle.last_entry_id + 1, handle.metadata.length)
+        self._step(LedgerRecovered(ledger_id, handle.last_entry_id + 1, handle.metadata.length))
 
     async def _create(self, unbounded: bool) -> None:
         e, qw, qa = self._config
@@ -251,20 +264,20 @@ class StreamWriter:
                 unbounded=unbounded,
             )
         except (StreamlibError, MetadataError) as error:
-            self._feed("on_create_failed", _failure(error))
+            self._step(LedgerCreateFailed(_failure(error)))
             return
         self._handles[handle.ledger_id] = handle
         self.stats.ledgers_created.append(handle.ledger_id)
-        self._feed("on_created", handle.ledger_id)
+        self._step(LedgerCreated(handle.ledger_id))
 
     async def _take_over(self, ledger_id: int) -> None:
         try:
             handle = await self._ledgers.take_over(ledger_id, STREAM_PASSWORD)
         except StreamlibError as error:
-            self._feed("on_recovery_failed", ledger_id, error)
+            self._step(LedgerRecoveryFailed(ledger_id, error))
             return
         self._handles[ledger_id] = handle
-        self._feed("on_taken_over", ledger_id)
+        self._step(LedgerTakenOver(ledger_id))
 
     async def _close_ledger(self, ledger_id: int) -> None:
         handle = self._handles[ledger_id]
@@ -276,11 +289,11 @@ class StreamWriter:
             fenced = isinstance(error, FENCING)
             if fenced:
                 self._handles.pop(ledger_id, None)
-            self._feed("on_close_failed", ledger_id, error, fenced)
+            self._step(LedgerCloseFailed(ledger_id, error, fenced))
             return
         if self._handles.get(ledger_id) is handle:
             del self._handles[ledger_id]
-        self._feed("on_closed", ledger_id, closed.last_entry_id + 1, closed.length)
+        self._step(LedgerClosed(ledger_id, closed.last_entry_id + 1, closed.length))
 
     async def _discard(self, ledger_id: int) -> None:
         handle = self._handles.pop(ledger_id, None)
@@ -371,7 +384,7 @@ class StreamWriter:
             if not retriable_unless_fenced(error):
                 raise
             # It failed with nothing in flight: replace it now.
-            self._feed("on_ledger_failed", handle.ledger_id, error, False)
+            self._step(LedgerFailed(handle.ledger_id, error, False))
             return self.append_nowait(data)
         self._pending.append(_Pending(inner, outer, handle.ledger_id))
         inner.add_done_callback(self._drain)
@@ -396,7 +409,7 @@ class StreamWriter:
                 continue
             if isinstance(error, StreamlibError):
                 fenced = isinstance(error, LedgerFencedError | InvalidTermError)
-                self._feed("on_ledger_failed", item.ledger_id, error, fenced)
+                self._step(LedgerFailed(item.ledger_id, error, fenced))
                 if fenced:
                     error = StreamFencedError(
                         f"stream {self.name!r} was taken over by another writer ({error})"
