@@ -6,11 +6,9 @@ event does this outcome become" (ARCHITECTURE.md §2).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Protocol
 
 from bookie.wire import bookie_pb2 as pb
 from metadata.errors import BadVersionError, MetadataError
@@ -56,6 +54,7 @@ from streamlib.protocol.events import (
     MetadataWritten,
     ReadResult,
 )
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ class Driver:
         self.ledger_id = ledger_id
         self.context = context
         self.sink = sink
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = HeldTasks(f"ledger {ledger_id}")
         # The same entries go to Qw bookies within one step: frame each one once.
         self._pb_cache: dict[tuple[int, int, int], bytes] = {}
         # One answer handler per bookie, so a bookie's response reaches the machine as
@@ -120,28 +119,23 @@ class Driver:
         finally:
             self._pb_cache.clear()
         for (bookie, fence, master_key, term), entry_ids in reads.items():
-            self._spawn(self._read_entries(bookie, fence, master_key, term, entry_ids))
+            self._tasks.spawn(self._read_entries(bookie, fence, master_key, term, entry_ids))
 
     def step(self, event: Event) -> None:
         """Hand the machine an answer and carry out what it decides."""
         self.execute(self.machine.step(event))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _execute_one(self, action: Action) -> None:
         if isinstance(action, SendAdd):
             self._send_add(action)
         elif isinstance(action, ReadLac):
-            self._spawn(self._read_lac(action))
+            self._tasks.spawn(self._read_lac(action))
         elif isinstance(action, ChooseBookies):
-            self._spawn(self._choose(action))
+            self._tasks.spawn(self._choose(action))
         elif isinstance(action, WriteMetadata):
-            self._spawn(self._write_metadata(action))
+            self._tasks.spawn(self._write_metadata(action))
         elif isinstance(action, ReadMetadata):
-            self._spawn(self._read_metadata())
+            self._tasks.spawn(self._read_metadata())
         elif isinstance(
             action, CompleteAdds | FailAdds | Closed | CloseFailed | RecoveryDone | RecoveryFailed
         ):
@@ -291,7 +285,4 @@ class Driver:
     async def cancel_pending(self) -> None:
         """The machine has finished: drop I/O still in flight (e.g. a read stuck on a
         stopped bookie); its answer could change nothing."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()

@@ -20,9 +20,8 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from metadata.errors import BadVersionError, MetadataError
 from metadata.schemas import LedgerInfo, StreamMetadata, StreamMode
@@ -79,6 +78,7 @@ from streamlib.retry import (
     retriable_unless_fenced,
     retry_cas,
 )
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class StreamWriter:
         self._outcome: asyncio.Future[None] | None = None  # of start() or a replace()
         self._op_done = asyncio.Event()  # set while the machine has no operation going
         self._op_done.set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = HeldTasks(f"stream {name!r}")
         self._rnd = random.Random()
         self._policy = RolloverPolicy()
         self._config: tuple[int, int, int] = (3, 2, 2)
@@ -174,16 +174,11 @@ class StreamWriter:
                 if self._on_roll is not None:
                     self._on_roll()
             else:
-                self._spawn(self._carry(action))
+                self._tasks.spawn(self._carry(action))
         if self._machine.op is None:
             self._op_done.set()
         else:
             self._op_done.clear()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _carry(self, action: StreamAction) -> None:
         if isinstance(action, ReadList):
@@ -551,9 +546,7 @@ class StreamWriter:
                     await self._record_size(
                         RecordSize(closed.ledger_id, closed.last_entry_id + 1, closed.length)
                     )
-        tasks = list(self._tasks)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.wait()
 
 
 def _copy_outcome(
