@@ -24,10 +24,6 @@ from bookie.records import RecordError, StoredEntry, decode_entry, parse_frame
 LOCATION = struct.Struct(">IQI")
 
 
-def pack_location(log_id: int, offset: int, length: int) -> bytes:
-    return LOCATION.pack(log_id, offset, length)
-
-
 def unpack_location(raw: bytes) -> tuple[int, int, int]:
     log_id, offset, length = LOCATION.unpack(raw)
     return log_id, offset, length

@@ -46,6 +46,7 @@ from streamlib.stream.subscription import (
     parse_consumer_type,
 )
 from streamlib.stream.writer import StreamWriter
+from streamlib.tasks import HeldTasks
 
 
 class Client:
@@ -76,6 +77,7 @@ class Client:
         self.ledgers = LedgerManager(self.context, LedgerIdGenerator(store, batch_size=1))
         self.streams = StreamManager(StreamRegistry(store), self.ledgers)
         self._open: list[Any] = []  # producers / consumers / readers to close with us
+        self._tasks = HeldTasks("client")  # retention after rolls (_spawn_trim)
         #: The client's metrics for Prometheus (streamlib/client_metrics.py).
         self.metrics_registry = registry_for(lambda: self._open)
         self._metrics = MetricsServer(self.metrics_registry)
@@ -161,13 +163,8 @@ class Client:
         return writer
 
     def _spawn_trim(self, stream: str) -> None:
-        async def trim() -> None:
-            try:
-                await self.streams.trim(stream)
-            except Exception:
-                pass
-
-        asyncio.get_running_loop().create_task(trim())
+        # A failed trim is logged (HeldTasks); the next roll tries again.
+        self._tasks.spawn(self.streams.trim(stream), name=f"trim {stream!r}")
 
     async def subscribe(
         self,
@@ -315,6 +312,7 @@ class Client:
             except Exception:
                 pass
         self._open.clear()
+        await self._tasks.close()
         await self.pool.close()
         await self.store.close()
 

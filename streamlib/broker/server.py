@@ -51,6 +51,7 @@ from streamlib.stream.batch import MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.reader import Message, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
+from streamlib.tasks import HeldTasks
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
 from streamlib.wire.convert import error_pb, from_json, id_from_pb, id_pb, to_json
@@ -109,7 +110,7 @@ class Broker:
         self.registry = BrokerRegistry(client.store)
         self.owned: dict[str, OwnedStream] = {}
         self._owning: dict[str, asyncio.Task[OwnedStream]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = HeldTasks(f"broker {broker_id}")
         self.closed = False
 
     @property
@@ -139,10 +140,7 @@ class Broker:
             await self.registry.register(self.info)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro)
 
     # -- ownership ----------------------------------------------------------------------
 
@@ -238,9 +236,7 @@ class Broker:
             await self._drop(stream, owned, StreamGone(f"broker {self.broker_id} stopped"))
         with contextlib.suppress(Exception):
             await self.registry.unregister(self.broker_id)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
 
 class BrokerService(pb_grpc.BrokerServicer):

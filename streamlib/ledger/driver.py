@@ -1,15 +1,14 @@
 """Carries a protocol state machine's actions over gRPC and the metadata store, and
-feeds the outcomes back. It decides nothing: every branch here is "which I/O does this
-action mean" or "which input does this outcome become" (ARCHITECTURE.md §2).
+hands each answer back to the machine's step() as an event (streamlib.protocol.events).
+It decides nothing: every branch here is "which I/O does this action mean" or "which
+event does this outcome become" (ARCHITECTURE.md §2).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Protocol
 
 from bookie.wire import bookie_pb2 as pb
 from metadata.errors import BadVersionError, MetadataError
@@ -42,6 +41,20 @@ from streamlib.protocol.actions import (
     WriteMetadata,
 )
 from streamlib.protocol.errors import BookieUnavailableError, StreamlibError
+from streamlib.protocol.events import (
+    AddOk,
+    AddResults,
+    BookiesChosen,
+    BookiesUnavailable,
+    Event,
+    LacResult,
+    MetadataConflict,
+    MetadataFailed,
+    MetadataRead,
+    MetadataWritten,
+    ReadResult,
+)
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +63,15 @@ class Sink(Protocol):
     """Where a machine's final outcomes go (a handle)."""
 
     def on_outcome(self, action: Action) -> None: ...
+
+
+class Machine(Protocol):
+    """A ledger machine of streamlib.protocol (LedgerWriter, LedgerRecovery)."""
+
+    @property
+    def metadata(self) -> LedgerMetadata: ...
+
+    def step(self, event: Event) -> list[Action]: ...
 
 
 class MetadataStoreFailure(StreamlibError):
@@ -72,12 +94,12 @@ class Context:
 
 
 class Driver:
-    def __init__(self, machine: Any, ledger_id: int, context: Context, sink: Sink) -> None:
+    def __init__(self, machine: Machine, ledger_id: int, context: Context, sink: Sink) -> None:
         self.machine = machine
         self.ledger_id = ledger_id
         self.context = context
         self.sink = sink
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = HeldTasks(f"ledger {ledger_id}")
         # The same entries go to Qw bookies within one step: frame each one once.
         self._pb_cache: dict[tuple[int, int, int], bytes] = {}
         # One answer handler per bookie, so a bookie's response reaches the machine as
@@ -97,27 +119,23 @@ class Driver:
         finally:
             self._pb_cache.clear()
         for (bookie, fence, master_key, term), entry_ids in reads.items():
-            self._spawn(self._read_entries(bookie, fence, master_key, term, entry_ids))
+            self._tasks.spawn(self._read_entries(bookie, fence, master_key, term, entry_ids))
 
-    def feed(self, method: str, *args: object) -> None:
-        self.execute(getattr(self.machine, method)(*args))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def step(self, event: Event) -> None:
+        """Hand the machine an answer and carry out what it decides."""
+        self.execute(self.machine.step(event))
 
     def _execute_one(self, action: Action) -> None:
         if isinstance(action, SendAdd):
             self._send_add(action)
         elif isinstance(action, ReadLac):
-            self._spawn(self._read_lac(action))
+            self._tasks.spawn(self._read_lac(action))
         elif isinstance(action, ChooseBookies):
-            self._spawn(self._choose(action))
+            self._tasks.spawn(self._choose(action))
         elif isinstance(action, WriteMetadata):
-            self._spawn(self._write_metadata(action))
+            self._tasks.spawn(self._write_metadata(action))
         elif isinstance(action, ReadMetadata):
-            self._spawn(self._read_metadata())
+            self._tasks.spawn(self._read_metadata())
         elif isinstance(
             action, CompleteAdds | FailAdds | Closed | CloseFailed | RecoveryDone | RecoveryFailed
         ):
@@ -150,13 +168,10 @@ class Driver:
             def on_results(results: list[tuple[int, int | None]]) -> None:
                 if any(status is None for _, status in results):
                     self.context.placement.record_failure(bookie)
-                self.feed("on_add_results", bookie, results)
+                self.step(AddResults(bookie, results))
 
-            on_ok = None
-            if hasattr(self.machine, "on_add_ok"):
-
-                def on_ok(entry_ids: list[int]) -> None:
-                    self.feed("on_add_ok", bookie, entry_ids)
+            def on_ok(entry_ids: list[int]) -> None:
+                self.step(AddOk(bookie, entry_ids))
 
             handler = self._answer_handlers[bookie] = AddHandler(on_results, on_ok)
         self.context.pool.get(bookie).add_framed(framed, keys, nbytes, handler)
@@ -172,14 +187,14 @@ class Driver:
         try:
             response = await self.context.pool.get(action.bookie).read_lac(request)
         except BookieUnavailableError:
-            self.feed("on_lac_result", action.bookie, None, -1)
+            self.step(LacResult(action.bookie, None))
             return
-        self.feed("on_lac_result", action.bookie, response.status, response.last_add_confirmed)
+        self.step(LacResult(action.bookie, response.status, response.last_add_confirmed))
 
     async def _read_entries(
         self, bookie: str, fence: bool, master_key: bytes, term: int, entry_ids: list[int]
     ) -> None:
-        """Range-read entry_ids' span from one bookie and feed one answer per entry asked
+        """Range-read entry_ids' span from one bookie and step one answer per entry asked
         for. A bookie may stop a range early (size limit): read on from there."""
         wanted = sorted(set(entry_ids))
         client = self.context.pool.get(bookie)
@@ -196,25 +211,25 @@ class Driver:
                 response = await client.read(request)
             except BookieUnavailableError:
                 for entry_id in wanted:
-                    self.feed("on_read_result", bookie, entry_id, None, None)
+                    self.step(ReadResult(bookie, entry_id, None))
                 return
             if response.status != pb.OK:
                 for entry_id in wanted:
-                    self.feed("on_read_result", bookie, entry_id, response.status, None)
+                    self.step(ReadResult(bookie, entry_id, response.status))
                 return
             answered = {r.entry_id: r for r in response.results}
             if not answered:
                 for entry_id in wanted:  # a malformed answer is no evidence of absence
-                    self.feed("on_read_result", bookie, entry_id, pb.IO_ERROR, None)
+                    self.step(ReadResult(bookie, entry_id, pb.IO_ERROR))
                 return
             last_answered = max(answered)
             for entry_id in wanted:
                 result = answered.get(entry_id)
                 if result is not None:
                     entry = entry_from_pb(result.entry) if result.status == pb.OK else None
-                    self.feed("on_read_result", bookie, entry_id, result.status, entry)
+                    self.step(ReadResult(bookie, entry_id, result.status, entry))
                 elif entry_id < last_answered:  # skipped: no evidence either way
-                    self.feed("on_read_result", bookie, entry_id, None, None)
+                    self.step(ReadResult(bookie, entry_id, None))
             wanted = [e for e in wanted if e > last_answered]
 
     # -- placement ----------------------------------------------------------------------
@@ -223,24 +238,24 @@ class Driver:
         pool, placement = self.context.pool, self.context.placement
         try:
             writable = await pool.writable()
-            ensemble = getattr(self.machine, "metadata", None)
+            metadata = self.machine.metadata
             chosen = placement.replacements(
                 writable,
                 action.count,
                 action.exclude,
-                ensemble.last_fragment.ensemble if ensemble else (),
+                metadata.last_fragment.ensemble,
                 action.slots,
-                ensemble.write_quorum if ensemble else 0,
+                metadata.write_quorum,
                 pool.racks,
             )
         except StreamlibError as error:
-            self.feed("on_bookies_unavailable", error)
+            self.step(BookiesUnavailable(error))
             return
         except MetadataError as error:
-            self.feed("on_bookies_unavailable", MetadataStoreFailure(str(error)))
+            self.step(BookiesUnavailable(MetadataStoreFailure(str(error))))
             return
         await pool.prepare(chosen)
-        self.feed("on_bookies_chosen", chosen, int(time.time() * 1000))
+        self.step(BookiesChosen(chosen, int(time.time() * 1000)))
 
     # -- metadata -----------------------------------------------------------------------
 
@@ -250,27 +265,24 @@ class Driver:
                 self.ledger_id, metadata_to_pb(action.metadata), action.expected_version
             )
         except BadVersionError:
-            self.feed("on_metadata_conflict")
+            self.step(MetadataConflict())
             return
         except MetadataError as error:
             log.warning("ledger %d: metadata write failed: %s", self.ledger_id, error)
-            self.feed("on_metadata_error", MetadataStoreFailure(str(error)))
+            self.step(MetadataFailed(MetadataStoreFailure(str(error))))
             return
-        self.feed("on_metadata_written", action.metadata, version)
+        self.step(MetadataWritten(action.metadata, version))
 
     async def _read_metadata(self) -> None:
         try:
             stored, version = await self.context.ledgers.read(self.ledger_id)
             metadata: LedgerMetadata = metadata_from_pb(stored)
         except MetadataError as error:
-            self.feed("on_metadata_error", MetadataStoreFailure(str(error)))
+            self.step(MetadataFailed(MetadataStoreFailure(str(error))))
             return
-        self.feed("on_metadata_read", metadata, version)
+        self.step(MetadataRead(metadata, version))
 
     async def cancel_pending(self) -> None:
         """The machine has finished: drop I/O still in flight (e.g. a read stuck on a
         stopped bookie); its answer could change nothing."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()

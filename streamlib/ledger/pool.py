@@ -9,7 +9,6 @@ dials the bookie where it is now.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -18,6 +17,7 @@ from metadata.errors import MetadataError
 from metadata.services.bookies import BookieRegistry
 from streamlib.ledger.bookie_client import BookieClient, BookieClientConfig
 from streamlib.ledger.placement import Candidate
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class BookiePool:
         self._addresses: dict[str, str] = {}
         self.racks: dict[str, str] = {}
         self._rechecked: dict[str, float] = {}
-        self._rechecks: set[asyncio.Task[None]] = set()
+        self._tasks = HeldTasks("bookie pool")  # address look-ups, retired connections
 
     def _learn(self, bookie_id: str, address: str) -> None:
         """Remember a registered address; a changed one retires the old connection."""
@@ -42,9 +42,7 @@ class BookiePool:
         if old is not None and old != address and client is not None:
             log.info("bookie %s moved from %s to %s", bookie_id, old, address)
             del self._clients[bookie_id]
-            task = asyncio.get_running_loop().create_task(client.close())
-            self._rechecks.add(task)
-            task.add_done_callback(self._rechecks.discard)
+            self._tasks.spawn(client.close())
 
     async def writable(self) -> list[Candidate]:
         """Live writable bookies (and remember their addresses)."""
@@ -85,9 +83,7 @@ class BookiePool:
         if now - self._rechecked.get(bookie_id, -ADDRESS_RECHECK_S) < ADDRESS_RECHECK_S:
             return
         self._rechecked[bookie_id] = now
-        task = asyncio.get_running_loop().create_task(self._lookup(bookie_id))
-        self._rechecks.add(task)
-        task.add_done_callback(self._rechecks.discard)
+        self._tasks.spawn(self._lookup(bookie_id))
 
     async def _lookup(self, bookie_id: str) -> None:
         try:
@@ -99,9 +95,7 @@ class BookiePool:
             self._learn(bookie_id, info.address)
 
     async def close(self) -> None:
-        for task in list(self._rechecks):
-            task.cancel()
-        await asyncio.gather(*self._rechecks, return_exceptions=True)
+        await self._tasks.close()
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.close()

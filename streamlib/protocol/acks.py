@@ -24,10 +24,6 @@ class PendingAdd:
     mask: int = 0  # bit i: the bookie at ensemble index i acked
     acks: int = 0  # bits set in mask
 
-    @property
-    def acked_by(self) -> set[int]:
-        return {i for i in self.write_set if self.mask >> i & 1}
-
     def ack(self, index: int) -> None:
         bit = 1 << index
         if not self.mask & bit:
@@ -155,15 +151,3 @@ class AckTracker:
         failed = sorted(self._pending)
         self._pending.clear()
         return failed
-
-    def entries_waiting_on(self, bookie_indexes: Iterable[int]) -> list[int]:
-        """Pending entries that still lack an ack from any of these bookies."""
-        wanted = set(bookie_indexes)
-        return [
-            e
-            for e in sorted(self._pending)
-            if any(
-                b in wanted and b not in self._pending[e].acked_by
-                for b in self._pending[e].write_set
-            )
-        ]

@@ -2,7 +2,8 @@
 entry data they take back (part of their inputs).
 
 The driver (streamlib.ledger, or the simulator in tests/sim) executes each action and
-feeds the outcome back into the machine that emitted it. Bookies are named by id.
+hands its answer, an event of events.py, to the step() of the machine that emitted it.
+Bookies are named by id.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import NamedTuple
 from streamlib.protocol.errors import StreamlibError
 from streamlib.protocol.ledger_metadata import LedgerMetadata
 
-# Flag bits; the numbers are the wire's (bookie.proto AddFlag / ReadFlag).
+# Add flag bits; the numbers are the wire's (bookie.proto AddFlag). A read's fence flag
+# travels as ReadLac.fence / ReadEntry.fence.
 ADD_FLAG_RECOVERY = 1
 ADD_FLAG_TRUNCATE = 2
 ADD_FLAG_NOOP = 4
-READ_FLAG_FENCE = 1
 
 
 def is_noop(flags: int) -> bool:

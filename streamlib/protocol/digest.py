@@ -32,7 +32,7 @@ import struct
 
 import crc32c
 
-from streamlib.protocol.errors import BadRequestError, DigestMismatchError
+from streamlib.protocol.errors import BadRequestError
 
 _HEADER = struct.Struct(">qqqq")
 
@@ -101,18 +101,9 @@ class DigestManager:
         mac.update(payload)
         return mac.digest()
 
-    def verify(
-        self, entry_id: int, last_add_confirmed: int, length: int, payload: bytes, digest: bytes
-    ) -> None:
-        """Raise DigestMismatchError unless digest matches: the caller tries another replica."""
-        expected = self.compute(entry_id, last_add_confirmed, length, payload)
-        if not hmac.compare_digest(expected, digest):
-            raise DigestMismatchError(
-                f"ledger {self.ledger_id} entry {entry_id}: {self.digest_type.value} digest mismatch"
-            )
-
     def is_valid(
         self, entry_id: int, last_add_confirmed: int, length: int, payload: bytes, digest: bytes
     ) -> bool:
+        """Whether digest matches; a copy that does not is "try another replica"."""
         expected = self.compute(entry_id, last_add_confirmed, length, payload)
         return hmac.compare_digest(expected, digest)

@@ -35,6 +35,7 @@ variant so the simulator can show it catches them. Never set them elsewhere.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from streamlib.protocol.actions import (
@@ -60,6 +61,19 @@ from streamlib.protocol.errors import (
     StatusCode,
     StreamlibError,
     refusal,
+)
+from streamlib.protocol.events import (
+    AddOk,
+    AddResults,
+    BookiesChosen,
+    BookiesUnavailable,
+    Event,
+    LacResult,
+    MetadataConflict,
+    MetadataFailed,
+    MetadataRead,
+    MetadataWritten,
+    ReadResult,
 )
 from streamlib.protocol.ledger_metadata import Fragment, LedgerMetadata
 from streamlib.protocol.quorum import EnsembleCoverage
@@ -138,6 +152,33 @@ class LedgerRecovery:
     @property
     def ledger_id(self) -> int:
         return self.metadata.ledger_id
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def step(self, event: Event) -> list[Action]:
+        """Take the answer to one of this recovery's actions (events.py)."""
+        match event:
+            case ReadResult(bookie, entry_id, status, entry):
+                return self.on_read_result(bookie, entry_id, status, entry)
+            case AddOk(bookie, entry_ids):
+                return self.on_add_results(bookie, [(e, StatusCode.OK) for e in entry_ids])
+            case AddResults(bookie, results):
+                return self.on_add_results(bookie, results)
+            case LacResult(bookie, status, lac):
+                return self.on_lac_result(bookie, status, lac)
+            case BookiesChosen(bookies, now_ms):
+                return self.on_bookies_chosen(bookies, now_ms)
+            case BookiesUnavailable(error):
+                return self.on_bookies_unavailable(error)
+            case MetadataWritten(metadata, version):
+                return self.on_metadata_written(metadata, version)
+            case MetadataConflict():
+                return self.on_metadata_conflict()
+            case MetadataRead(metadata, version):
+                return self.on_metadata_read(metadata, version)
+            case MetadataFailed(error):
+                return self.on_metadata_error(error)
+        raise TypeError(f"a ledger recovery takes no {type(event).__name__} ({event!r})")
 
     # -- 1. mark IN_RECOVERY ------------------------------------------------------------
 
@@ -399,7 +440,9 @@ class LedgerRecovery:
             self.metadata.term,
         )
 
-    def on_add_results(self, bookie: str, results: list[tuple[int, int | None]]) -> list[Action]:
+    def on_add_results(
+        self, bookie: str, results: Sequence[tuple[int, int | None]]
+    ) -> list[Action]:
         actions: list[Action] = []
         for entry_id, status in results:
             actions += self.on_add_result(bookie, entry_id, status)
@@ -451,7 +494,7 @@ class LedgerRecovery:
         slot = self.metadata.last_fragment.ensemble.index(bookie)
         return [ChooseBookies(1, exclude, Purpose.RECOVERY_REPLACEMENT, (slot,))]
 
-    def on_bookies_chosen(self, bookies: list[str], now_ms: int = 0) -> list[Action]:
+    def on_bookies_chosen(self, bookies: Sequence[str], now_ms: int = 0) -> list[Action]:
         if self._replacing is None or self.phase in (Phase.DONE, Phase.FAILED):
             return []
         failed, self._replacing = self._replacing, None

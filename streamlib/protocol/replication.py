@@ -77,11 +77,6 @@ def entries_on_bookie(
     return [e for e in span if position in md.write_set(e)]
 
 
-def fragments_on(md: LedgerMetadata, bookies: Collection[str]) -> list[int]:
-    """Indexes of the fragments with one of `bookies` in their ensemble."""
-    return [i for i, f in enumerate(md.fragments) if any(b in bookies for b in f.ensemble)]
-
-
 @dataclass(frozen=True)
 class FragmentCopy:
     """Copy `entries` of fragment `fragment_index` to a replacement of `bookie`."""

@@ -6,7 +6,9 @@ to and how the list changes; the appends themselves go through that ledger's
 :class:`~streamlib.protocol.writer.LedgerWriter`. Its outputs are composite operations
 the driver carries out (read or CAS the list, recover, create, close, take over a
 ledger) and two outcomes: ``Serve(ledger)`` (appends go there from now on) and
-``GiveUp(error)``.
+``GiveUp(error)``. Its inputs, taken one at a time by ``step``, are the answers to
+those operations and the failures of its ledgers' writers; start / roll / replace are
+the driver's commands.
 
 - Takeover (bounded): read the list; recover (fence + close) its LAST TWO ledgers, one
   after the other; create a ledger; CAS the list with it appended. Nothing is served
@@ -51,12 +53,12 @@ LIST_CAS_ATTEMPTS = 20  # a roll's list CAS retried this often (retention, curso
 
 @dataclass(frozen=True)
 class ReadList:
-    """Read the stream's ledger list: answer on_list_read(spans, version, unbounded)."""
+    """Read the stream's ledger list: ListRead, or ListFailed."""
 
 
 @dataclass(frozen=True)
 class WriteList:
-    """CAS the list: on_list_written(version), or on_list_conflict()."""
+    """CAS the list: ListWritten, ListConflict, or ListFailed."""
 
     ledgers: tuple[LedgerSpan, ...]
     expected_version: int
@@ -64,15 +66,14 @@ class WriteList:
 
 @dataclass(frozen=True)
 class RecoverLedger:
-    """Open with recovery (fence + close): on_recovered(id, entries, size) or
-    on_recovery_failed(id, error)."""
+    """Open with recovery (fence + close): LedgerRecovered, or LedgerRecoveryFailed."""
 
     ledger_id: int
 
 
 @dataclass(frozen=True)
 class CreateLedger:
-    """Create a ledger for the stream: on_created(id) or on_create_failed(error)."""
+    """Create a ledger for the stream: LedgerCreated, or LedgerCreateFailed."""
 
     unbounded: bool = False
 
@@ -80,15 +81,14 @@ class CreateLedger:
 @dataclass(frozen=True)
 class CloseLedger:
     """Close one of our ledgers at its LAC once its pending appends are done:
-    on_closed(id, entries, size) or on_close_failed(id, error, fenced)."""
+    LedgerClosed, or LedgerCloseFailed."""
 
     ledger_id: int
 
 
 @dataclass(frozen=True)
 class TakeOverLedger:
-    """Take an unbounded ledger over by term: on_taken_over(id) or
-    on_recovery_failed(id, error)."""
+    """Take an unbounded ledger over by term: LedgerTakenOver, or LedgerRecoveryFailed."""
 
     ledger_id: int
 
@@ -151,6 +151,104 @@ StreamAction = (
 )
 
 
+# -- inputs: the answers to the outputs above, and a ledger writer's failure ------------
+
+
+@dataclass(frozen=True)
+class ListRead:
+    ledgers: Sequence[LedgerSpan]
+    version: int
+    unbounded: bool
+
+
+@dataclass(frozen=True)
+class ListWritten:
+    version: int
+
+
+@dataclass(frozen=True)
+class ListConflict:
+    """The list CAS failed on a version mismatch."""
+
+
+@dataclass(frozen=True)
+class ListFailed:
+    """Reading or writing the list failed (not a version conflict)."""
+
+    error: StreamlibError
+
+
+@dataclass(frozen=True)
+class LedgerRecovered:
+    ledger_id: int
+    entries: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class LedgerRecoveryFailed:
+    """Recovering (RecoverLedger) or taking over (TakeOverLedger) the ledger failed."""
+
+    ledger_id: int
+    error: StreamlibError
+
+
+@dataclass(frozen=True)
+class LedgerTakenOver:
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class LedgerCreated:
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class LedgerCreateFailed:
+    error: StreamlibError
+
+
+@dataclass(frozen=True)
+class LedgerClosed:
+    ledger_id: int
+    entries: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class LedgerCloseFailed:
+    """fenced: the ledger was recovered by another writer."""
+
+    ledger_id: int
+    error: StreamlibError
+    fenced: bool
+
+
+@dataclass(frozen=True)
+class LedgerFailed:
+    """The writer of one of our ledgers failed (fenced: by another writer)."""
+
+    ledger_id: int
+    error: StreamlibError
+    fenced: bool
+
+
+StreamEvent = (
+    ListRead
+    | ListWritten
+    | ListConflict
+    | ListFailed
+    | LedgerRecovered
+    | LedgerRecoveryFailed
+    | LedgerTakenOver
+    | LedgerCreated
+    | LedgerCreateFailed
+    | LedgerClosed
+    | LedgerCloseFailed
+    | LedgerFailed
+)
+
+
 class State(enum.Enum):
     STARTING = "starting"
     SERVING = "serving"
@@ -183,6 +281,37 @@ class StreamWriterMachine:
         self._old: int | None = None  # the ledger a roll or replace moves away from
         self._unclosed: int | None = None  # rolled away from; its close failed
         self._cas_attempts = 0
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def step(self, event: StreamEvent) -> list[StreamAction]:
+        """Take one input (the answer to an output, or a ledger writer's failure)."""
+        match event:
+            case ListRead(ledgers, version, unbounded):
+                return self.on_list_read(ledgers, version, unbounded)
+            case ListWritten(version):
+                return self.on_list_written(version)
+            case ListConflict():
+                return self.on_list_conflict()
+            case ListFailed(error):
+                return self.on_list_failed(error)
+            case LedgerRecovered(ledger_id, entries, size_bytes):
+                return self.on_recovered(ledger_id, entries, size_bytes)
+            case LedgerRecoveryFailed(ledger_id, error):
+                return self.on_recovery_failed(ledger_id, error)
+            case LedgerTakenOver(ledger_id):
+                return self.on_taken_over(ledger_id)
+            case LedgerCreated(ledger_id):
+                return self.on_created(ledger_id)
+            case LedgerCreateFailed(error):
+                return self.on_create_failed(error)
+            case LedgerClosed(ledger_id, entries, size_bytes):
+                return self.on_closed(ledger_id, entries, size_bytes)
+            case LedgerCloseFailed(ledger_id, error, fenced):
+                return self.on_close_failed(ledger_id, error, fenced)
+            case LedgerFailed(ledger_id, error, fenced):
+                return self.on_ledger_failed(ledger_id, error, fenced)
+        raise TypeError(f"a stream writer takes no {type(event).__name__} ({event!r})")
 
     # -- takeover -----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ seed: a dirty entry 1 on b1 and a different committed entry 1 on b2, b3); the te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from streamlib.protocol.actions import (
@@ -127,7 +128,7 @@ class TermRecovery(LedgerRecovery):
             return [self._send_noop(bookie)]
         return self._bookie_failed(bookie)  # replaced locally; the replacement gets it
 
-    def on_bookies_chosen(self, bookies: list[str], now_ms: int = 0) -> list[Action]:
+    def on_bookies_chosen(self, bookies: Sequence[str], now_ms: int = 0) -> list[Action]:
         actions = super().on_bookies_chosen(bookies, now_ms)
         if self._noop is not None and self.phase is Phase.DRAIN:
             actions.append(self._send_noop(bookies[0]))

@@ -47,7 +47,6 @@ from streamlib.protocol.digest import DigestManager
 from streamlib.protocol.errors import (
     REFUSALS,
     BadRequestError,
-    ClientClosedError,
     InvalidTermError,
     LedgerClosedError,
     LedgerFencedError,
@@ -58,6 +57,17 @@ from streamlib.protocol.errors import (
     TooManyEnsembleChangesError,
     UnauthorizedError,
     refusal,
+)
+from streamlib.protocol.events import (
+    AddOk,
+    AddResults,
+    BookiesChosen,
+    BookiesUnavailable,
+    Event,
+    MetadataConflict,
+    MetadataFailed,
+    MetadataRead,
+    MetadataWritten,
 )
 from streamlib.protocol.ledger_metadata import LedgerMetadata
 from streamlib.protocol.quorum import ensemble_write_sets
@@ -146,6 +156,29 @@ class LedgerWriter:
     def ensemble(self) -> tuple[str, ...]:
         return self.metadata.last_fragment.ensemble
 
+    # -- inputs -------------------------------------------------------------------------
+
+    def step(self, event: Event) -> list[Action]:
+        """Take the answer to one of this writer's actions (events.py)."""
+        match event:
+            case AddOk(bookie, entry_ids):
+                return self.on_add_ok(bookie, entry_ids)
+            case AddResults(bookie, results):
+                return self.on_add_results(bookie, results)
+            case BookiesChosen(bookies, now_ms):
+                return self.on_bookies_chosen(bookies, now_ms)
+            case BookiesUnavailable(error):
+                return self.on_bookies_unavailable(error)
+            case MetadataWritten(metadata, version):
+                return self.on_metadata_written(metadata, version)
+            case MetadataConflict():
+                return self.on_metadata_conflict()
+            case MetadataRead(metadata, version):
+                return self.on_metadata_read(metadata, version)
+            case MetadataFailed(error):
+                return self.on_metadata_error(error)
+        raise TypeError(f"a ledger writer takes no {type(event).__name__} ({event!r})")
+
     # -- appends ------------------------------------------------------------------------
 
     def append(self, payloads: Sequence[bytes]) -> tuple[int, list[Action]]:
@@ -210,7 +243,7 @@ class LedgerWriter:
 
     def on_add_ok(self, bookie: str, entry_ids: Sequence[int]) -> list[Action]:
         """A bookie stored these entries durably: on_add_results with every status OK,
-        in one step (the hot path)."""
+        in one go (the hot path)."""
         index = self._index_of(bookie)
         if index is None or self.state not in _ACKING:
             return []  # a replaced bookie's late acks, or the writer is done
@@ -497,7 +530,3 @@ class LedgerWriter:
         self.state = WriterState.FAILED
         self.error = error
         return [CloseFailed(error)]
-
-    def abandon(self) -> list[Action]:
-        """The client is going away without closing (crash-like): fail pending adds."""
-        return self._fail(ClientClosedError(f"writer of ledger {self.ledger_id} abandoned"))

@@ -206,9 +206,9 @@ class SubscriptionGate:
             return
         self._set_active(False)
         loop = asyncio.get_running_loop()
+        if self._queueing is not None:  # (a wait in line, or a retake after a loss before)
+            self._queueing.cancel()
         if self.kind is ConsumerType.Failover:
-            if self._queueing is not None:
-                self._queueing.cancel()
             self._queueing = loop.create_task(self._requeue())
         else:
             self._queueing = loop.create_task(self._retake())

@@ -20,9 +20,8 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from metadata.errors import BadVersionError, MetadataError
 from metadata.schemas import LedgerInfo, StreamMetadata, StreamMode
@@ -47,6 +46,18 @@ from streamlib.protocol.stream_writer import (
     CreateLedger,
     DiscardLedger,
     GiveUp,
+    LedgerClosed,
+    LedgerCloseFailed,
+    LedgerCreated,
+    LedgerCreateFailed,
+    LedgerFailed,
+    LedgerRecovered,
+    LedgerRecoveryFailed,
+    LedgerTakenOver,
+    ListConflict,
+    ListFailed,
+    ListRead,
+    ListWritten,
     ReadList,
     RecordSize,
     RecoverLedger,
@@ -55,6 +66,7 @@ from streamlib.protocol.stream_writer import (
     Serve,
     State,
     StreamAction,
+    StreamEvent,
     StreamWriterMachine,
     TakeOverLedger,
     WriteList,
@@ -66,6 +78,7 @@ from streamlib.retry import (
     retriable_unless_fenced,
     retry_cas,
 )
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +139,7 @@ class StreamWriter:
         self._outcome: asyncio.Future[None] | None = None  # of start() or a replace()
         self._op_done = asyncio.Event()  # set while the machine has no operation going
         self._op_done.set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = HeldTasks(f"stream {name!r}")
         self._rnd = random.Random()
         self._policy = RolloverPolicy()
         self._config: tuple[int, int, int] = (3, 2, 2)
@@ -145,8 +158,8 @@ class StreamWriter:
 
     # -- carrying the machine's actions ---------------------------------------------------
 
-    def _feed(self, method: str, *args: Any) -> None:
-        self._execute(getattr(self._machine, method)(*args))
+    def _step(self, event: StreamEvent) -> None:
+        self._execute(self._machine.step(event))
 
     def _execute(self, actions: list[StreamAction]) -> None:
         for action in actions:
@@ -161,16 +174,11 @@ class StreamWriter:
                 if self._on_roll is not None:
                     self._on_roll()
             else:
-                self._spawn(self._carry(action))
+                self._tasks.spawn(self._carry(action))
         if self._machine.op is None:
             self._op_done.set()
         else:
             self._op_done.clear()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _carry(self, action: StreamAction) -> None:
         if isinstance(action, ReadList):
@@ -196,14 +204,14 @@ class StreamWriter:
         try:
             md, version = await self._registry.read(self.name)
         except (StreamlibError, MetadataError) as error:
-            self._feed("on_list_failed", _failure(error))
+            self._step(ListFailed(_failure(error)))
             return
         self._md = md
         self._load_config(md)
         spans = [
             LedgerSpan(i.ledger_id, i.entries, i.size_bytes, i.created_time_ms) for i in md.ledgers
         ]
-        self._feed("on_list_read", spans, version, md.mode == StreamMode.UNBOUNDED)
+        self._step(ListRead(spans, version, md.mode == StreamMode.UNBOUNDED))
 
     async def _write_list(self, action: WriteList) -> None:
         md = self._md
@@ -224,20 +232,20 @@ class StreamWriter:
         try:
             version = await self._registry.write(self.name, md, action.expected_version)
         except BadVersionError:
-            self._feed("on_list_conflict")
+            self._step(ListConflict())
             return
         except (StreamlibError, MetadataError) as error:
-            self._feed("on_list_failed", _failure(error))
+            self._step(ListFailed(_failure(error)))
             return
-        self._feed("on_list_written", version)
+        self._step(ListWritten(version))
 
     async def _recover(self, ledger_id: int) -> None:
         try:
             handle = await self._ledgers.open(ledger_id, password=STREAM_PASSWORD)
         except StreamlibError as error:
-            self._feed("on_recovery_failed", ledger_id, error)
+            self._step(LedgerRecoveryFailed(ledger_id, error))
             return
-        self._feed("on_recovered", ledger_id, handle.last_entry_id + 1, handle.metadata.length)
+        self._step(LedgerRecovered(ledger_id, handle.last_entry_id + 1, handle.metadata.length))
 
     async def _create(self, unbounded: bool) -> None:
         e, qw, qa = self._config
@@ -251,20 +259,20 @@ class StreamWriter:
                 unbounded=unbounded,
             )
         except (StreamlibError, MetadataError) as error:
-            self._feed("on_create_failed", _failure(error))
+            self._step(LedgerCreateFailed(_failure(error)))
             return
         self._handles[handle.ledger_id] = handle
         self.stats.ledgers_created.append(handle.ledger_id)
-        self._feed("on_created", handle.ledger_id)
+        self._step(LedgerCreated(handle.ledger_id))
 
     async def _take_over(self, ledger_id: int) -> None:
         try:
             handle = await self._ledgers.take_over(ledger_id, STREAM_PASSWORD)
         except StreamlibError as error:
-            self._feed("on_recovery_failed", ledger_id, error)
+            self._step(LedgerRecoveryFailed(ledger_id, error))
             return
         self._handles[ledger_id] = handle
-        self._feed("on_taken_over", ledger_id)
+        self._step(LedgerTakenOver(ledger_id))
 
     async def _close_ledger(self, ledger_id: int) -> None:
         handle = self._handles[ledger_id]
@@ -276,11 +284,11 @@ class StreamWriter:
             fenced = isinstance(error, FENCING)
             if fenced:
                 self._handles.pop(ledger_id, None)
-            self._feed("on_close_failed", ledger_id, error, fenced)
+            self._step(LedgerCloseFailed(ledger_id, error, fenced))
             return
         if self._handles.get(ledger_id) is handle:
             del self._handles[ledger_id]
-        self._feed("on_closed", ledger_id, closed.last_entry_id + 1, closed.length)
+        self._step(LedgerClosed(ledger_id, closed.last_entry_id + 1, closed.length))
 
     async def _discard(self, ledger_id: int) -> None:
         handle = self._handles.pop(ledger_id, None)
@@ -371,7 +379,7 @@ class StreamWriter:
             if not retriable_unless_fenced(error):
                 raise
             # It failed with nothing in flight: replace it now.
-            self._feed("on_ledger_failed", handle.ledger_id, error, False)
+            self._step(LedgerFailed(handle.ledger_id, error, False))
             return self.append_nowait(data)
         self._pending.append(_Pending(inner, outer, handle.ledger_id))
         inner.add_done_callback(self._drain)
@@ -396,7 +404,7 @@ class StreamWriter:
                 continue
             if isinstance(error, StreamlibError):
                 fenced = isinstance(error, LedgerFencedError | InvalidTermError)
-                self._feed("on_ledger_failed", item.ledger_id, error, fenced)
+                self._step(LedgerFailed(item.ledger_id, error, fenced))
                 if fenced:
                     error = StreamFencedError(
                         f"stream {self.name!r} was taken over by another writer ({error})"
@@ -538,9 +546,7 @@ class StreamWriter:
                     await self._record_size(
                         RecordSize(closed.ledger_id, closed.last_entry_id + 1, closed.length)
                     )
-        tasks = list(self._tasks)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.wait()
 
 
 def _copy_outcome(

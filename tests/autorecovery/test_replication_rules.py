@@ -13,7 +13,6 @@ from streamlib.protocol.replication import (
     choose_replacement,
     entries_on_bookie,
     fragment_ranges,
-    fragments_on,
     plan_replication,
     still_referenced,
 )
@@ -85,11 +84,8 @@ def test_entries_of_an_unsealed_fragment_are_not_decided() -> None:
         entries_on_bookie(md, fragment_ranges(md)[0], "a")
 
 
-def test_fragments_on_and_still_referenced() -> None:
+def test_still_referenced() -> None:
     md = ledger([(0, ABC), (10, ABD)])
-    assert fragments_on(md, {"c"}) == [0]
-    assert fragments_on(md, {"a"}) == [0, 1]
-    assert fragments_on(md, {"z"}) == []
     assert still_referenced(md, {"c", "z"}) == {"c"}
 
 

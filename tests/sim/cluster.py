@@ -34,6 +34,17 @@ from streamlib.protocol.actions import (
     WriteMetadata,
 )
 from streamlib.protocol.errors import NotEnoughBookiesError, StatusCode
+from streamlib.protocol.events import (
+    AddResults,
+    BookiesChosen,
+    BookiesUnavailable,
+    Event,
+    LacResult,
+    MetadataConflict,
+    MetadataRead,
+    MetadataWritten,
+    ReadResult,
+)
 
 
 @dataclass
@@ -267,16 +278,16 @@ class LedgerIO:
         for action in actions:
             self._one(name, machine, action, outcome)
 
-    def _feed(
-        self, name: str, machine: Any, outcome: Callable[[Action], None], method: str, *args: Any
+    def _step(
+        self, name: str, machine: Any, outcome: Callable[[Action], None], event: Event
     ) -> None:
-        self.execute(name, machine, getattr(machine, method)(*args), outcome)
+        self.execute(name, machine, machine.step(event), outcome)
 
     def _one(
         self, name: str, machine: Any, action: Action, outcome: Callable[[Action], None]
     ) -> None:
         world = self.world
-        feed = functools.partial(self._feed, name, machine, outcome)
+        step = functools.partial(self._step, name, machine, outcome)
         if isinstance(action, SendAdd):
             a = action
 
@@ -286,7 +297,7 @@ class LedgerIO:
             def add_reply(statuses: object | None) -> None:
                 ids = [e.entry_id for e in a.entries]
                 answers = statuses if statuses is not None else [None] * len(ids)
-                feed("on_add_results", a.bookie, list(zip(ids, answers, strict=True)))  # type: ignore[call-overload]
+                step(AddResults(a.bookie, list(zip(ids, answers, strict=True))))  # type: ignore[call-overload]
 
             world.rpc(a.bookie, add, add_reply)
         elif isinstance(action, ReadLac):
@@ -294,7 +305,7 @@ class LedgerIO:
 
             def lac_reply(result: object | None) -> None:
                 status, lac = result if result is not None else (None, -1)  # type: ignore[misc]
-                feed("on_lac_result", r.bookie, status, lac)
+                step(LacResult(r.bookie, status, lac))
 
             world.rpc(
                 r.bookie,
@@ -306,7 +317,7 @@ class LedgerIO:
 
             def read_reply(result: object | None) -> None:
                 status, entry = result if result is not None else (None, None)  # type: ignore[misc]
-                feed("on_read_result", re.bookie, re.entry_id, status, entry)
+                step(ReadResult(re.bookie, re.entry_id, status, entry))
 
             world.rpc(
                 re.bookie,
@@ -319,17 +330,17 @@ class LedgerIO:
             )
             if len(candidates) < action.count:
                 error = NotEnoughBookiesError(f"{len(candidates)} bookies for {action.count}")
-                world.at(1, lambda: feed("on_bookies_unavailable", error))
+                world.at(1, lambda: step(BookiesUnavailable(error)))
             else:
                 chosen = world.rnd.sample(candidates, action.count)
-                world.at(1, lambda: feed("on_bookies_chosen", chosen))
+                world.at(1, lambda: step(BookiesChosen(chosen)))
         elif isinstance(action, WriteMetadata):
             w = action
 
             def cas_reply(version: object) -> None:
                 if version is None:
                     world.log(f"{name} CAS {w.purpose.value} conflict")
-                    feed("on_metadata_conflict")
+                    step(MetadataConflict())
                 else:
                     world.log(
                         f"{name} CAS {w.purpose.value} ok: {w.metadata.state.value} "
@@ -337,14 +348,15 @@ class LedgerIO:
                     )
                     if self.on_written is not None:
                         self.on_written()
-                    feed("on_metadata_written", w.metadata, version)
+                    assert isinstance(version, int)
+                    step(MetadataWritten(w.metadata, version))
 
             world.metadata_op(lambda: world.metadata.cas(w.metadata, w.expected_version), cas_reply)
         elif isinstance(action, ReadMetadata):
             ledger_id = machine.ledger_id
             world.metadata_op(
                 lambda: world.metadata.read(ledger_id),
-                lambda result: feed("on_metadata_read", *result),  # type: ignore[misc]
+                lambda result: step(MetadataRead(*result)),  # type: ignore[misc]
             )
         else:
             outcome(action)

@@ -47,6 +47,16 @@ from streamlib.protocol.stream_writer import (
     CreateLedger,
     DiscardLedger,
     GiveUp,
+    LedgerClosed,
+    LedgerCloseFailed,
+    LedgerCreated,
+    LedgerCreateFailed,
+    LedgerFailed,
+    LedgerRecovered,
+    LedgerRecoveryFailed,
+    ListConflict,
+    ListRead,
+    ListWritten,
     Op,
     ReadList,
     RecordSize,
@@ -56,6 +66,7 @@ from streamlib.protocol.stream_writer import (
     Serve,
     State,
     StreamAction,
+    StreamEvent,
     StreamWriterMachine,
     TakeOverLedger,
     WriteList,
@@ -140,9 +151,14 @@ class StreamScenario:
         for action in actions:
             self.stream_action(writer, action)
 
-    def feed_stream(self, writer: SimWriter, method: str, *args: object) -> None:
+    def step_stream(self, writer: SimWriter, event: StreamEvent) -> None:
         if writer.alive:
-            self.run_stream(writer, getattr(writer.machine, method)(*args))
+            self.run_stream(writer, writer.machine.step(event))
+
+    def replace(self, writer: SimWriter) -> None:
+        """The driver's next append asks the broken writer to replace its ledger."""
+        if writer.alive:
+            self.run_stream(writer, writer.machine.replace())
 
     def stream_action(self, w: SimWriter, action: StreamAction) -> None:
         world = self.world
@@ -152,7 +168,7 @@ class StreamScenario:
                 w.takeover_at = world.now
             world.metadata_op(
                 lambda: (self.list.spans, self.list.version),
-                lambda got: self.feed_stream(w, "on_list_read", list(got[0]), got[1], False),  # type: ignore[index]
+                lambda got: self.step_stream(w, ListRead(list(got[0]), got[1], False)),  # type: ignore[index]
             )
         elif isinstance(action, WriteList):
 
@@ -165,10 +181,11 @@ class StreamScenario:
             def cas_reply(version: object) -> None:
                 if version is None:
                     world.log(f"{name} list CAS conflict")
-                    self.feed_stream(w, "on_list_conflict")
+                    self.step_stream(w, ListConflict())
                 else:
+                    assert isinstance(version, int)
                     world.log(f"{name} list = {[s.ledger_id for s in action.ledgers]}")
-                    self.feed_stream(w, "on_list_written", version)
+                    self.step_stream(w, ListWritten(version))
 
             world.metadata_op(cas, cas_reply)
         elif isinstance(action, RecoverLedger):
@@ -188,7 +205,7 @@ class StreamScenario:
             self.check_fenced_by_a_writer(w)
         elif isinstance(action, ReplaceFailed):
             world.log(f"{name} replace failed: {action.error!r}")
-            world.at(world.rnd.randint(20, 60), lambda: self.feed_stream(w, "replace"))
+            world.at(world.rnd.randint(20, 60), lambda: self.replace(w))
         elif isinstance(action, DiscardLedger | RecordSize | Rolled):
             pass  # bookkeeping: leaks and sizes do not change what readers see
         elif isinstance(action, TakeOverLedger):  # pragma: no cover - bounded streams here
@@ -197,7 +214,7 @@ class StreamScenario:
     def create_ledger(self, w: SimWriter) -> None:
         alive = sorted(b for b, bk in self.world.bookies.items() if bk.alive)
         if len(alive) < 3:
-            self.feed_stream(w, "on_create_failed", NotEnoughBookiesError("too few bookies"))
+            self.step_stream(w, LedgerCreateFailed(NotEnoughBookiesError("too few bookies")))
             return
         ledger_id = self.next_ledger_id
         self.next_ledger_id += 1
@@ -211,7 +228,7 @@ class StreamScenario:
             md, 0, master_key=MASTER_KEY, digest=self.digest_of(ledger_id)
         )
         self.world.log(f"writer{w.no} created ledger {ledger_id} on {ensemble}")
-        self.feed_stream(w, "on_created", ledger_id)
+        self.step_stream(w, LedgerCreated(ledger_id))
 
     def recover(self, w: SimWriter, ledger_id: int, attempt: int) -> None:
         metadata, version = self.world.metadata.read(ledger_id)
@@ -224,7 +241,7 @@ class StreamScenario:
                 return
             if isinstance(action, RecoveryDone):
                 md = action.metadata
-                self.feed_stream(w, "on_recovered", ledger_id, md.last_entry_id + 1, md.length)
+                self.step_stream(w, LedgerRecovered(ledger_id, md.last_entry_id + 1, md.length))
             elif isinstance(action, RecoveryFailed):
                 retry = isinstance(action.error, RecoveryAbortedError | NotEnoughBookiesError)
                 if retry and attempt < 30:  # (the manager retries a while)
@@ -233,7 +250,7 @@ class StreamScenario:
                         lambda: self.recover(w, ledger_id, attempt + 1),
                     )
                 else:
-                    self.feed_stream(w, "on_recovery_failed", ledger_id, action.error)
+                    self.step_stream(w, LedgerRecoveryFailed(ledger_id, action.error))
 
         self.io.execute(f"writer{w.no}-recovery{ledger_id}", recovery, recovery.start(), outcome)
 
@@ -254,16 +271,16 @@ class StreamScenario:
                 w.acked.append(w.sent[(ledger_id, entry_id)])
         elif isinstance(action, FailAdds):
             fenced = isinstance(action.error, LedgerFencedError | InvalidTermError)
-            self.feed_stream(w, "on_ledger_failed", ledger_id, action.error, fenced)
+            self.step_stream(w, LedgerFailed(ledger_id, action.error, fenced))
             if w.machine.state is State.BROKEN:  # the driver's next append replaces it
                 self.world.log(f"writer{w.no} is broken: {action.error!r}")
-                self.world.at(self.world.rnd.randint(5, 30), lambda: self.feed_stream(w, "replace"))
+                self.world.at(self.world.rnd.randint(5, 30), lambda: self.replace(w))
         elif isinstance(action, Closed):
             md = action.metadata
-            self.feed_stream(w, "on_closed", ledger_id, md.last_entry_id + 1, md.length)
+            self.step_stream(w, LedgerClosed(ledger_id, md.last_entry_id + 1, md.length))
         elif isinstance(action, CloseFailed):
             fenced = isinstance(action.error, LedgerFencedError | InvalidTermError)
-            self.feed_stream(w, "on_close_failed", ledger_id, action.error, fenced)
+            self.step_stream(w, LedgerCloseFailed(ledger_id, action.error, fenced))
 
     def append(self, w: SimWriter) -> None:
         if not w.alive or self.quiet or w.machine.state is not State.SERVING:
