@@ -45,6 +45,7 @@ from streamlib.stream.positions import MessageId
 from streamlib.stream.producer import ACCESS_MODES, MAX_ENTRY_BYTES
 from streamlib.stream.reader import Message, StreamScanner
 from streamlib.stream.writer import StreamWriter
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,7 @@ class OwnedStream:
         self._consumer_ids = iter(range(1, 2**62))
         self._taking_over = asyncio.Lock()
         self._next_snapshot_at = 0.0  # (the loop's clock)
+        self.tasks = HeldTasks(f"stream {stream!r}")  # (snapshots, wake-ups, closes)
 
     async def ensure_writer(self) -> None:
         """Take the stream over as its writer, once (its first producer's open waits for
@@ -396,7 +398,7 @@ class OwnedStream:
             async with self._producers_changed:
                 self._producers_changed.notify_all()
 
-        asyncio.get_running_loop().create_task(wake_waiters())
+        self.tasks.spawn(wake_waiters())
 
     # -- producers ----------------------------------------------------------------------
 
@@ -571,7 +573,7 @@ class OwnedStream:
             and not self._snapshotting
             and asyncio.get_running_loop().time() >= self._next_snapshot_at
         ):
-            asyncio.get_running_loop().create_task(self.write_snapshot())
+            self.tasks.spawn(self.write_snapshot())
 
     async def write_snapshot(self, force: bool = False) -> None:
         """Write the dedup state where the next owner starts (dedup_store.py), names idle
@@ -650,7 +652,7 @@ class OwnedStream:
         for name, found in list(self.subscriptions.items()):
             if found is dispatcher:
                 del self.subscriptions[name]
-        asyncio.get_running_loop().create_task(dispatcher.close())
+        self.tasks.spawn(dispatcher.close())
 
     async def remove_consumer(
         self, subscription: str, dispatcher: SubscriptionDispatcher, session: ConsumerSession
@@ -705,6 +707,7 @@ class OwnedStream:
             with contextlib.suppress(Exception):
                 await dispatcher.close()
         self._room.set()
+        await self.tasks.wait()  # (a snapshot being written, a failed dispatcher closing)
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 await self.writer.close()

@@ -57,6 +57,7 @@ from streamlib.stream.reader import (
 )
 from streamlib.stream.subscription import SubscriptionGate
 from streamlib.stream.writer import now_ms
+from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
 
@@ -511,6 +512,7 @@ class DirectSubscription:
         self._held: list[tuple[int, int, Message]] = []
         self._held_order = itertools.count()
         self._held_timer: asyncio.TimerHandle | None = None
+        self._tasks = HeldTasks(f"subscription {subscription!r}")  # (reading ahead)
 
     @property
     def consumer_type(self) -> str:
@@ -532,7 +534,7 @@ class DirectSubscription:
         # Another consumer may be active now: what was read ahead or handed out and not
         # acknowledged is its to deliver. Stop reading; drop it all.
         if self._fill_task is not None:
-            self._fill_task.cancel()
+            self._fill_task.cancel()  # (held: close() waits for it)
             self._fill_task = None
         self._forget_read()
         self.wake.set()  # a receive() waiting now goes back to waiting for its turn
@@ -568,9 +570,7 @@ class DirectSubscription:
     def _start(self) -> None:
         if self._fill_task is None and not self._closed:
             self._scanner.start_after = self._acks.mark_delete
-            self._fill_task = asyncio.get_running_loop().create_task(
-                self._queue.fill(self._scanner)
-            )
+            self._fill_task = self._tasks.spawn(self._queue.fill(self._scanner))
 
     def take(self) -> Message | None:
         """The next message to deliver, if one is here now: redeliveries first, then
@@ -722,10 +722,9 @@ class DirectSubscription:
         if self._held_timer is not None:
             self._held_timer.cancel()
         self.wake.set()
-        if self._fill_task is not None:
-            self._fill_task.cancel()
-        tasks = [t for t in (self._fill_task, self._persisting) if t is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()  # (reading ahead: this one's, and any stopped before)
+        if self._persisting is not None:
+            await asyncio.gather(self._persisting, return_exceptions=True)
         try:
             # (A standby that never received has nothing of its own to write.)
             if persist and (self.is_active or self._dirty):
