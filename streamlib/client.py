@@ -17,8 +17,7 @@ from metadata.services.bookies import BookieRegistry
 from metadata.services.ledger_ids import LedgerIdGenerator
 from metadata.services.ledgers import LedgerMetadataManager
 from metadata.services.streams import StreamRegistry
-from streamlib.client_metrics import MetricsServer, registry_for
-from streamlib.client_metrics import stats as client_stats
+from streamlib.client_metrics import ClientParts
 from streamlib.ledger.bookie_client import BookieClientConfig
 from streamlib.ledger.driver import Context
 from streamlib.ledger.manager import LedgerManager
@@ -49,7 +48,7 @@ from streamlib.stream.writer import StreamWriter
 from streamlib.tasks import HeldTasks
 
 
-class Client:
+class Client(ClientParts):
     def __init__(
         self,
         store: metadata.MetadataStore,
@@ -64,6 +63,7 @@ class Client:
         bookie_config = client_config(
             bookie_config, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token
         )
+        super().__init__()
         self.store = store
         self.registry = BookieRegistry(store)
         self.pool = BookiePool(self.registry, bookie_config)
@@ -76,11 +76,7 @@ class Client:
         # was reserved after that list was read, so list order is id order.
         self.ledgers = LedgerManager(self.context, LedgerIdGenerator(store, batch_size=1))
         self.streams = StreamManager(StreamRegistry(store), self.ledgers)
-        self._open: list[Any] = []  # producers / consumers / readers to close with us
         self._tasks = HeldTasks("client")  # retention after rolls (_spawn_trim)
-        #: The client's metrics for Prometheus (streamlib/client_metrics.py).
-        self.metrics_registry = registry_for(lambda: self._open)
-        self._metrics = MetricsServer(self.metrics_registry)
 
     @classmethod
     async def connect(cls, uri: str, **options: Any) -> Client:
@@ -263,10 +259,7 @@ class Client:
         except BaseException:
             await asyncio.shield(gate.leave())
             raise
-        self._open.append(consumer)
-        if message_listener is not None:
-            consumer.listen(message_listener)
-        return consumer
+        return self._keep(consumer, message_listener)  # type: ignore[no-any-return]
 
     async def create_reader(
         self,
@@ -293,25 +286,8 @@ class Client:
         self._open.append(reader)
         return reader
 
-    def stats(self) -> dict[str, Any]:
-        """What this client's producers (by stream) and consumers (by
-        "stream/subscription") did: sent, send errors, pending, mean send latency;
-        received, acknowledged, negatively acknowledged, dead-lettered, active."""
-        return client_stats(self._open)
-
-    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve metrics_registry for Prometheus on http://addr:port/ (0: any free port);
-        the port. Stops with the client."""
-        return self._metrics.serve(port, addr)
-
     async def close(self) -> None:
-        self._metrics.stop()
-        for thing in reversed(self._open):
-            try:
-                await thing.close()
-            except Exception:
-                pass
-        self._open.clear()
+        await self._close_parts()
         await self._tasks.close()
         await self.pool.close()
         await self.store.close()

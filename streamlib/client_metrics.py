@@ -142,3 +142,41 @@ def registry_for(things: Callable[[], Iterable[object]]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClientCollector(things))
     return registry
+
+
+class ClientParts:
+    """What both clients (direct mode's, the stream service's) keep alike: the
+    producers, consumers and readers they made, closed with them, and their counts."""
+
+    def __init__(self) -> None:
+        self._open: list[Any] = []  # producers / consumers / readers to close with us
+        #: The client's metrics for Prometheus.
+        self.metrics_registry = registry_for(lambda: self._open)
+        self._metrics = MetricsServer(self.metrics_registry)
+
+    def _keep(self, thing: Any, listener: Callable[..., object] | None = None) -> Any:
+        """Keep what was made (to close it with the client); start its listener."""
+        self._open.append(thing)
+        if listener is not None:
+            thing.listen(listener)
+        return thing
+
+    def stats(self) -> dict[str, Any]:
+        """What this client's producers (by stream) and consumers (by
+        "stream/subscription") did: sent, send errors, pending, mean send latency;
+        received, acknowledged, negatively acknowledged, dead-lettered, active."""
+        return stats(self._open)
+
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve metrics_registry for Prometheus on http://addr:port/ (0: any free port);
+        the port. Stops with the client."""
+        return self._metrics.serve(port, addr)
+
+    async def _close_parts(self) -> None:
+        self._metrics.stop()
+        for thing in reversed(self._open):
+            try:
+                await thing.close()
+            except Exception:  # (closing the rest matters more than one's failure)
+                pass
+        self._open.clear()

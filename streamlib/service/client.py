@@ -15,8 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from streamlib.client_metrics import MetricsServer, registry_for
-from streamlib.client_metrics import stats as client_stats
+from streamlib.client_metrics import ClientParts
 from streamlib.protocol.errors import BadRequestError
 from streamlib.service.admin import ServiceStreams
 from streamlib.service.appender import ServiceAppender
@@ -33,17 +32,14 @@ from streamlib.stream.subscription import parse_consumer_type
 from streamlib.wire import broker_pb2 as pb
 
 
-class ServiceClient:
+class ServiceClient(ClientParts):
     """Producers, consumers and readers through the brokers (see the module doc)."""
 
     def __init__(self, brokers: Brokers) -> None:
+        super().__init__()
         self.brokers = brokers
         self.uri = brokers.uri
         self.streams = ServiceStreams(brokers)
-        self._open: list[Any] = []  # producers / consumers / readers to close with us
-        #: The client's metrics for Prometheus (streamlib/client_metrics.py).
-        self.metrics_registry = registry_for(lambda: self._open)
-        self._metrics = MetricsServer(self.metrics_registry)
         self.closed = False
 
     @classmethod
@@ -208,10 +204,7 @@ class ServiceClient:
             producer_factory=self.create_producer,
         )
         await source.start()
-        self._open.append(consumer)
-        if message_listener is not None:
-            consumer.listen(message_listener)
-        return consumer
+        return self._keep(consumer, message_listener)  # type: ignore[no-any-return]
 
     async def create_reader(
         self,
@@ -236,24 +229,9 @@ class ServiceClient:
         self._open.append(reader)
         return reader
 
-    def stats(self) -> dict[str, Any]:
-        """As direct mode's Client.stats()."""
-        return client_stats(self._open)
-
-    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve metrics_registry for Prometheus on http://addr:port/ (0: any free port);
-        the port. Stops with the client."""
-        return self._metrics.serve(port, addr)
-
     async def close(self) -> None:
         self.closed = True
-        self._metrics.stop()
-        for thing in reversed(self._open):
-            try:
-                await thing.close()
-            except Exception:
-                pass
-        self._open.clear()
+        await self._close_parts()
         await self.brokers.close()
 
     async def __aenter__(self) -> ServiceClient:
