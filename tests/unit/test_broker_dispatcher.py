@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from streamlib.broker.owned import ConsumerSession, SubscriptionDispatcher
+from streamlib.broker.dispatcher import SubscriptionDispatcher
+from streamlib.broker.sessions import ConsumerSession
 from streamlib.protocol.dispatch import Kind
 from streamlib.stream.positions import MessageId
 
