@@ -1,12 +1,11 @@
 """A stream a broker owns: its one writer, the producers publishing through it, and
-the dispatch of its subscriptions.
+its subscriptions (each dispatched by dispatcher.py).
 
 A broker serves a stream only after it holds the stream's lease. It takes the stream
 over as writer (fences the last two ledgers, creates one, CAS's the list: StreamWriter)
 when its first producer arrives, and only then takes entries -- built by the producers
 (streamlib/stream/producer.py), checked here, deduplicated, and appended as they are:
-the fencing is what makes a
-deposed owner unable to acknowledge anything. Consumers and readers need no takeover
+the fencing is what makes a deposed owner unable to acknowledge anything. Consumers and readers need no takeover
 (their safety is the subscription's lock and the cursor's CAS, as in direct mode), so
 one that only reads fences no writer -- a direct-mode producer of the stream included.
 If the writer fails -- another broker or writer took over and fenced it -- the stream
