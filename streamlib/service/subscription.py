@@ -21,7 +21,7 @@ from streamlib.protocol.errors import (
     ClientClosedError,
 )
 from streamlib.service.connection import EOF, OPEN_TIMEOUT_S, Brokers, Session, read
-from streamlib.stream.positions import EARLIEST, LATEST, MessageId
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
 from streamlib.stream.reader import Message
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
@@ -398,12 +398,10 @@ class ServiceFeed(_Delivery):
             last = await self.last_message()
             if last is not None:
                 opened.start.CopyFrom(id_pb(last))
-                after = last
-                if inclusive:
-                    opened.start_inclusive = True
+                after = position_before(last) if inclusive else last
         elif start != EARLIEST:
             opened.start.CopyFrom(id_pb(start))
-            after = start
+            after = position_before(start) if inclusive else start
         self._open_pb = opened
         self._messages.clear()
         self._error = None

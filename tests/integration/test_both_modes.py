@@ -137,7 +137,12 @@ async def test_a_reader_seeks_by_id_and_by_time_and_knows_when_more_is_there(cli
     ]
     assert not await reader.has_message_available()
     inclusive = await client.create_reader("seekable", ids[1], start_message_id_inclusive=True)
+    assert await inclusive.has_message_available()
     assert (await inclusive.read_next(timeout=30)).data == b"1"
+    last = await client.create_reader("seekable", LATEST, start_message_id_inclusive=True)
+    assert await last.has_message_available()
+    assert (await last.read_next(timeout=30)).data == b"5"
+    assert not await last.has_message_available()
 
 
 async def test_subscribing_to_a_stream_that_does_not_exist_raises(client: Any) -> None:
