@@ -217,6 +217,8 @@ class ServiceSubscription(_Delivery):
     """A consumer's Subscription (streamlib/stream/consumer.py) through a broker: the
     broker reads, dispatches by the subscription type and keeps the cursor."""
 
+    acks_by_message = False  # (the broker acks by id)
+
     def __init__(
         self, brokers: Brokers, opened: pb.ConsumerOpen, queue_size: int, schema: Any
     ) -> None:

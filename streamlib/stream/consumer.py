@@ -159,6 +159,8 @@ class Subscription(Protocol):
     stream: str
     subscription: str
     wake: asyncio.Event
+    #: Whether an ack by id needs the message as received (direct mode's cursor ranges).
+    acks_by_message: bool
     #: Called when what the consumer received and holds unacknowledged is another's to
     #: deliver now (a change of turn, a seek): the consumer forgets it.
     forget_received: Callable[[], None]
@@ -212,8 +214,9 @@ class Consumer:
         self.stream = subscription.stream
         self.subscription = subscription.subscription
         # Received and not yet acknowledged: by id (an ack by id finds the message), and
-        # since when (ack timeouts).
+        # since when (ack timeouts) -- kept only when either needs it.
         self._unacked: dict[MessageId, tuple[Message, float]] = {}
+        self._track = ack_timeout_ms > 0 or subscription.acks_by_message
         self._ack_timeout_s = ack_timeout_ms / 1000.0
         self._nack_delay_s = negative_ack_redelivery_delay_ms / 1000.0
         self._timeout_task: asyncio.Task[None] | None = None
@@ -286,7 +289,8 @@ class Consumer:
         return message
 
     def _received_now(self, message: Message) -> None:
-        self._unacked[message.message_id] = (message, time.monotonic())
+        if self._track:
+            self._unacked[message.message_id] = (message, time.monotonic())
         self.received += 1
         if self._ack_timeout_s > 0 and self._timeout_task is None:
             self._timeout_task = asyncio.get_running_loop().create_task(self._ack_timeouts())
@@ -464,6 +468,8 @@ class DirectSubscription:
     and writes the cursor (CAS) at most every cursor_persist_interval_ms and on close.
     The subscription type's gate (streamlib/stream/subscription.py) says when it may
     deliver: a consumer that becomes active starts from the durable cursor."""
+
+    acks_by_message = True  # (a cursor range starts at the message before it)
 
     def __init__(
         self,
