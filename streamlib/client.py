@@ -27,13 +27,8 @@ from streamlib.protocol.errors import BadRequestError
 from streamlib.security import client_config
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.admin import StreamManager, partition_name, partitions_of
-from streamlib.stream.consumer import (
-    Consumer,
-    DeadLetterPolicy,
-    DirectSubscription,
-    ranges_from_state,
-    ranges_to_state,
-)
+from streamlib.stream.consumer import Consumer, DeadLetterPolicy
+from streamlib.stream.durable import DirectSubscription, ranges_from_state, ranges_to_state
 from streamlib.stream.multi import subscribe_each
 from streamlib.stream.partitioned import produce_each
 from streamlib.stream.positions import EARLIEST, MessageId, parse_initial_position, parse_start

@@ -43,7 +43,7 @@ from streamlib.protocol.stream_rules import (
 from streamlib.retry import retry_cas
 from streamlib.stream import snapshots
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.consumer import ranges_from_state, ranges_to_state
+from streamlib.stream.durable import ranges_from_state, ranges_to_state
 from streamlib.stream.positions import (
     EARLIEST,
     LATEST,
