@@ -546,7 +546,10 @@ class Producer:
             else:
                 assert done is not None
                 ledger_id, entry_id = done.result()
-                position = MessageId(ledger_id, entry_id, 0 if batch.chunked else index)
+                if ledger_id < 0:  # (stored before, where nobody remembers: no place)
+                    position = EARLIEST
+                else:
+                    position = MessageId(ledger_id, entry_id, 0 if batch.chunked else index)
                 future.set_result(position)
                 recent[sequence] = position
         if len(recent) > RECENT_IDS:
