@@ -137,7 +137,7 @@ class Client(ClientParts):
         # resend of what it already holds is acknowledged, not stored again (read after
         # the takeover, so nothing can follow it any more).
         scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
-        last, recent = await scanner.last_sent()
+        last, recent = await scanner.last_sent(options.get("producer_name") or "")
         if options.get("initial_sequence_id") is None:
             options["initial_sequence_id"] = last
         producer = Producer(writer, recent=recent, **options)

@@ -16,10 +16,11 @@ from streamlib.protocol.service_access import Caller, Operation, check
 CALLS: dict[str, tuple[Operation, bool]] = {
     "list": (Operation.LOOKUP, False),
     "partitions": (Operation.LOOKUP, False),
-    "stats": (Operation.LOOKUP, False),
-    "cursors": (Operation.LOOKUP, False),
-    "defaults": (Operation.LOOKUP, False),
-    "read": (Operation.LOOKUP, False),
+    # (every subscription's position, the stream's metadata: not for a grant of one)
+    "stats": (Operation.READ, False),
+    "cursors": (Operation.READ, False),
+    "defaults": (Operation.READ, False),
+    "read": (Operation.READ, False),
     "create": (Operation.ADMINISTER, False),
     "delete": (Operation.ADMINISTER, False),
     "set_defaults": (Operation.ADMINISTER, False),

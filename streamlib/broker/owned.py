@@ -36,7 +36,13 @@ from streamlib.protocol.errors import (
 )
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.positions import MessageId
-from streamlib.stream.producer import ACCESS_MODES, MAX_ENTRY_BYTES
+from streamlib.stream.producer import (
+    ACCESS_MODES,
+    CHUNK_BYTES,
+    MAX_BATCH_MESSAGES,
+    MAX_CHUNKS,
+    MAX_ENTRY_BYTES,
+)
 from streamlib.stream.reader import StreamScanner
 from streamlib.stream.writer import StreamWriter
 from streamlib.tasks import HeldTasks
@@ -254,7 +260,8 @@ class OwnedStream:
             self.broker.give_up(self, gone)
             raise gone from None
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        index = len(decoded.payloads) - 1
+        count = len(decoded.payloads)  # (the closure below keeps no decoded payload alive)
+        del decoded
         self._in_flight += 1
 
         def written(done: asyncio.Future[tuple[int, int]]) -> None:
@@ -266,8 +273,8 @@ class OwnedStream:
                 future.set_exception(error)
             else:
                 ledger_id, entry_id = done.result()
-                future.set_result(MessageId(ledger_id, entry_id, index))
-            self._written(session.name, last, future, 0 if piece else len(decoded.payloads))
+                future.set_result(MessageId(ledger_id, entry_id, count - 1))
+            self._written(session.name, last, future, 0 if piece else count)
 
         appended.add_done_callback(written)
         if not piece:
@@ -283,9 +290,22 @@ class OwnedStream:
             raise TooLargeError(
                 f"an entry is at most {MAX_ENTRY_BYTES} bytes, got {len(send.entry)}"
             )
-        decoded = decode_batch(send.entry, "the entry sent")
+        # (A producer never builds more: a compressed entry claiming more is a bomb.)
+        decoded = decode_batch(send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20))
         ids, names = decoded.sequence_ids, decoded.producers
         count = len(decoded.payloads)
+        chunk = decoded.chunk
+        if chunk is not None and not (
+            chunk.count <= MAX_CHUNKS
+            and len(decoded.payloads[0]) <= CHUNK_BYTES
+            and (chunk.count - 1) * CHUNK_BYTES < chunk.total_size <= chunk.count * CHUNK_BYTES
+        ):
+            raise BadRequestError(
+                f"a piece of a chunked message holds at most {CHUNK_BYTES} bytes, of a message "
+                f"of at most {MAX_CHUNKS} pieces that add up to its size"
+            )
+        if count > MAX_BATCH_MESSAGES:
+            raise BadRequestError(f"an entry holds at most {MAX_BATCH_MESSAGES} messages")
         if (
             not count
             or count != send.messages

@@ -22,7 +22,7 @@ import grpc
 
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
-from metadata.errors import InvalidNameError
+from metadata.errors import InvalidNameError, MetadataError
 from streamlib.broker import admin
 from streamlib.broker.access import BrokerAccess, HeldBytes, SessionLimits
 from streamlib.broker.owned import OwnedStream
@@ -33,13 +33,13 @@ from streamlib.protocol.dispatch import Kind
 from streamlib.protocol.errors import (
     BadRequestError,
     NoSuchStreamError,
-    ProducerFencedError,
+    StreamlibError,
     TooLargeError,
     UnauthorizedError,
     is_retriable,
 )
 from streamlib.protocol.service_access import Caller, Operation, may_create
-from streamlib.stream.batch import MessageDecodeError
+from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.reader import Message, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
@@ -157,7 +157,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         client = self.broker.client
         scanner = StreamScanner(client.ledgers, client.streams.registry, request.stream, EARLIEST)
         try:
-            last = await scanner.last_message()
+            if request.HasField("before_time_ms"):
+                found = await scanner.position_before_time(request.before_time_ms)
+                last = None if found == LATEST else found
+            else:
+                last = await scanner.last_message()
         except Exception as error:
             await _abort(context, error)
         answer = pb.LastMessageIdResponse()
@@ -345,7 +349,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     # stop being read: flow control pushes back on them.
                     await owned.room()
                     outcomes.append((send.last_sequence_id, self._publish(owned, session, send)))
-            except (StreamGone, NotOwnerError, ProducerFencedError) as error:
+            except Exception as error:  # (gone, fenced, or a fault: the session ends with it)
                 await pending.put((outcomes, size))
                 await pending.put(error)
                 return
@@ -453,8 +457,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 kind,
                 opened.consumer_name,
                 opened.initial_position or "latest",
-                opened.negative_ack_redelivery_delay_ms or 1000,
-                opened.cursor_persist_interval_ms or 100,
+                _within(opened.negative_ack_redelivery_delay_ms or 1000, 0, 3_600_000),
+                _within(opened.cursor_persist_interval_ms or 100, 10, 60_000),
                 resume=opened.resume,
                 principal=caller.principal,
             )
@@ -543,8 +547,6 @@ class BrokerService(pb_grpc.BrokerServicer):
             reader = await self.broker.client.create_reader(
                 opened.stream, start, start_message_id_inclusive=opened.start_inclusive
             )
-            if opened.HasField("start_time_ms"):
-                await reader.seek(opened.start_time_ms)
         except Exception as error:
             yield pb.ConsumeResponse(error=error_pb(error))
             return
@@ -591,10 +593,20 @@ async def _abort(context: Any, error: Exception) -> NoReturn:
         code = grpc.StatusCode.FAILED_PRECONDITION
     elif not is_retriable(error):
         code = grpc.StatusCode.INVALID_ARGUMENT
+    elif isinstance(error, StreamlibError | MetadataError):
+        # A typed answer (the client raises it as its class, which says whether to try
+        # again): another broker must not run the call a second time.
+        code = grpc.StatusCode.FAILED_PRECONDITION
     else:
         code = grpc.StatusCode.UNAVAILABLE
     await context.abort(code, f"{error_pb(error).code}: {error}")
     raise AssertionError("unreachable")  # (abort raises)
+
+
+def _within(value: int, low: int, high: int) -> int:
+    """A client's setting that the subscription's other consumers live with too, kept
+    within the broker's bounds (a cursor written never, or on every ack, is theirs too)."""
+    return min(max(int(value), low), high)
 
 
 def _not_partitioned(stream: str, partitions: int) -> None:
@@ -697,7 +709,8 @@ def deliveries(messages: list[Message]) -> list[pb.Deliveries]:
 def server_options() -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # (A chunked message is delivered whole: up to 256 MiB in one message.)
+        ("grpc.max_send_message_length", MAX_CHUNKED_MESSAGE_BYTES + (1 << 20)),
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.http2.ping_timeout_ms", 5_000),  # (gRPC's default: 60 s; see client.py)

@@ -14,6 +14,8 @@ from streamlib.wire import broker_pb2 as pb
 from streamlib.wire.convert import from_json, to_json
 
 ADMIN_TIMEOUT_S = 60.0
+# Calls that change nothing: another broker may be asked if one does not answer in time.
+READS = frozenset({"list", "read", "partitions", "stats", "cursors", "defaults"})
 
 
 class ServiceStreams:
@@ -27,7 +29,8 @@ class ServiceStreams:
                 pb.AdminRequest(call=call, arguments_json=to_json(arguments)),
                 timeout=ADMIN_TIMEOUT_S,
                 metadata=brokers.metadata,
-            )
+            ),
+            once=call not in READS,
         )
         return from_json(answer.result_json)
 

@@ -104,6 +104,14 @@ class ServiceClient(ClientParts):
         "wait_for_exclusive" (waits for the others to go)."""
         Producer.check_options(schema=schema, initial_sequence_id=initial_sequence_id, **options)
         access_mode = parse_access_mode(access_mode)
+        if options.get("chunking_enabled") and access_mode == "shared":
+            # (Readers put a message's pieces together only when nothing comes between
+            # them: a shared stream interleaves producers' entries.)
+            raise BadRequestError(
+                "chunking_enabled needs a producer that is the stream's only one through "
+                "the stream service: access_mode 'exclusive', 'exclusive_with_fencing' or "
+                "'wait_for_exclusive' (a direct-mode producer always is)"
+            )
         if options.get("batch_format") == 1:
             raise BadRequestError(
                 "batch_format 1 is for readers older than format 2 in direct mode: entries "

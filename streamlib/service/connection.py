@@ -115,9 +115,10 @@ class Brokers:
         except builtins.TimeoutError:
             raise BrokerUnavailableError(f"broker {address} does not answer") from None
 
-    async def ask(self, call: Callable[[pb_grpc.BrokerStub], Any]) -> Any:
+    async def ask(self, call: Callable[[pb_grpc.BrokerStub], Any], *, once: bool = False) -> Any:
         """call(stub) on the first seed broker that answers; a broker's refusal raises
-        as the error it names."""
+        as the error it names. once: a call that must not run twice (it changes
+        something) goes to another seed only if the first could not be reached."""
         last: BaseException | None = None
         mismatches: list[str] = []  # seeds TLS kept this client from
         for address in self.seeds:
@@ -134,6 +135,11 @@ class Brokers:
                         ": "
                     )
                     raise error_from_pb(pb.Error(code=code, message=text)) from None
+                if once and error.code() is not grpc.StatusCode.UNAVAILABLE:
+                    raise BrokerUnavailableError(
+                        f"broker {address} did not answer ({error.code().name}); the call "
+                        f"may or may not have been done: look before asking again"
+                    ) from None
                 last = error
                 if error.code() is grpc.StatusCode.UNAVAILABLE:
                     mismatch = await tls_mismatch(

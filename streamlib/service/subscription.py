@@ -25,7 +25,7 @@ from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_bef
 from streamlib.stream.reader import Message
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
-from streamlib.wire.convert import error_from_pb, id_from_pb, id_pb
+from streamlib.wire.convert import error_from_pb, id_pb
 
 ACKS_WRITTEN_WITHIN_S = 5.0  # persist() waits this long for its acks to go out
 
@@ -379,7 +379,6 @@ class ServiceFeed(_Delivery):
     async def session(self, stub: pb_grpc.BrokerStub) -> None:
         if self._last is not None:  # (again: after the last message taken)
             opened = self._open_pb
-            opened.ClearField("start_time_ms")
             opened.start_latest = False
             opened.start_inclusive = False
             opened.start.CopyFrom(id_pb(self._last))
@@ -394,7 +393,12 @@ class ServiceFeed(_Delivery):
         opened = pb.ConsumerOpen(stream=self.stream, start_inclusive=inclusive)
         after: MessageId | None = None
         if isinstance(start, int) and not isinstance(start, MessageId):
-            opened.start_time_ms = start
+            # By time: the position before the first message published then or later (or
+            # the end, when none has been yet), asked first: so it is known here too.
+            before = await self._ask_position(start)
+            after = before if before is not None else await self.last_message()
+            if after is not None and after != EARLIEST:
+                opened.start.CopyFrom(id_pb(after))
         elif start == LATEST:
             # Fixed now: what is published from here on is read (Pulsar's LATEST).
             last = await self.last_message()
@@ -412,14 +416,23 @@ class ServiceFeed(_Delivery):
         return after
 
     async def last_message(self) -> MessageId | None:
+        return await self._ask_position(None)
+
+    async def _ask_position(self, before_time_ms: int | None) -> MessageId | None:
+        """The stream's last message's id, or (given a time) the position after which the
+        first message published then or later comes; None when there is none."""
+        request = pb.LastMessageIdRequest(stream=self.stream)
+        if before_time_ms is not None:
+            request.before_time_ms = before_time_ms
         answer = await self.brokers.ask(
             lambda stub: stub.LastMessageId(
-                pb.LastMessageIdRequest(stream=self.stream),
-                timeout=OPEN_TIMEOUT_S,
-                metadata=self.brokers.metadata,
+                request, timeout=OPEN_TIMEOUT_S, metadata=self.brokers.metadata
             )
         )
-        return id_from_pb(answer.message_id) if answer.HasField("message_id") else None
+        if not answer.HasField("message_id"):
+            return None
+        found = answer.message_id
+        return MessageId(found.ledger_id, found.entry_id, found.batch_index)
 
     async def close(self) -> None:
         await self.stop()

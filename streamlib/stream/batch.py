@@ -287,14 +287,16 @@ def compress(encoded: bytes, codec: Compression) -> bytes:
     return entry if len(entry) < len(encoded) else encoded
 
 
-def _decompress(batch: envelope.Batch, where: str) -> bytes:
+def _decompress(
+    batch: envelope.Batch, where: str, max_bytes: int = MAX_UNCOMPRESSED_BYTES
+) -> bytes:
     """The format 2 batch inside a format 3 one; MessageDecodeError for anything that is
-    not exactly the size it claims, or claims too much."""
+    not exactly the size it claims, or claims more than max_bytes (checked before a byte
+    is decompressed)."""
     size = batch.uncompressed_size
-    if size > MAX_UNCOMPRESSED_BYTES:
+    if size > max_bytes:
         raise MessageDecodeError(
-            f"{where}: claims {size} bytes uncompressed, over the "
-            f"{MAX_UNCOMPRESSED_BYTES}-byte limit"
+            f"{where}: claims {size} bytes uncompressed, over the {max_bytes}-byte limit"
         )
     data = batch.compressed
     try:
@@ -337,12 +339,14 @@ def _decompress(batch: envelope.Batch, where: str) -> bytes:
     return out
 
 
-def uncompressed(payload: bytes, batch: envelope.Batch, where: str) -> envelope.Batch:
-    """The batch to read: a format 3 one decompressed (it must hold format 2), else the
-    batch itself."""
+def uncompressed(
+    payload: bytes, batch: envelope.Batch, where: str, max_bytes: int = MAX_UNCOMPRESSED_BYTES
+) -> envelope.Batch:
+    """The batch to read: a format 3 one decompressed (it must hold format 2, of at most
+    max_bytes), else the batch itself."""
     if batch.format_version != COMPRESSED_FORMAT:
         return batch
-    inner = _decompress(batch, where)
+    inner = _decompress(batch, where, max_bytes)
     try:
         found = envelope.Batch.FromString(inner)
     except DecodeError as error:
@@ -354,11 +358,13 @@ def uncompressed(payload: bytes, batch: envelope.Batch, where: str) -> envelope.
     return found
 
 
-def decode_batch(payload: bytes, where: str) -> DecodedBatch:
+def decode_batch(
+    payload: bytes, where: str, max_uncompressed: int = MAX_UNCOMPRESSED_BYTES
+) -> DecodedBatch:
     """The messages of one entry, by column; MessageDecodeError naming `where` (the
-    entry) if it is not a message batch."""
+    entry) if it is not a message batch (or, compressed, claims over max_uncompressed)."""
     try:
-        batch = uncompressed(payload, envelope.Batch.FromString(payload), where)
+        batch = uncompressed(payload, envelope.Batch.FromString(payload), where, max_uncompressed)
     except DecodeError as error:
         raise MessageDecodeError(f"{where} is not a message batch") from error
     return _decode(batch, where)

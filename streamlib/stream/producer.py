@@ -47,6 +47,8 @@ MAX_ENTRY_BYTES = 5 * 1024 * 1024
 MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - BATCH_OVERHEAD  # payload, key and properties
 # A chunked message's pieces: each fits an entry with the key and properties it repeats.
 CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNKS = -(-MAX_CHUNKED_MESSAGE_BYTES // CHUNK_BYTES)
+MAX_BATCH_MESSAGES = 100_000  # messages in one entry (batching_max_messages at most)
 MAX_CHUNKED_METADATA_BYTES = 64 * 1024
 
 
@@ -160,6 +162,8 @@ def _check(
     """The options' checks; the compression they ask for."""
     if max_messages < 1 or max_bytes < 1 or max_pending < 1:
         raise BadRequestError("batching limits and max_pending_messages must be >= 1")
+    if max_messages > MAX_BATCH_MESSAGES:
+        raise BadRequestError(f"batching_max_messages is at most {MAX_BATCH_MESSAGES}")
     if delay_ms < 0:
         raise BadRequestError("batching_max_publish_delay_ms must be >= 0")
     if batch_format not in (1, FORMAT):

@@ -135,21 +135,26 @@ class StreamScanner:
         """The sequence id of the last message confirmed now (-1: none, or it has none)."""
         return (await self.last_sent())[0]
 
-    async def last_sent(self) -> tuple[int, dict[int, MessageId]]:
+    async def last_sent(self, producer: str | None = None) -> tuple[int, dict[int, MessageId]]:
         """The sequence id of the last message confirmed now (-1: none, or it has none),
         and where each message of its entry went, by sequence id (what a new producer
-        answers a resend of them with)."""
+        answers a resend of them with) -- given a producer name ("": unnamed), only of
+        that producer's messages: another's sequence ids are not its own."""
         last = await self._last_entry()
         if last is None or last[2].sequence_ids is None or not last[2].payloads:
             return -1, {}
         ledger_id, entry_id, batch = last
-        assert batch.sequence_ids is not None
+        sequence_ids = batch.sequence_ids
+        assert sequence_ids is not None
+        names = batch.producers or [""] * len(sequence_ids)
         where = {
             sequence: MessageId(ledger_id, entry_id, index)
-            for index, sequence in enumerate(batch.sequence_ids)
-            if sequence >= 0
+            for index, sequence in enumerate(sequence_ids)
+            if sequence >= 0 and (producer is None or names[index] == producer)
         }
-        return max(-1, batch.sequence_ids[-1]), where
+        if producer is not None:
+            return max(where, default=-1), where
+        return max(-1, sequence_ids[-1]), where
 
     async def start_position(self, start: MessageId | str, inclusive: bool) -> MessageId:
         """Where a reader from `start` starts (the position it starts after): after the

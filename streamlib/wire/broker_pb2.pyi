@@ -7,10 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LastMessageIdRequest(_message.Message):
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "before_time_ms")
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+    before_time_ms: int
+    def __init__(self, stream: _Optional[str] = ..., before_time_ms: _Optional[int] = ...) -> None: ...
 
 class LastMessageIdResponse(_message.Message):
     __slots__ = ("message_id",)
@@ -179,7 +181,7 @@ class SendFailed(_message.Message):
     def __init__(self, sequence_ids: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class ConsumerOpen(_message.Message):
-    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "start_time_ms", "cursor_persist_interval_ms")
+    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "cursor_persist_interval_ms")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -191,7 +193,6 @@ class ConsumerOpen(_message.Message):
     START_LATEST_FIELD_NUMBER: _ClassVar[int]
     START_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
-    START_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     CURSOR_PERSIST_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     subscription: str
@@ -204,9 +205,8 @@ class ConsumerOpen(_message.Message):
     start_latest: bool
     start_inclusive: bool
     resume: bool
-    start_time_ms: int
     cursor_persist_interval_ms: int
-    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., start_time_ms: _Optional[int] = ..., cursor_persist_interval_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., cursor_persist_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Flow(_message.Message):
     __slots__ = ("permits",)

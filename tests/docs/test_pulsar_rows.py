@@ -170,7 +170,7 @@ def _ordering_key(client: Any, mode: str, url: str) -> None:
 @row("`chunking_enabled=True`")
 def _chunks(client: Any, mode: str, url: str) -> None:
     large = bytes(range(256)) * (5 * 4096 + 1)
-    sent(client, "r-chunks", large, chunking_enabled=True)
+    sent(client, "r-chunks", large, chunking_enabled=True, access_mode="exclusive_with_fencing")
     assert client.create_reader("r-chunks", EARLIEST).read_next(timeout=30).data == large
 
 

@@ -66,7 +66,14 @@ async def test_compressed_messages_arrive_as_sent(client: Any, codec: Any) -> No
 
 
 async def test_a_message_over_the_entry_limit_goes_in_chunks_and_arrives_whole(client: Any) -> None:
-    producer = await client.create_producer("big", chunking_enabled=True)
+    """Through the service a chunking producer must be the stream's only one (readers put
+    the pieces of a message together only when nothing comes between them)."""
+    if not hasattr(client, "ledgers"):
+        with pytest.raises(errors.BadRequestError, match="only one"):
+            await client.create_producer("big", chunking_enabled=True)
+    producer = await client.create_producer(
+        "big", chunking_enabled=True, access_mode="exclusive_with_fencing"
+    )
     large = bytes(range(256)) * (6 * 4096 + 7)  # about 6 MiB: two chunks
     small = await producer.send(b"after")
     del small
@@ -100,6 +107,21 @@ async def test_a_resend_of_a_stored_sequence_id_is_acknowledged_with_the_origina
     stored = await read_all(client, "once")
     assert [m.data for m in stored] == [b"0", b"1", b"2", b"3", b"4", b"5"]
     assert [m.message_id for m in stored] == [*ids, five]
+
+
+async def test_another_producers_sequence_ids_are_not_taken_for_resends(client: Any) -> None:
+    """Deduplication is per producer name, in both modes: a producer of another name
+    sending sequence id 0 after the stream's last writer stored 0..2 stores its message."""
+    first = await client.create_producer("names", producer_name="a")
+    for i in range(3):
+        await first.send(b"a%d" % i, sequence_id=i)
+    await first.close()
+    other = await client.create_producer("names", producer_name="b")
+    assert other.last_sequence_id == -1
+    stored = await other.send(b"b0", sequence_id=0)
+    await other.close()
+    assert [m.data for m in await read_all(client, "names")] == [b"a0", b"a1", b"a2", b"b0"]
+    assert (await read_all(client, "names"))[-1].message_id == stored
 
 
 async def test_a_reader_made_at_latest_reads_everything_published_after_it_was_made(
@@ -136,6 +158,11 @@ async def test_a_reader_seeks_by_id_and_by_time_and_knows_when_more_is_there(cli
         b"%d" % i for i in range(6)
     ]
     assert not await reader.has_message_available()
+    await reader.seek(int(time.time() * 1000) + 60_000)  # (nothing published that late)
+    assert not await reader.has_message_available()
+    await reader.seek(middle_ms)
+    assert await reader.has_message_available()
+    assert (await reader.read_next(timeout=30)).data == b"3"
     inclusive = await client.create_reader("seekable", ids[1], start_message_id_inclusive=True)
     assert await inclusive.has_message_available()
     assert (await inclusive.read_next(timeout=30)).data == b"1"

@@ -17,6 +17,7 @@ import streamlib
 import streamlib.errors as errors
 from metadata.services.brokers import BrokerRegistry
 from streamlib.schema import IncompatibleSchemaError, JsonSchema
+from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import BatchBuilder
 from streamlib.stream.positions import EARLIEST
 from streamlib.stream.producer import ProducerQueueIsFullError
@@ -313,14 +314,24 @@ async def test_the_broker_refuses_an_entry_that_is_not_the_producers_own(cluster
         claimed.last_sequence_id = 3
         junk = pb.EntrySend(entry=b"not a batch", first_sequence_id=4, last_sequence_id=4,
                             messages=1)  # fmt: skip
-        request = pb.ProduceRequest(entries=pb.EntryBatch(entries=[forged, claimed, junk, good]))
+        # A compressed entry claiming 64 MiB: refused before a byte is decompressed.
+        bomb = envelope.Batch(format_version=3, compression=1, uncompressed_size=64 << 20,
+                              compressed=b"x" * 100).SerializeToString()  # fmt: skip
+        bombed = pb.EntrySend(entry=bomb, first_sequence_id=5, last_sequence_id=5, messages=1)
+        piece = BatchBuilder()
+        piece.add(b"p", 1, sequence_id=6, producer="p")
+        huge = pb.EntrySend(entry=piece.encode_chunk("u", 0, 10_000, 1),
+                            first_sequence_id=6, last_sequence_id=6, messages=1)  # fmt: skip
+        request = pb.ProduceRequest(
+            entries=pb.EntryBatch(entries=[forged, claimed, junk, bombed, huge, good])
+        )
         await call.write(request)
-        answers = [await call.read() for _ in range(4)]
+        answers = [await call.read() for _ in range(6)]
     finally:
         call.cancel()
         await channel.close()
     failed = [a.failed for a in answers if a.WhichOneof("kind") == "failed"]
-    assert [f.sequence_ids[0] for f in failed] == [1, 3, 4]
+    assert [f.sequence_ids[0] for f in failed] == [1, 3, 4, 5, 6]
     assert {f.error.code for f in failed} == {"BadRequestError", "MessageDecodeError"}
     [stored] = [a.receipts for a in answers if a.WhichOneof("kind") == "receipts"]
     assert [r.sequence_id for r in stored.receipts] == [0]

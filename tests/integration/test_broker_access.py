@@ -154,6 +154,12 @@ async def test_a_reader_can_neither_seek_nor_unsubscribe_anothers_subscription(
         await billing.subscribe("invoices", "audit", "earliest")
     with pytest.raises(UnauthorizedError, match="'billing' may not produce"):
         await billing.create_producer("invoices")
+    # ... nor read the stream's other subscriptions' positions, or administer it.
+    assert await billing.streams.partitions("invoices") == 0
+    with pytest.raises(UnauthorizedError, match="'billing' may not read"):
+        await billing.streams.cursors("invoices")
+    with pytest.raises(UnauthorizedError, match="'billing' may not administer"):
+        await billing.streams.delete("invoices")
 
 
 async def test_the_bookie_role_may_do_nothing_through_the_broker(
