@@ -268,18 +268,11 @@ class Client(ClientParts):
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
         begins with the message after it, or with it when start_message_id_inclusive --
         LATEST inclusive reads the last message first -- as Pulsar's readers)."""
-        parse_start(start)  # bad input first, before any lookup
-        if await self.streams.partitions(stream):
-            raise BadRequestError(
-                f"stream {stream!r} is partitioned: read each partition "
-                f"({partition_name(stream, 0)}, ...), or subscribe to {stream!r}"
-            )
+        begin = parse_start(start)  # bad input first, before any lookup
+        partitions = await self.streams.partitions(stream)
         scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
         feed = ScannerFeed(scanner, receiver_queue_size, schema)
-        after = await feed.restart(parse_start(start), start_message_id_inclusive)
-        reader = Reader(feed, stream, after, start_message_id_inclusive)
-        self._open.append(reader)
-        return reader
+        return await self._reader(stream, partitions, feed, begin, start_message_id_inclusive)
 
     async def close(self) -> None:
         await self._close_parts()

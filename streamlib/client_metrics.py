@@ -17,8 +17,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from streamlib.protocol.errors import BadRequestError
+from streamlib.stream.admin import partition_name
 from streamlib.stream.consumer import Consumer
+from streamlib.stream.positions import EARLIEST, MessageId
 from streamlib.stream.producer import Producer
+from streamlib.stream.reader import Feed, Reader
 
 _PRODUCER_COUNTS = ("sent", "send_errors", "pending_messages", "latency_sum_s")
 _CONSUMER_COUNTS = ("received", "acknowledged", "negatively_acknowledged", "dead_lettered")
@@ -160,6 +163,21 @@ class ClientParts:
         if listener is not None:
             thing.listen(listener)
         return thing
+
+    async def _reader(
+        self, stream: str, partitions: int, feed: Feed, start: MessageId, inclusive: bool
+    ) -> Reader:
+        """A reader of `stream` over `feed` from `start` (kept): refused for a
+        partitioned stream, which is read partition by partition."""
+        if partitions:
+            raise BadRequestError(
+                f"stream {stream!r} is partitioned: read each partition "
+                f"({partition_name(stream, 0)}, ...), or subscribe to {stream!r}"
+            )
+        after = await feed.restart(start, inclusive)
+        reader = Reader(feed, stream, EARLIEST if after is None else after, inclusive)
+        self._open.append(reader)
+        return reader
 
     def stats(self) -> dict[str, Any]:
         """What this client's producers (by stream) and consumers (by

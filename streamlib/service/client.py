@@ -225,17 +225,9 @@ class ServiceClient(ClientParts):
     ) -> Reader:
         """A non-durable reader through any broker (readers fence nothing)."""
         begin = parse_start(start)
-        if await self.partitions(stream):
-            raise BadRequestError(
-                f"stream {stream!r} is partitioned: read each partition "
-                f"({partition_name(stream, 0)}, ...), or subscribe to {stream!r}"
-            )
+        partitions = await self.partitions(stream)
         feed = ServiceFeed(self.brokers, stream, receiver_queue_size, schema)
-        after = await feed.restart(begin, start_message_id_inclusive)
-        reader = Reader(feed, stream, EARLIEST if after is None else after,
-                        start_message_id_inclusive)  # fmt: skip
-        self._open.append(reader)
-        return reader
+        return await self._reader(stream, partitions, feed, begin, start_message_id_inclusive)
 
     async def close(self) -> None:
         self.closed = True
