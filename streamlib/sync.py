@@ -22,15 +22,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import datetime as dt
 import functools
 import inspect
+import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from streamlib import errors
 from streamlib.protocol.errors import BadRequestError, ClientClosedError
 from streamlib.schema import Schema
 from streamlib.stream import consumer as aconsumer
@@ -43,17 +47,20 @@ from streamlib.stream.reader import Message
 from streamlib.stream.subscription import ConsumerType
 
 T = TypeVar("T")
+T2 = TypeVar("T2")
 log = logging.getLogger(__name__)
+
+# The most messages one hop to the loop takes for receive() (see Consumer.receive).
+RECEIVE_BURST = 256
+# How often the loop looks for more acknowledgements while they come (Consumer._acks).
+ACKS_GATHER_S = 0.005
 
 # How often a blocked caller's thread wakes to let Python run signal handlers (Ctrl-C);
 # the answer itself is taken the moment it arrives.
 _INTERRUPT_CHECK_S = 0.2
 
 SendCallback = Callable[[BaseException | None, MessageId | None], None]
-# A message handed over by send_async: what the loop queues, and whom it tells.
-_Outgoing = tuple[
-    aproducer.Checked, int | None, concurrent.futures.Future[MessageId], SendCallback | None
-]
+_PENDING, _FINISHED = concurrent.futures._base.PENDING, concurrent.futures._base.FINISHED
 
 
 class _LoopThread:
@@ -94,52 +101,209 @@ class _LoopThread:
 
 class _HandOver(Generic[T]):
     """Items handed from callers' threads to the client's loop, in order: one hop to the
-    loop for however many gather meanwhile. The hop is scheduled under the lock, so a
-    caller of any thread that finds it scheduled, then makes a call of its own (flush,
-    seek, close), finds the hop on the loop ahead of that call."""
+    loop for however many gather meanwhile, and no lock (a deque's append and popleft
+    are atomic; taking a lock per item made the caller's thread and the loop wait for
+    each other). A call that must come after what was handed over (flush, seek, close)
+    drains it first on the loop (`after`): another thread may have found the hop
+    scheduled before it was."""
 
-    def __init__(self, runner: _LoopThread, apply: Callable[[list[T]], None]) -> None:
+    def __init__(
+        self, runner: _LoopThread, apply: Callable[[list[T]], None], gather_s: float = 0.0
+    ) -> None:
         self._runner = runner
         self._apply = apply  # (on the loop: the items since the last hop)
+        self._gather_s = gather_s  # (how soon the loop looks again while items come)
         self._items: collections.deque[T] = collections.deque()
-        self._lock = threading.Lock()
         self._scheduled = False
 
     def put(self, item: T) -> None:
         """Hand item over; ClientClosedError, the item not taken, once the client closed."""
-        with self._lock:
-            if self._runner.closed:
-                raise ClientClosedError("the client is closed")
-            self._items.append(item)
-            if not self._scheduled:
-                try:
-                    self._runner.loop.call_soon_threadsafe(self._run)
-                except RuntimeError:  # the loop closed under us (client.close elsewhere)
-                    self._items.clear()
-                    raise ClientClosedError("the client is closed") from None
-                self._scheduled = True
+        if self._runner.closed:
+            raise ClientClosedError("the client is closed")
+        self._items.append(item)
+        # (Appended, then the flag read; the loop clears the flag when it finds
+        # nothing, then looks again: when this finds it set, a drain takes the item.)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._runner.loop.call_soon_threadsafe(self.drain)
+            except RuntimeError:  # the loop closed under us (client.close elsewhere)
+                self._items.clear()
+                raise ClientClosedError("the client is closed") from None
 
-    def _run(self) -> None:
-        with self._lock:
-            items = list(self._items)
-            self._items.clear()
-            self._scheduled = False
-        self._apply(items)
+    def drain(self) -> None:
+        """(On the loop) apply what was handed over. While items keep coming, the hop
+        stays scheduled (the loop looks again on its next turn) and callers write
+        nothing to wake it: a caller's thread that woke the loop for each item gave it
+        the GIL at each wake-up, and both threads took turns item by item."""
+        items = self._items
+        taken = [items.popleft() for _ in range(len(items))]
+        if taken:
+            if self._gather_s:
+                self._runner.loop.call_later(self._gather_s, self.drain)
+            else:
+                self._runner.loop.call_soon(self.drain)
+            self._apply(taken)
+            return
+        self._scheduled = False
+        if items:  # (put after the look, and found the hop scheduled: take it now)
+            self._scheduled = True
+            self._runner.loop.call_soon(self.drain)
+
+    async def after(self, awaitable: Awaitable[T2]) -> T2:
+        """(On the loop) drain, then await."""
+        self.drain()
+        return await awaitable
 
 
-def wait(future: concurrent.futures.Future[T]) -> T:
+def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
     """The future's result, waking now and then so Ctrl-C is handled; an interrupted
-    wait cancels the future (and so the coroutine on the loop)."""
+    wait cancels the future (and so the coroutine on the loop). Given a timeout,
+    concurrent.futures.TimeoutError when the future is not done by then (it goes on)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
+            step = _INTERRUPT_CHECK_S
+            if deadline is not None:
+                step = min(step, max(0.0, deadline - time.monotonic()))
             try:
-                return future.result(timeout=_INTERRUPT_CHECK_S)
+                return future.result(timeout=step)
             except concurrent.futures.TimeoutError:
                 if future.done():  # the coroutine itself raised a TimeoutError
                     return future.result()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
     except KeyboardInterrupt:
         future.cancel()
         raise
+
+
+class SendFuture(concurrent.futures.Future[MessageId]):
+    """What the blocking API's send_async returns: a concurrent.futures.Future
+    (result(), add_done_callback(), concurrent.futures.wait() and as_completed() work),
+    made once per message cheaply. It shares its producer's lock instead of making a
+    Condition and an RLock of its own (a fifth of a send_async loop's cost), the loop
+    settles it directly, and settling it gives its place in the producer's queue back
+    and calls the send's callback. A send handed over cannot be cancelled."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        callback: SendCallback | None,
+        checked: aproducer.Checked,
+        sequence_id: int | None,
+    ) -> None:
+        # (concurrent.futures.Future.__init__, but for the Condition)
+        self._condition = producer._settling
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
+        self._producer = producer
+        self._callback = callback
+        self._checked: aproducer.Checked | None = checked  # (what it sends: until queued)
+        self._sequence_id = sequence_id
+
+    # (concurrent.futures' lists of waiters and done-callbacks, made when first used:
+    # two lists per message made the garbage collector's passes a third of the cost.)
+
+    _waiters_made: list[Any] | None = None
+    _done_callbacks_made: list[Any] | None = None
+
+    @property
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
+        if self._waiters_made is None:
+            self._waiters_made = []
+        return self._waiters_made
+
+    @property
+    def _done_callbacks(self) -> list[Any]:  # type: ignore[override]
+        if self._done_callbacks_made is None:
+            self._done_callbacks_made = []
+        return self._done_callbacks_made
+
+    def cancel(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return self._state == _FINISHED
+
+    def result(self, timeout: float | None = None) -> MessageId:
+        self._wait(timeout)
+        return super().result(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return super().exception(0)
+
+    def _wait(self, timeout: float | None) -> None:
+        """Until this one is done (a settle wakes the waiters of every future of the
+        producer: each looks again at its own), or the time is up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        producer = self._producer
+        with producer._lock:
+            producer._sleepers += 1
+            try:
+                while self._state != _FINISHED:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return
+                    self._condition.wait(left)
+            finally:
+                producer._sleepers -= 1
+
+    def set_result(self, result: MessageId) -> None:
+        self.settle_all([self], [result], None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self.settle_all([self], [], exception)
+
+    @staticmethod
+    def settle_all(
+        futures: list[SendFuture], results: list[MessageId], error: BaseException | None
+    ) -> None:
+        """(On the loop) concurrent.futures.Future's set_result (or set_exception, given
+        an error) of futures of one producer, and their places in its queue given back,
+        under one taking of its lock: taking it per message let the caller's thread wait
+        for it time and again while the loop settled a batch."""
+        producer = futures[0]._producer
+        settled = []
+        with producer._lock:
+            for index, future in enumerate(futures):
+                if future._state == _FINISHED:
+                    continue
+                future._state = _FINISHED
+                waiters = future._waiters_made or ()
+                if error is None:
+                    future._result = results[index]
+                    for waiter in waiters:
+                        waiter.add_result(future)
+                else:
+                    future._exception = error
+                    for waiter in waiters:
+                        waiter.add_exception(future)
+                settled.append(future)
+            producer._free.extend(itertools.repeat(None, len(settled)))
+            if producer._sleepers:
+                producer._settling.notify_all()
+        for future in settled:
+            if future._done_callbacks_made:
+                future._invoke_callbacks()  # type: ignore[attr-defined]
+            callback = future._callback
+            if callback is not None:
+                try:
+                    callback(error, future._result)
+                except Exception:  # the caller's bug must not stop the loop's other work
+                    log.exception("send_async callback of %r failed", producer.stream)
+
+
+def _settle_from(outcome: SendFuture, done: Any) -> None:
+    """A resend's future settles as its original did."""
+    if done.cancelled():
+        outcome.set_exception(ClientClosedError("the send was cancelled"))
+    elif done.exception() is not None:
+        outcome.set_exception(done.exception())
+    else:
+        outcome.set_result(done.result())
 
 
 class Producer:
@@ -152,13 +316,20 @@ class Producer:
         self._runner = runner
         self.stream: str = target.stream
         # The caller-side bound on messages waiting for acknowledgement, so a loop of
-        # send_async never hops to the loop to learn there is room.
-        self._room = threading.BoundedSemaphore(target.max_pending_messages)
+        # send_async never hops to the loop to learn there is room: a place each (a
+        # deque's pop and extend are atomic: no lock per message); `_sleepers`: threads
+        # waiting, for room or for a future, on the lock the producer's futures share.
+        self._free: collections.deque[None] = collections.deque(
+            itertools.repeat(None, target.max_pending_messages)
+        )
+        self._lock = threading.RLock()
+        self._settling = threading.Condition(self._lock)
+        self._sleepers = 0
         self._block = target.block_if_queue_full
         self._chunking = target.chunking_enabled
         self._schema = target.schema
         # Messages handed over by send_async and not yet queued on the loop.
-        self._outbox: _HandOver[_Outgoing] = _HandOver(runner, self._drain)
+        self._outbox: _HandOver[SendFuture] = _HandOver(runner, self._drain)
 
     def send(
         self,
@@ -198,13 +369,13 @@ class Producer:
         deliver_at: int | float | dt.datetime | None = None,
         sequence_id: int | None = None,
         ordering_key: bytes | str | None = None,
-    ) -> concurrent.futures.Future[MessageId]:
+    ) -> SendFuture:
         """Queue a message without waiting for it to be durable. The returned future
-        resolves to its MessageId once it is (no flush() needed); callback, if given,
-        is called then as callback(None, message_id), or callback(error, None) -- on the
-        client's loop thread, so it must not block. Bad input raises here, at once.
-        Blocks while max_pending_messages are pending (ProducerQueueIsFullError instead
-        when block_if_queue_full is off)."""
+        (a concurrent.futures.Future) resolves to its MessageId once it is (no flush()
+        needed); callback, if given, is called then as callback(None, message_id), or
+        callback(error, None) -- on the client's loop thread, so it must not block. Bad
+        input raises here, at once. Blocks while max_pending_messages are pending
+        (ProducerQueueIsFullError instead when block_if_queue_full is off)."""
         if self._schema is not None:
             data = self._schema.encode(data)
         checked = aproducer.Producer._checked(
@@ -212,65 +383,58 @@ class Producer:
             ordering_key,
         )  # fmt: skip
         self._take_room()
-        outcome: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
+        outcome = SendFuture(self, callback, checked, sequence_id)
         try:
-            self._outbox.put((checked, sequence_id, outcome, callback))
+            self._outbox.put(outcome)
         except ClientClosedError:
-            self._room.release()
+            self._give_room()
             raise
         return outcome
 
-    def _drain(self, items: list[_Outgoing]) -> None:
+    def _drain(self, items: list[SendFuture]) -> None:
         """On the loop: queue every message sent since the last drain, in order."""
-        for checked, sequence_id, outcome, callback in items:
+        queue = self._target.queue_checked
+        for outcome in items:
+            checked, outcome._checked = outcome._checked, None
+            assert checked is not None
             try:
-                durable = self._target.queue_checked(checked, sequence_id)
+                settles = queue(checked, outcome._sequence_id, "", outcome)
             except BaseException as error:  # e.g. the producer was closed meanwhile
-                self._finish(outcome, callback, error, None)
+                outcome.set_exception(error)
                 continue
-            durable.add_done_callback(functools.partial(self._durable, outcome, callback))
+            if settles is not outcome:  # (a resend of a message in flight; a chunked one)
+                settles.add_done_callback(functools.partial(_settle_from, outcome))  # type: ignore[attr-defined]
 
     def _take_room(self) -> None:
-        if self._room.acquire(blocking=False):
-            return
+        try:
+            return self._free.pop()
+        except IndexError:
+            pass
         if not self._block:
             raise aproducer.ProducerQueueIsFullError(
                 f"max_pending_messages are pending on {self.stream!r}"
             )
-        while not self._room.acquire(timeout=_INTERRUPT_CHECK_S):
-            if self._runner.closed:
-                raise ClientClosedError("the client is closed")
-
-    def _durable(
-        self,
-        outcome: concurrent.futures.Future[MessageId],
-        callback: SendCallback | None,
-        done: asyncio.Future[MessageId],
-    ) -> None:
-        if done.cancelled():
-            self._finish(outcome, callback, ClientClosedError("the send was cancelled"), None)
-        elif done.exception() is not None:
-            self._finish(outcome, callback, done.exception(), None)
-        else:
-            self._finish(outcome, callback, None, done.result())
-
-    def _finish(
-        self,
-        outcome: concurrent.futures.Future[MessageId],
-        callback: SendCallback | None,
-        error: BaseException | None,
-        message_id: MessageId | None,
-    ) -> None:
-        self._room.release()
-        if error is not None:
-            outcome.set_exception(error)
-        else:
-            outcome.set_result(message_id)  # type: ignore[arg-type]
-        if callback is not None:
+        with self._lock:
+            # (Counted, then looked at again: a settle that gives room back after the
+            # count was made wakes this one.)
+            self._sleepers += 1
             try:
-                callback(error, message_id)
-            except Exception:  # the caller's bug must not stop the loop's other work
-                log.exception("send_async callback of %r failed", self.stream)
+                while True:
+                    try:
+                        return self._free.pop()
+                    except IndexError:
+                        pass
+                    if self._runner.closed:
+                        raise ClientClosedError("the client is closed")
+                    self._settling.wait(_INTERRUPT_CHECK_S)
+            finally:
+                self._sleepers -= 1
+
+    def _give_room(self, places: int = 1) -> None:
+        self._free.extend(itertools.repeat(None, places))
+        if self._sleepers:
+            with self._lock:
+                self._settling.notify_all()
 
     @property
     def last_sequence_id(self) -> int:
@@ -281,12 +445,12 @@ class Producer:
 
     def flush(self) -> None:
         """Send the open batch now and wait until everything sent so far is durable."""
-        self._runner.run(self._target.flush())
+        self._runner.run(self._outbox.after(self._target.flush()))
 
     def close(self) -> None:
         """Flush and stop; the stream stays (another producer may take it over)."""
         if not self._runner.closed:
-            self._runner.run(self._target.close())
+            self._runner.run(self._outbox.after(self._target.close()))
 
     def __enter__(self) -> Producer:
         return self
@@ -310,9 +474,25 @@ class Consumer:
         self._listener: threading.Thread | None = None
         # The streams whose messages it takes (several: a consumer of several streams).
         self._streams = frozenset(getattr(target, "streams", [target.stream]))
-        # Acknowledgements handed over and not yet applied on the loop, in order.
-        self._acks: _HandOver[tuple[Callable[[Any], None], Message]] = _HandOver(
-            runner, self._apply_acks
+        # Messages received in the last burst and not yet taken (receive(): one hop to
+        # the loop for whatever is there). Dropped when the consumer forgets what it
+        # received (a seek, a failover turn that ended): as its own queue is.
+        self._received: collections.deque[Message] = collections.deque()
+        self._bursts = isinstance(target, aconsumer.Consumer) and target.hands_out_bursts
+        # The next burst, asked for as soon as the last one came (the loop gathers it
+        # while the caller takes the last), and the generation of what the consumer
+        # received: a burst gathered before it forgot (a seek...) is dropped.
+        self._next_burst: concurrent.futures.Future[tuple[int, list[Message]]] | None = None
+        self._generation = 0
+        self._receiving = threading.Lock()  # (one thread at a time waits for a burst)
+        if self._bursts:
+            target.on_forget.append(self._forget)
+        self._closed = False
+        # Acknowledgements handed over and not yet applied on the loop, in order: the
+        # loop looks for more every ACKS_GATHER_S while they come (and at each burst),
+        # rather than being woken for each (pulsar-client groups them for 100 ms).
+        self._acks: _HandOver[Message | tuple[Callable[[Any], None], Message]] = _HandOver(
+            runner, self._apply_acks, ACKS_GATHER_S
         )
 
     @property
@@ -335,13 +515,79 @@ class Consumer:
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message (redeliveries first); streamlib.errors.TimeoutError (a
-        builtin TimeoutError too) when none comes within timeout seconds."""
-        return self._runner.run(self._target.receive(timeout))
+        builtin TimeoutError too) when none comes within timeout seconds. One hop to
+        the client's loop takes every message that is there (up to RECEIVE_BURST), and
+        asks for the next burst at once: the next receives take them here."""
+        if self._received and not self._closed:
+            try:
+                return self._received.popleft()
+            except IndexError:  # (another thread's receive took it)
+                pass
+        if not self._bursts:
+            return self._runner.run(self._target.receive(timeout))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._receiving.acquire(timeout=-1 if timeout is None else timeout):
+            raise errors.TimeoutError(f"no message on {self.stream!r} within {timeout} s")
+        try:
+            return self._from_bursts(deadline, timeout)
+        finally:
+            self._receiving.release()
+
+    def _from_bursts(self, deadline: float | None, timeout: float | None) -> Message:
+        while True:
+            if self._received and not self._closed:  # (taken while this one waited)
+                with contextlib.suppress(IndexError):
+                    return self._received.popleft()
+            burst = self._next_burst
+            if burst is None:
+                burst = self._next_burst = self._runner.submit(self._burst())
+            try:
+                generation, messages = wait(
+                    burst, None if deadline is None else deadline - time.monotonic()
+                )
+            except concurrent.futures.TimeoutError:
+                raise errors.TimeoutError(
+                    f"no message on {self.stream!r} within {timeout} s"
+                ) from None
+            except BaseException:
+                self._next_burst = None
+                raise
+            self._next_burst = None if self._closed else self._runner.submit(self._burst())
+            if generation == self._generation:  # (else: from before a seek...)
+                self._received.extend(messages[1:])
+                return messages[0]
+
+    async def _burst(self) -> tuple[int, list[Message]]:
+        """(On the loop) the next message, waiting for it, and whatever is there after it."""
+        self._acks.drain()
+        target = self._target
+        burst = [await target.receive()]
+        while len(burst) < RECEIVE_BURST and (more := target.receive_nowait()) is not None:
+            burst.append(more)
+        return self._generation, burst
+
+    def _forget(self) -> None:
+        """(On the loop) the consumer forgot what it received: so does this."""
+        self._generation += 1
+        self._received.clear()
 
     def batch_receive(self, max_num_messages: int = 100, timeout_ms: int = 100) -> list[Message]:
         """Up to max_num_messages, waiting at most timeout_ms for them (fewer, or none,
         when the time is up)."""
-        return self._runner.run(self._target.batch_receive(max_num_messages, timeout_ms))
+        if not self._bursts:
+            return self._runner.run(self._target.batch_receive(max_num_messages, timeout_ms))
+        if max_num_messages < 1 or timeout_ms < 0:
+            raise BadRequestError("batch_receive takes max_num_messages >= 1, timeout_ms >= 0")
+        taken: list[Message] = []
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        with contextlib.suppress(errors.TimeoutError):
+            while len(taken) < max_num_messages:
+                if not self._received:
+                    taken.append(self.receive(max(0.0, deadline - time.monotonic())))
+                with contextlib.suppress(IndexError):  # (another thread may take them too)
+                    while len(taken) < max_num_messages:
+                        taken.append(self._received.popleft())
+        return taken
 
     def _listen(self, listener: Callable[[Consumer, Message], object]) -> None:
         """Call listener(self, message) for each message in a thread of its own (so it
@@ -375,6 +621,9 @@ class Consumer:
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (as received, or its id)."""
+        if isinstance(message, Message) and message.stream in self._streams:  # (most acks)
+            self._acks.put(message)  # type: ignore[arg-type]
+            return
         self._ack(self._target.acknowledge, message)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
@@ -387,7 +636,7 @@ class Consumer:
 
     def _ack(self, apply: Callable[[Any], None], message: Message | MessageId) -> None:
         if isinstance(message, MessageId):
-            self._runner.call(apply, message)
+            self._runner.call(self._ack_now, apply, message)
             return
         if not isinstance(message, Message):
             raise BadRequestError(f"acknowledge a Message or a MessageId, got {message!r}")
@@ -398,9 +647,17 @@ class Consumer:
             )
         self._acks.put((apply, message))
 
-    def _apply_acks(self, items: list[tuple[Callable[[Any], None], Message]]) -> None:
-        """On the loop: every acknowledgement handed over since the last hop, in order."""
-        for apply, message in items:
+    def _ack_now(self, apply: Callable[[Any], None], message: MessageId) -> None:
+        """(On the loop) after what was handed over before."""
+        self._acks.drain()
+        apply(message)
+
+    def _apply_acks(self, items: list[Message | tuple[Callable[[Any], None], Message]]) -> None:
+        """On the loop: every acknowledgement handed over since the last hop, in order
+        (a message alone: acknowledged)."""
+        acknowledge = self._target.acknowledge
+        for item in items:
+            apply, message = (acknowledge, item) if not isinstance(item, tuple) else item
             try:
                 apply(message)
             except Exception:  # (checked when handed over: nothing expected here)
@@ -409,11 +666,11 @@ class Consumer:
     def seek(self, target: MessageId | int) -> None:
         """Deliver again from a message id (that message first) or from the first
         message published at or after epoch milliseconds `target`."""
-        self._runner.run(self._target.seek(target))
+        self._runner.run(self._acks.after(self._target.seek(target)))
 
     def persist(self) -> None:
         """Write the cursor now (it is written every cursor_persist_interval_ms anyway)."""
-        self._runner.run(self._target.persist())
+        self._runner.run(self._acks.after(self._target.persist()))
 
     @property
     def mark_delete_position(self) -> MessageId:
@@ -421,13 +678,18 @@ class Consumer:
 
     def unsubscribe(self) -> None:
         """Delete the subscription (its cursor) and close."""
-        self._runner.run(self._target.unsubscribe())
+        self._runner.run(self._acks.after(self._target.unsubscribe()))
+        self._closed = True
+        self._received.clear()
 
     def close(self) -> None:
         """Persist the cursor and leave the subscription (to the next failover standby);
-        a message listener's thread ends (after the message it is handling)."""
+        a message listener's thread ends (after the message it is handling). Messages
+        received in a burst and not taken are delivered again (as unacknowledged)."""
         if not self._runner.closed:
-            self._runner.run(self._target.close())
+            self._runner.run(self._acks.after(self._target.close()))
+        self._closed = True
+        self._received.clear()
         listener = self._listener
         if listener is not None and listener is not threading.current_thread():
             listener.join(timeout=30)

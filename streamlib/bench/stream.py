@@ -16,9 +16,11 @@ from streamlib.client import Client
 from streamlib.stream.positions import EARLIEST
 
 
-async def _publish_throughput(client: Client, args: argparse.Namespace) -> float:
-    await client.streams.create("bench-throughput", 3, 3, 2)
-    producer = await client.create_producer("bench-throughput", batching_max_publish_delay_ms=2)
+async def _publish_throughput(
+    client: Client, args: argparse.Namespace, stream: str = "bench-throughput"
+) -> float:
+    await client.streams.create(stream, 3, 3, 2)
+    producer = await client.create_producer(stream, batching_max_publish_delay_ms=2)
     payload = b"x" * args.message_bytes
     start = time.perf_counter()
     last = None
@@ -65,10 +67,33 @@ def blocking_send_async(
         payload = b"x" * args.message_bytes
         producer.send(payload)  # warm up
         start = time.perf_counter()
-        futures = [producer.send_async(payload) for _ in range(args.messages)]
-        futures[-1].result()
+        # (The last future kept, as the asyncio phase keeps the last: durable in order.)
+        for _ in range(args.messages):
+            last = producer.send_async(payload)
+        last.result()
         elapsed = time.perf_counter() - start
         producer.close()
+    return args.messages / elapsed
+
+
+def blocking_receive(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> float:
+    """Throughput of a blocking-API loop of consumer.receive() + acknowledge() over what
+    the asyncio throughput phase wrote (a subscription of its own), msgs/s."""
+    import streamlib
+
+    with streamlib.connect(uri, **options) as client:
+        consumer = client.subscribe(
+            "bench-throughput", "bench-blocking", "earliest", receiver_queue_size=10_000
+        )
+        start = time.perf_counter()
+        size = 0
+        for _ in range(args.messages):
+            message = consumer.receive(timeout=60)
+            size += len(message.data)
+            consumer.acknowledge(message)
+        assert size == args.messages * args.message_bytes
+        elapsed = time.perf_counter() - start
+        consumer.close()
     return args.messages / elapsed
 
 
@@ -184,11 +209,23 @@ async def _run(
     return figures
 
 
+async def _publish_again(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> float:
+    client = await Client.connect(uri, **options)
+    try:
+        return await _publish_throughput(client, args, "bench-throughput-again")
+    finally:
+        await client.close()
+
+
 def _measure(uri: str, args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
     blocking = blocking_sends(uri, args, options)
     figures = asyncio.run(_run(uri, args, options))
-    # Last: its 100 MB would keep the bookies flushing through the latency phases.
+    figures["blocking_receive_msgs_per_s"] = blocking_receive(uri, args, options)
+    # Last: its 100 MB would keep the bookies flushing through the latency phases. The
+    # asyncio publish again right after it: the two in the same state of the bookies
+    # (flushing what the phases before wrote), for the blocking API's share of it.
     figures["blocking_send_async_msgs_per_s"] = blocking_send_async(uri, args, options)
+    figures["publish_again_msgs_per_s"] = asyncio.run(_publish_again(uri, args, options))
     for codec in ("lz4", "zstd"):
         figures[f"blocking_send_async_{codec}_msgs_per_s"] = blocking_send_async(
             uri, args, options, codec
@@ -218,6 +255,7 @@ _ROWS = (
     ("blocking send p99", "blocking_p99_ms", "ms"),
     ("publish throughput", "publish_msgs_per_s", "msgs/s"),
     ("blocking send_async", "blocking_send_async_msgs_per_s", "msgs/s"),
+    ("blocking catch-up", "blocking_receive_msgs_per_s", "msgs/s"),
     ("end-to-end p50, low", "low_e2e_p50_ms", "ms"),
     ("end-to-end p99, low", "low_e2e_p99_ms", "ms"),
     ("end-to-end p50, high", "high_e2e_p50_ms", "ms"),
@@ -238,7 +276,9 @@ def run(args: argparse.Namespace) -> int:
         " send_async)\n"
         f"  blocking send_async  {r['blocking_send_async_msgs_per_s']:,.0f} msgs/s (a loop of the"
         f" blocking API's send_async; with lz4 {r['blocking_send_async_lz4_msgs_per_s']:,.0f},"
-        f" with zstd {r['blocking_send_async_zstd_msgs_per_s']:,.0f})\n",
+        f" with zstd {r['blocking_send_async_zstd_msgs_per_s']:,.0f}); the asyncio loop right"
+        f" after it {r['publish_again_msgs_per_s']:,.0f} msgs/s: the blocking API at"
+        f" {r['blocking_send_async_msgs_per_s'] / r['publish_again_msgs_per_s']:.0%} of it\n",
         end="",
     )
     for name, rate in (("low", args.low_rate), ("high", args.rate)):
@@ -252,7 +292,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"  catch-up reads       {r['catch_up_msgs_per_s']:,.0f} msgs/s (Reader)\n"
         f"  consumer catch-up    {r['consumer_catch_up_msgs_per_s']:,.0f} msgs/s"
-        " (receive + acknowledge each)",
+        " (receive + acknowledge each)\n"
+        f"  blocking catch-up    {r['blocking_receive_msgs_per_s']:,.0f} msgs/s (the same loop"
+        " through the blocking API: "
+        f"{r['blocking_receive_msgs_per_s'] / r['consumer_catch_up_msgs_per_s']:.0%} of it)",
         flush=True,
     )
     if args.secure:

@@ -174,6 +174,9 @@ class Consumer:
         self.received = 0  # ... and for client.stats() and the Prometheus collector
         self.acknowledged = 0
         self.negatively_acknowledged = 0
+        # Called (on the loop) when what was received is to be forgotten: a seek, or a
+        # failover consumer's turn ended (the blocking API drops its buffer).
+        self.on_forget: list[Callable[[], None]] = []
 
     @property
     def dead_letter_stream(self) -> str | None:
@@ -203,6 +206,15 @@ class Consumer:
 
     def _forget_received(self) -> None:
         self._unacked.clear()
+        for forget in self.on_forget:
+            forget()
+
+    @property
+    def hands_out_bursts(self) -> bool:
+        """Whether what receive_nowait() gives may wait in a caller's buffer before the
+        application takes it (the blocking API's bursts): not with an ack timeout (its
+        clock starts at receive) nor a dead-letter policy (receive() applies it)."""
+        return self._ack_timeout_s == 0 and self._dead_letter is None
 
     # -- receiving ----------------------------------------------------------------------
 

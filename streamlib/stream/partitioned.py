@@ -13,7 +13,7 @@ from typing import Any
 import crc32c
 
 from streamlib.stream.positions import MessageId
-from streamlib.stream.producer import Checked, Producer
+from streamlib.stream.producer import Checked, Outcome, Producer
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -69,9 +69,15 @@ class PartitionedProducer:
         return await self._route(_key(checked)).send_checked(checked, sequence_id)
 
     def queue_checked(
-        self, checked: Checked, sequence_id: int | None = None
-    ) -> asyncio.Future[MessageId]:
-        return self._route(_key(checked)).queue_checked(checked, sequence_id)
+        self,
+        checked: Checked,
+        sequence_id: int | None = None,
+        producer: str = "",
+        outcome: Outcome | None = None,
+    ) -> Outcome:
+        return self._route(_key(checked)).queue_checked(  # type: ignore[no-any-return]
+            checked, sequence_id, producer, outcome
+        )
 
     async def flush(self) -> None:
         await asyncio.gather(*(p.flush() for p in self._producers))

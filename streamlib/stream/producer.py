@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from streamlib.protocol.errors import (
     BadRequestError,
@@ -112,10 +112,21 @@ class WriterAppender:
         await self.writer.close()
 
 
+class Outcome(Protocol):
+    """What a send settles: its asyncio future, or the blocking API's future (which the
+    loop settles directly: no asyncio future and callback per message in between)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: MessageId, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 @dataclass
 class _Batch:
     messages: BatchBuilder
-    futures: list[asyncio.Future[MessageId]]
+    futures: list[Outcome]
     started: float = 0.0  # when its first message was sent (time.monotonic())
     chunked: bool = False  # a piece of a chunked message
 
@@ -227,7 +238,7 @@ class Producer:
         self._recent: collections.OrderedDict[int, MessageId] = collections.OrderedDict(
             sorted((recent or {}).items())
         )
-        self._unsettled: dict[int, asyncio.Future[MessageId]] = {}
+        self._unsettled: dict[int, Outcome] = {}
         self._appender: Appender = (
             WriterAppender(appender) if isinstance(appender, StreamWriter) else appender
         )
@@ -337,12 +348,28 @@ class Producer:
             self._room.clear()
             await self._room.wait()
 
+    @overload
     def queue_checked(
         self, checked: Checked, sequence_id: int | None = None, producer: str = ""
-    ) -> asyncio.Future[MessageId]:
+    ) -> asyncio.Future[MessageId]: ...
+
+    @overload
+    def queue_checked(
+        self, checked: Checked, sequence_id: int | None, producer: str, outcome: Outcome | None
+    ) -> Outcome: ...
+
+    def queue_checked(
+        self,
+        checked: Checked,
+        sequence_id: int | None = None,
+        producer: str = "",
+        outcome: Outcome | None = None,
+    ) -> Outcome:
         """Add a _checked() message to the open batch now, room or not (the blocking API
         checks in the caller's thread and bounds what is pending there). producer: the
-        name of the producer it came from, stored with it (a broker's, for dedup)."""
+        name of the producer it came from, stored with it (a broker's, for dedup).
+        outcome: what to settle (else a new asyncio future); the answer is what settles:
+        outcome, or a resend's original."""
         if self._closed:
             raise ClientClosedError(f"producer of {self.stream!r} is closed")
         data, event_ms, metadata, deliver_ms = checked
@@ -355,7 +382,7 @@ class Producer:
         ):
             sequence = sequence_id
             if sequence <= self.last_sequence_id:
-                return self._resent(sequence)
+                return self._resent(sequence, outcome)
         else:
             raise BadRequestError(f"sequence_id must be an int >= 0, got {sequence_id!r}")
         self.last_sequence_id = sequence
@@ -366,7 +393,7 @@ class Producer:
             )
         if self._batch.messages and self._batch.messages.size + size > self._max_bytes:
             self._seal()
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        future = outcome if outcome is not None else asyncio.get_running_loop().create_future()
         messages = self._batch.messages
         if not messages:
             self._batch.started = time.monotonic()
@@ -390,15 +417,18 @@ class Producer:
             self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._seal)
         return future
 
-    def _resent(self, sequence: int) -> asyncio.Future[MessageId]:
+    def _resent(self, sequence: int, outcome: Outcome | None) -> Outcome:
         """A send of a sequence id already sent (Pulsar's deduplication): acknowledged
-        with the original's id -- when it is still in flight, once it is durable -- and
-        stored nothing. EARLIEST when the original is too old to remember."""
+        with the original's id -- when it is still in flight, once it is durable (its
+        original's outcome is the answer) -- and stored nothing. EARLIEST when the
+        original is too old to remember."""
         self.duplicates += 1
         original = self._unsettled.get(sequence)
         if original is not None:
+            if outcome is None and not isinstance(original, asyncio.Future):
+                return asyncio.wrap_future(original)  # type: ignore[arg-type]
             return original
-        future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        future = outcome if outcome is not None else asyncio.get_running_loop().create_future()
         future.set_result(self._recent.get(sequence, EARLIEST))
         return future
 
@@ -538,24 +568,36 @@ class Producer:
                 if done.cancelled()
                 else done.exception()
             )
-        sequence_ids = batch.messages.sequence_ids
+        futures = batch.futures
+        sequence_ids = (
+            batch.messages.sequence_ids[-1:] if batch.chunked else batch.messages.sequence_ids
+        )
+        unsettled = self._unsettled
+        if futures:  # (a chunked message's earlier pieces settle no send)
+            for sequence in sequence_ids:
+                unsettled.pop(sequence, None)
+        positions: list[MessageId] = []
         recent = self._recent
-        for index, future in enumerate(batch.futures):
-            sequence = sequence_ids[-1] if batch.chunked else sequence_ids[index]
-            self._unsettled.pop(sequence, None)
-            if future.done():
-                continue
-            if error is not None:
-                future.set_exception(error)
+        if error is None and futures:
+            assert done is not None
+            ledger_id, entry_id = done.result()
+            if ledger_id < 0:  # (stored before, where nobody remembers: no place)
+                positions = [EARLIEST] * len(futures)
             else:
-                assert done is not None
-                ledger_id, entry_id = done.result()
-                if ledger_id < 0:  # (stored before, where nobody remembers: no place)
-                    position = EARLIEST
+                positions = [MessageId(ledger_id, entry_id, i) for i in range(len(futures))]
+            recent.update(zip(sequence_ids, positions, strict=True))
+        # (The blocking API's futures settle together: one taking of their lock.)
+        settle_all = getattr(futures[0], "settle_all", None) if futures else None
+        if settle_all is not None:
+            settle_all(futures, positions, error)
+        else:
+            for index, future in enumerate(futures):
+                if future.done():
+                    continue
+                if error is not None:
+                    future.set_exception(error)
                 else:
-                    position = MessageId(ledger_id, entry_id, 0 if batch.chunked else index)
-                future.set_result(position)
-                recent[sequence] = position
+                    future.set_result(positions[index])
         if len(recent) > RECENT_IDS:
             for _ in range(len(recent) - RECENT_IDS):
                 recent.popitem(last=False)

@@ -149,6 +149,51 @@ def test_acknowledging_does_not_wait_for_the_clients_loop_and_keeps_its_order(ur
             again.acknowledge("not a message")  # type: ignore[arg-type]
 
 
+def test_receive_takes_a_burst_per_hop_and_drops_it_when_the_consumer_forgets(
+    uri: str,
+) -> None:
+    """One hop to the loop takes every message there; the next receives take them in
+    the caller's thread. What waits there is dropped as the consumer's own queue is: a
+    seek delivers from the new position, a close leaves them unacknowledged (the next
+    consumer gets them), and a consumer with an ack timeout takes one per hop (its
+    clock starts when the application receives)."""
+    with streamlib.connect(uri) as client:
+        producer = client.create_producer("bursts")
+        for i in range(50):
+            producer.send_async(b"%d" % i)
+        producer.flush()
+        consumer = client.subscribe("bursts", "sub", "earliest")
+        first = consumer.receive(timeout=30)
+        assert first.data == b"0"
+        assert len(consumer._received) > 0  # (the burst: the rest read ahead)
+        hops = 0
+        real_run = consumer._runner.run
+
+        def counting_run(coro):  # type: ignore[no-untyped-def]
+            nonlocal hops
+            hops += 1
+            return real_run(coro)
+
+        consumer._runner.run = counting_run  # type: ignore[method-assign]
+        got = [first] + [consumer.receive(timeout=30) for _ in range(49)]
+        consumer._runner.run = real_run  # type: ignore[method-assign]
+        assert [m.data for m in got] == [b"%d" % i for i in range(50)]
+        assert hops < 10, hops
+
+        consumer.seek(first.message_id)  # (that message first again)
+        assert consumer.receive(timeout=30).data == b"0"
+        consumer.acknowledge_cumulative(got[9])
+        consumer.close()  # what the burst holds: unacknowledged, delivered again
+        again = client.subscribe("bursts", "sub")
+        assert again.receive(timeout=30).data == b"10"
+        again.close()
+
+        timed = client.subscribe("bursts", "timed", "earliest", ack_timeout_ms=60_000)
+        assert timed.receive(timeout=30).data == b"0"
+        assert len(timed._received) == 0
+        timed.close()
+
+
 def test_a_closed_client_says_so(uri: str) -> None:
     client = streamlib.connect(uri)
     producer = client.create_producer("closed")
