@@ -1,13 +1,21 @@
-"""A subscription's dispatch on its stream's owner: one direct consumer (the broker's)
+"""A subscription's dispatch on its stream's owner: the broker's own direct consumer
 reads the subscription's cursor, and the dispatch rules (streamlib/protocol/dispatch.py)
-hand its messages to the connected consumers."""
+hand its entries, whole, to the connected consumers (Pulsar's dispatch: the client
+batches, the broker appends a batch as one entry and dispatches it as it is stored, the
+consumer unbatches). What a consumer holds is some messages of one entry (`Handed`): all
+of them, or those a key_shared subscription routes to it, or those to deliver again.
+Acknowledgements come by message (batch-index acks): an entry leaves its consumer's
+unacknowledged ones when all of its messages have been acknowledged, and the cursor
+takes each acknowledged run of messages as one range."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from streamlib.broker.access import Budgets
@@ -18,15 +26,34 @@ from streamlib.protocol.errors import (
     ConsumerBusyError,
 )
 from streamlib.stream.consumer import Consumer
+from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import MessageId
-from streamlib.stream.reader import Message
 
 log = logging.getLogger(__name__)
+
+# One entry's acknowledgements: (ledger id, entry id, the indexes of its messages).
+EntryAcks = Iterable[tuple[int, int, Iterable[int]]]
+
+
+@dataclass(eq=False)
+class Handed:
+    """Messages of one entry, handed out together: `indexes` (ascending) are those not
+    acknowledged yet."""
+
+    entry: EntryMessages
+    indexes: list[int]
+    redeliveries: int = 0
+    cid: int | None = None  # the consumer that holds it
+
+    @property
+    def whole(self) -> bool:
+        """Every message of the entry (the usual case: the client needs no list)."""
+        return len(self.indexes) == len(self.entry.payloads)
 
 
 class SubscriptionDispatcher:
     """Reads the subscription's cursor through one direct consumer (the broker's) and
-    hands the messages out by the dispatch rules (streamlib/protocol/dispatch.py)."""
+    hands the entries out by the dispatch rules (streamlib/protocol/dispatch.py)."""
 
     def __init__(
         self,
@@ -37,6 +64,7 @@ class SubscriptionDispatcher:
         budgets: Budgets | None = None,
     ) -> None:
         self.inner = inner
+        self.source: Any = inner.source  # (a DirectSubscription: entries, ranges)
         self.dispatch = (budgets or Budgets()).dispatch(kind)
         self.sessions: dict[int, ConsumerSession] = {}
         self._nack_delay_s = nack_delay_s
@@ -45,6 +73,9 @@ class SubscriptionDispatcher:
         self._on_fail = on_fail
         self.failed: BaseException | None = None
         self._closing = CloseOnce()
+        # What consumers hold, by entry: an ack finds it there.
+        self._handed: dict[tuple[int, int], list[Pending]] = {}
+        self._serial = itertools.count()  # (what is handed out is told apart by it)
         self._task = self._start_task()
 
     def add(self, session: ConsumerSession) -> None:
@@ -57,10 +88,13 @@ class SubscriptionDispatcher:
         self._wake.set()
 
     def remove(self, cid: int) -> None:
+        """A consumer left: what it held goes to the others (delivered again)."""
         if self.sessions.pop(cid, None) is None:
             return
         for pending in self.dispatch.unacked_of(cid):
-            pending.ref = pending.ref.redelivered()
+            self._unhand(pending)
+            pending.ref.redeliveries += 1
+            pending.ref.cid = None
         self.dispatch.remove(cid)
         self._active_changed()
         self._wake.set()
@@ -79,33 +113,107 @@ class SubscriptionDispatcher:
         self.dispatch.flow(cid, permits)
         self._wake.set()
 
-    def ack(self, cid: int, ids: list[MessageId], cumulative: bool) -> None:
-        if cumulative and ids:  # everything up to the highest that this consumer holds
-            upto = max(ids)
-            ids = sorted(
-                p.message_id for p in self.dispatch.unacked_of(cid) if p.message_id <= upto
-            )
-        for one in ids:
-            pending = self.dispatch.ack(cid, one)
-            if pending is not None:  # (its ref: the message as this consumer got it)
-                self.inner.acknowledge(pending.ref)
+    # -- acknowledgements ---------------------------------------------------------------
+
+    def ack(self, cid: int, entries: EntryAcks) -> None:
+        """Individual acks (batch-index acks) of messages this consumer holds; others
+        are ignored (handed to another since, or never)."""
+        for ledger_id, entry_id, indexes in entries:
+            for pending, hit in self._hits(cid, ledger_id, entry_id, indexes):
+                self._to_cursor(pending.ref.entry, hit)
         self._wake.set()
 
-    def nack(self, cid: int, ids: list[MessageId]) -> None:
-        back = [p for p in (self.dispatch.take_back(cid, i) for i in ids) if p is not None]
-        if not back:
-            return
-        for pending in back:
-            pending.ref = pending.ref.redelivered()
-        asyncio.get_running_loop().call_later(
-            self._nack_delay_s, self._redeliver, back, self._generation
-        )
+    def ack_cumulative(self, cid: int, upto: MessageId) -> None:
+        """Everything up to `upto` that this consumer holds (the others' messages stay
+        theirs: a shared subscription's cumulative ack is the consumer's own)."""
+        self.ack(cid, self._held_upto(cid, upto))
+
+    def nack(self, cid: int, entries: EntryAcks) -> None:
+        """Negative acks: those messages are delivered again after the subscription's
+        redelivery delay (to this consumer or, shared, another)."""
+        back = []
+        for ledger_id, entry_id, indexes in entries:
+            for pending, hit in self._hits(cid, ledger_id, entry_id, indexes):
+                handed = pending.ref
+                back.append(self._pending(handed.entry, hit, pending.slot, handed.redeliveries + 1))
+        if back:
+            asyncio.get_running_loop().call_later(
+                self._nack_delay_s, self._redeliver, back, self._generation
+            )
+
+    def _hits(
+        self, cid: int, ledger_id: int, entry_id: int, indexes: Iterable[int]
+    ) -> list[tuple[Pending, list[int]]]:
+        """What of these messages this consumer holds, taken from what it holds (an
+        entry it no longer holds any of leaves its unacknowledged ones)."""
+        found = self._handed.get((ledger_id, entry_id))
+        if not found:
+            return []
+        wanted = set(indexes)
+        hits = []
+        for pending in list(found):
+            handed = pending.ref
+            if handed.cid != cid:
+                continue
+            if wanted.issuperset(handed.indexes):  # (the usual case: all of it)
+                hit, handed.indexes = handed.indexes, []
+            else:
+                hit = [i for i in handed.indexes if i in wanted]
+                if not hit:
+                    continue
+                handed.indexes = [i for i in handed.indexes if i not in wanted]
+            hits.append((pending, hit))
+            if not handed.indexes:
+                self.dispatch.ack(cid, pending.message_id)
+                self._unhand(pending)
+        return hits
+
+    def _held_upto(self, cid: int, upto: MessageId) -> list[tuple[int, int, list[int]]]:
+        last = (upto.ledger_id, upto.entry_id)
+        held = []
+        for pending in self.dispatch.unacked_of(cid):
+            handed = pending.ref
+            where = (handed.entry.ledger_id, handed.entry.entry_id)
+            if where < last:
+                held.append((*where, list(handed.indexes)))
+            elif where == last:
+                held.append((*where, [i for i in handed.indexes if i <= upto.batch_index]))
+        return held
+
+    def _to_cursor(self, entry: EntryMessages, hit: list[int]) -> None:
+        """Acknowledged messages of an entry (ascending), to the cursor: a range per run
+        of consecutive ones (each from the message before it)."""
+        ledger_id, entry_id = entry.ledger_id, entry.entry_id
+        first = last = hit[0]
+        for index in itertools.chain(hit[1:], (None,)):
+            if index is not None and index == last + 1:
+                last = index
+                continue
+            lower = (
+                entry.previous
+                if first == entry.start
+                else MessageId(ledger_id, entry_id, first - 1)
+            )
+            self.source.acknowledge_range(lower, MessageId(ledger_id, entry_id, last))
+            if index is not None:
+                first = last = index
+
+    def _unhand(self, pending: Pending) -> None:
+        entry = pending.ref.entry
+        where = (entry.ledger_id, entry.entry_id)
+        found = self._handed.get(where)
+        if found is not None:
+            found.remove(pending)
+            if not found:
+                del self._handed[where]
 
     def _redeliver(self, back: list[Pending], generation: int) -> None:
         if generation != self._generation:  # a seek came between: these are the past
             return
         self.dispatch.redeliver(back)
         self._wake.set()
+
+    # -- reading and handing out --------------------------------------------------------
 
     def _start_task(self) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._run())
@@ -129,58 +237,73 @@ class SubscriptionDispatcher:
     async def _run(self) -> None:
         """Read while someone can take messages; deliver what the rules allow. (A read
         waits in a task of its own: a consumer leaving or acking must not wait for the
-        next message to be handed out.)"""
+        next entry to be handed out.)"""
         loop = asyncio.get_running_loop()
-        receiving: asyncio.Task[Message] | None = None
+        source = self.source
+        reading: asyncio.Task[tuple[EntryMessages, list[int]]] | None = None
         try:
             while True:
-                while receiving is None and self.dispatch.wants_more():
-                    message = self.inner.receive_nowait()
-                    if message is None:
+                while reading is None and self.dispatch.wants_more():
+                    taken = source.take_entry()
+                    if taken is None:
                         break
-                    self._offer(message)
+                    self._offer(*taken)
                 self._deliver()
-                if receiving is None and self.dispatch.wants_more():
-                    receiving = loop.create_task(self.inner.receive())
+                if reading is None and self.dispatch.wants_more():
+                    reading = loop.create_task(self._next_entry())
                 self._wake.clear()
                 waker = loop.create_task(self._wake.wait())
-                waiting: set[asyncio.Task[Any]] = (
-                    {waker} if receiving is None else {waker, receiving}
-                )
+                waiting: set[asyncio.Task[Any]] = {waker} if reading is None else {waker, reading}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
-                if receiving is not None and receiving in done:
-                    self._offer(receiving.result())
-                    receiving = None
-                    # ... and whatever else was read ahead meanwhile, at once: one task
-                    # per message would cost more than the message.
-                    while self.dispatch.wants_more():
-                        message = self.inner.receive_nowait()
-                        if message is None:
-                            break
-                        self._offer(message)
+                if reading is not None and reading in done:
+                    self._offer(*reading.result())
+                    reading = None
         finally:
-            if receiving is not None:
-                receiving.cancel()
+            if reading is not None:
+                reading.cancel()
 
-    def _offer(self, message: Message) -> None:
-        self.dispatch.offer(
-            Pending(
-                message,
-                message.message_id,
-                key_slot(message.key, message.message_id, message.ordering_key()),
-                len(message.data),
-            )
-        )
+    async def _next_entry(self) -> tuple[EntryMessages, list[int]]:
+        """The next entry to hand out, waiting for it (and for the broker's own
+        consumer's turn: another broker may still hold the subscription)."""
+        source = self.source
+        while True:
+            await source.prepare()
+            taken = source.take_entry()
+            if taken is not None:
+                return taken  # type: ignore[no-any-return]
+            source.wake.clear()
+            taken = source.take_entry()  # (what came before the clear)
+            if taken is not None:
+                return taken  # type: ignore[no-any-return]
+            await source.wake.wait()
+
+    def _offer(self, entry: EntryMessages, indexes: list[int]) -> None:
+        if self.dispatch.kind is Kind.KEY_SHARED:
+            for slot, some in _by_slot(entry, indexes):
+                self.dispatch.offer(self._pending(entry, some, slot))
+        else:
+            self.dispatch.offer(self._pending(entry, indexes, 0))
+
+    def _pending(
+        self, entry: EntryMessages, indexes: list[int], slot: int, redeliveries: int = 0
+    ) -> Pending:
+        handed = Handed(entry, indexes, redeliveries)
+        key = (entry.ledger_id, entry.entry_id, indexes[0], next(self._serial))
+        return Pending(handed, key, slot, len(entry.stored()), len(indexes))
 
     def _deliver(self) -> None:
-        grouped: dict[Any, list[Message]] = collections.defaultdict(list)
+        grouped: dict[int, list[Handed]] = collections.defaultdict(list)
         for cid, pending in self.dispatch.deliveries():
-            grouped[cid].append(pending.ref)
-        for cid, messages in grouped.items():
+            handed = pending.ref
+            handed.cid = cid
+            entry = handed.entry
+            self._handed.setdefault((entry.ledger_id, entry.entry_id), []).append(pending)
+            grouped[cid].append(handed)  # type: ignore[index]
+        for cid, handed_out in grouped.items():
             session = self.sessions.get(cid)
             if session is not None:
-                session.outbox.put_nowait(messages)
+                session.outbox.put_nowait(handed_out)
 
     async def seek(self, target: MessageId | int) -> None:
         """Move the cursor (Pulsar's seek): what was read or handed out is forgotten,
@@ -194,6 +317,7 @@ class SubscriptionDispatcher:
         # skip that message for good). A seek that fails disconnects every consumer too.
         self._generation += 1
         self.dispatch.reset()
+        self._handed.clear()
         try:
             await self.inner.seek(target)
         finally:
@@ -230,3 +354,20 @@ class SubscriptionDispatcher:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await self.inner.close()
+
+
+def _by_slot(entry: EntryMessages, indexes: list[int]) -> list[tuple[int, list[int]]]:
+    """Key_shared: the entry's messages by hash slot, each slot's in order (an entry of
+    several keys is split: a key never goes to two consumers). A message without a key
+    hashes by its entry's position (an entry of such messages goes whole)."""
+    where = (entry.ledger_id, entry.entry_id)
+    metadata = entry.metadata
+    if metadata is None:
+        return [(key_slot(None, where), indexes)]
+    slots: dict[int, list[int]] = {}
+    for i in indexes:
+        one = metadata[i]
+        key = one.key if one.HasField("key") else None
+        ordering = one.ordering_key if one.HasField("ordering_key") else None
+        slots.setdefault(key_slot(key, where, ordering), []).append(i)
+    return list(slots.items())

@@ -397,6 +397,7 @@ class OwnedStream:
                 if self.gone is not None:  # (it went while this one subscribed)
                     await inner.close()
                     raise self.gone
+                inner.source.keep_entries()  # type: ignore[attr-defined]
                 dispatcher = SubscriptionDispatcher(
                     inner,
                     kind,

@@ -15,7 +15,7 @@ import builtins
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
 import grpc
@@ -25,6 +25,7 @@ from bookie.errors import UnauthorizedError as BookieUnauthorized
 from metadata.errors import InvalidNameError, MetadataError
 from streamlib.broker import admin
 from streamlib.broker.access import BrokerAccess, HeldBytes, SessionLimits
+from streamlib.broker.dispatcher import Handed
 from streamlib.broker.owned import OwnedStream
 from streamlib.broker.ownership import Broker, NotOwnerError
 from streamlib.broker.sessions import Done, StreamGone
@@ -41,7 +42,7 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.service_access import Caller, Operation, may_create
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
-from streamlib.stream.reader import Message, StreamScanner
+from streamlib.stream.reader import ScannerFeed, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
@@ -484,11 +485,17 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if which == "flow":
                     dispatcher.flow(session.cid, request.flow.permits)
                 elif which == "ack":
-                    ids = [id_from_pb(i) for i in request.ack.ids]
-                    if request.ack.negative:
-                        dispatcher.nack(session.cid, ids)
+                    ack = request.ack
+                    ids = [id_from_pb(i) for i in ack.ids]
+                    if ack.cumulative:
+                        if ids:
+                            dispatcher.ack_cumulative(session.cid, max(ids))
+                        continue
+                    entries = _entry_acks(ack.entries, ids)
+                    if ack.negative:
+                        dispatcher.nack(session.cid, entries)
                     else:
-                        dispatcher.ack(session.cid, ids, request.ack.cumulative)
+                        dispatcher.ack(session.cid, entries)
                 elif which in ("seek", "unsubscribe") and (
                     refused := self._refusal(context, opened.stream, opened.subscription)
                 ):
@@ -526,8 +533,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                     active = session.active
                     yield pb.ConsumeResponse(active=pb.ActiveChange(active=active))
                 if item:
-                    for chunk in deliveries(item):
-                        yield pb.ConsumeResponse(deliveries=chunk)
+                    for chunk in entry_deliveries(item):
+                        yield pb.ConsumeResponse(entries=chunk)
         finally:
             await _stop_then(
                 [taker], lambda: owned.remove_consumer(opened.subscription, dispatcher, session)
@@ -561,10 +568,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                     given.set()
 
         taker = asyncio.get_running_loop().create_task(take_requests())
+        feed = reader._feed
+        assert isinstance(feed, ScannerFeed)
+        feed.keep_entries()
         try:
             yield pb.ConsumeResponse(ready=pb.ConsumerReady(active=True))
             # (No heartbeats, see _produce: a wait ends now and then only to notice a
-            # client that half-closed.)
+            # client that half-closed.) Entries go whole, as stored: what is there now
+            # while permits last, in one answer.
             while not taker.done():
                 if permits <= 0:
                     given.clear()
@@ -572,12 +583,18 @@ class BrokerService(pb_grpc.BrokerServicer):
                         await asyncio.wait_for(given.wait(), LOOK_AGAIN_S)
                     continue
                 try:
-                    message = await reader.read_next(timeout=LOOK_AGAIN_S)
+                    entry = await feed.take_entry(timeout=LOOK_AGAIN_S)
                 except builtins.TimeoutError:
                     continue
-                permits -= 1
-                for chunk in deliveries([message]):
-                    yield pb.ConsumeResponse(deliveries=chunk)
+                handed = []
+                while True:
+                    indexes = list(range(entry.start, len(entry.payloads)))
+                    handed.append(Handed(entry, indexes))
+                    permits -= len(indexes)
+                    if permits <= 0 or (entry := feed.take_entry_nowait()) is None:  # type: ignore[assignment]
+                        break
+                for chunk in entry_deliveries(handed):
+                    yield pb.ConsumeResponse(entries=chunk)
         finally:
             await _stop_then([taker], reader.close)
 
@@ -667,42 +684,43 @@ async def _opening(iterator: AsyncIterator[Any]) -> Any:
     return first.open if first.WhichOneof("kind") == "open" else False
 
 
-def delivered_pb(message: Message) -> pb.Delivered:
-    out = pb.Delivered(
-        id=id_pb(message.message_id),
-        payload=message.data,
-        publish_time_ms=message.publish_time_ms,
-        event_time_ms=message.event_time_ms,
-        sequence_id=message.sequence_id,
-        producer_name=message.producer_name,
-        redelivery_count=message.redelivery_count,
-    )
-    key = message.key
-    if key is not None:
-        out.key = key
-    ordering_key = message.ordering_key()
-    if ordering_key is not None:
-        out.ordering_key = ordering_key
-    properties = message.properties
-    if properties:
-        out.properties.update(properties)
+def entry_deliveries(handed: list[Handed]) -> list[pb.EntryDeliveries]:
+    """Entries handed to a consumer, as they are stored, in gRPC messages of about
+    DELIVERY_BYTES each."""
+    out: list[pb.EntryDeliveries] = []
+    current = pb.EntryDeliveries()
+    size = 0
+    for one in handed:
+        entry = one.entry
+        stored = entry.stored()
+        if size and size + len(stored) > DELIVERY_BYTES:
+            out.append(current)
+            current, size = pb.EntryDeliveries(), 0
+        delivered = current.entries.add(
+            ledger_id=entry.ledger_id,
+            entry_id=entry.entry_id,
+            entry=stored,
+            redelivery_count=one.redeliveries,
+        )
+        if not one.whole:
+            delivered.indexes.extend(one.indexes)
+        size += len(stored) + 32
+    if current.entries:
+        out.append(current)
     return out
 
 
-def deliveries(messages: list[Message]) -> list[pb.Deliveries]:
-    """Messages as gRPC messages of about DELIVERY_BYTES each."""
-    out: list[pb.Deliveries] = []
-    current = pb.Deliveries()
-    size = 0
-    for message in messages:
-        one = delivered_pb(message)
-        if size and size + len(message.data) > DELIVERY_BYTES:
-            out.append(current)
-            current, size = pb.Deliveries(), 0
-        current.messages.append(one)
-        size += len(message.data) + 64
-    if current.messages:
-        out.append(current)
+def _entry_acks(
+    entries: Iterable[pb.EntryAck], ids: list[MessageId]
+) -> list[tuple[int, int, Iterable[int]]]:
+    """Individual acks by entry: as the client sends them, and any by message id."""
+    out: list[tuple[int, int, Iterable[int]]] = [
+        (e.ledger_id, e.entry_id, e.indexes) for e in entries
+    ]
+    by_entry: dict[tuple[int, int], list[int]] = {}
+    for one in ids:
+        by_entry.setdefault((one.ledger_id, one.entry_id), []).append(one.batch_index)
+    out.extend((*where, indexes) for where, indexes in by_entry.items())
     return out
 
 

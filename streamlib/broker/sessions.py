@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from streamlib.protocol.dispatch import Kind
 from streamlib.protocol.errors import (
     StreamlibError,
 )
-from streamlib.stream.reader import Message
+
+if TYPE_CHECKING:
+    from streamlib.broker.dispatcher import Handed
 
 
 class StreamGone(StreamlibError):
@@ -42,7 +45,7 @@ class ConsumerSession:
     principal: str | None = None  # who opened it: only they may resume it
     # Deliveries to send: filled by the dispatcher, drained by the RPC (a Done: a seek or
     # unsubscribe it asked for is done; an error: the session ends with it).
-    outbox: asyncio.Queue[list[Message] | Done | BaseException] = field(
+    outbox: asyncio.Queue[list[Handed] | Done | BaseException] = field(
         default_factory=asyncio.Queue
     )
     active: bool = True

@@ -17,11 +17,15 @@ answers with the deliveries to make. One Dispatch per subscription on its owning
   (Pulsar's Key_Shared with its "recently joined consumers" rule does the same thing by
   read position).
 
-Messages are opaque to it (a `Pending(ref, message_id, slot, size)`); it never reads
-ahead more than `max_pending` messages or `max_pending_bytes`, and hands a consumer no
-more while it holds `max_unacked` messages or `max_unacked_bytes` unacknowledged (at
-least one message always goes: a message larger than a budget is not stuck), so a
-subscription's memory is bounded in bytes whatever permits its consumers grant.
+What it hands out is opaque to it (a `Pending(ref, message_id, slot, size, count)`):
+the broker hands out whole entries, `count` messages each (Pulsar's dispatch of batches):
+one costs a consumer `count` permits -- an entry goes whole to a consumer with any
+permit left, which may then owe some (Pulsar's too) -- and counts `count` messages
+against its unacknowledged budget. It never reads ahead more than `max_pending`
+messages or `max_pending_bytes`, and hands a consumer no more while it holds
+`max_unacked` messages or `max_unacked_bytes` unacknowledged (at least one entry always
+goes: an entry larger than a budget is not stuck), so a subscription's memory is bounded
+in bytes whatever permits its consumers grant.
 """
 
 from __future__ import annotations
@@ -58,10 +62,11 @@ def key_slot(key: str | None, message_id: Hashable, ordering_key: bytes | None =
 
 @dataclass
 class Pending:
-    ref: Any  # what the broker delivers (its Message)
-    message_id: Any  # ordered and hashable (a MessageId)
+    ref: Any  # what the broker delivers (an entry's messages)
+    message_id: Any  # ordered and hashable, unique among those in flight
     slot: int
-    size: int = 0  # bytes it holds (its payload)
+    size: int = 0  # bytes it holds
+    count: int = 1  # messages it holds
 
 
 @dataclass
@@ -71,6 +76,7 @@ class _Consumer:
     permits: int = 0
     unacked: dict[Hashable, Pending] = field(default_factory=dict)
     unacked_bytes: int = 0
+    unacked_count: int = 0  # messages in `unacked`
 
 
 class ConsumerBusy(Exception):
@@ -98,6 +104,7 @@ class Dispatch:
         self._consumers: dict[Hashable, _Consumer] = {}  # arrival order
         self._queue: collections.deque[Pending] = collections.deque()  # not yet delivered
         self._queue_bytes = 0
+        self._queue_count = 0  # messages in the queue
         self._robin = 0
         self._ring: list[tuple[int, Hashable]] = []  # key_shared: (point, consumer)
         # key_shared: per slot, consumer -> its unacknowledged messages of the slot.
@@ -143,10 +150,12 @@ class Dispatch:
         reconnects and gives its own)."""
         self._queue.clear()
         self._queue_bytes = 0
+        self._queue_count = 0
         self._slot_unacked.clear()
         for consumer in self._consumers.values():
             consumer.unacked.clear()
             consumer.unacked_bytes = 0
+            consumer.unacked_count = 0
             consumer.permits = 0
 
     def consumers(self) -> list[Hashable]:
@@ -165,20 +174,21 @@ class Dispatch:
 
     def wants_more(self) -> bool:
         """Whether reading another message from the cursor is useful now."""
-        if len(self._queue) >= self.max_pending or self._queue_bytes >= self.max_pending_bytes:
+        if self._queue_count >= self.max_pending or self._queue_bytes >= self.max_pending_bytes:
             return False
         return any(self._can_take(c) for c in self._receivers())
 
     def _can_take(self, consumer: _Consumer) -> bool:
         return (
             consumer.permits > 0
-            and len(consumer.unacked) < self.max_unacked
+            and consumer.unacked_count < self.max_unacked
             and consumer.unacked_bytes < self.max_unacked_bytes
         )
 
     def offer(self, pending: Pending) -> None:
         self._queue.append(pending)
         self._queue_bytes += pending.size
+        self._queue_count += pending.count
 
     def redeliver(self, pendings: Iterable[Pending]) -> None:
         """Messages to deliver again before the others (a negative ack's, when due)."""
@@ -187,6 +197,7 @@ class Dispatch:
     def _queue_first(self, pendings: list[Pending]) -> None:
         self._queue.extendleft(reversed(pendings))
         self._queue_bytes += sum(p.size for p in pendings)
+        self._queue_count += sum(p.count for p in pendings)
 
     def ack(self, cid: Hashable, message_id: Hashable) -> Pending | None:
         consumer = self._consumers.get(cid)
@@ -195,6 +206,7 @@ class Dispatch:
         pending = consumer.unacked.pop(message_id, None)
         if pending is not None:
             consumer.unacked_bytes -= pending.size
+            consumer.unacked_count -= pending.count
             self._forget_slot(pending.slot, cid)
         return pending
 
@@ -235,10 +247,12 @@ class Dispatch:
     def _give(
         self, consumer: _Consumer, pending: Pending, out: list[tuple[Hashable, Pending]]
     ) -> None:
-        consumer.permits -= 1
+        consumer.permits -= pending.count
         consumer.unacked[pending.message_id] = pending
         consumer.unacked_bytes += pending.size
+        consumer.unacked_count += pending.count
         self._queue_bytes -= pending.size
+        self._queue_count -= pending.count
         out.append((consumer.cid, pending))
 
     # -- key_shared ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from streamlib.protocol.errors import (
@@ -21,6 +22,8 @@ from streamlib.protocol.errors import (
     ClientClosedError,
 )
 from streamlib.service.connection import EOF, OPEN_TIMEOUT_S, Brokers, Session, read
+from streamlib.stream.batch import MessageDecodeError
+from streamlib.stream.message import entry_messages, new_message
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
 from streamlib.stream.reader import Message
 from streamlib.wire import broker_pb2 as pb
@@ -28,72 +31,6 @@ from streamlib.wire import broker_pb2_grpc as pb_grpc
 from streamlib.wire.convert import error_from_pb, id_pb
 
 ACKS_WRITTEN_WITHIN_S = 5.0  # persist() waits this long for its acks to go out
-
-
-class ServiceMessage(Message):
-    """A message delivered by a broker."""
-
-    __slots__ = ("_mid", "_pb", "_schema", "_stream")
-
-    def __init__(self, delivered: pb.Delivered, stream: str, schema: Any) -> None:
-        self._pb = delivered
-        self._stream = stream
-        self._schema = schema
-        i = delivered.id
-        self._mid = MessageId(i.ledger_id, i.entry_id, i.batch_index)
-
-    @property
-    def stream(self) -> str:
-        return self._stream
-
-    @property
-    def message_id(self) -> MessageId:
-        return self._mid
-
-    @property
-    def data(self) -> bytes:
-        return self._pb.payload
-
-    @property
-    def key(self) -> str | None:
-        return self._pb.key if self._pb.HasField("key") else None
-
-    @property
-    def properties(self) -> dict[str, str]:
-        return dict(self._pb.properties)
-
-    def ordering_key(self) -> bytes | None:
-        return self._pb.ordering_key if self._pb.HasField("ordering_key") else None
-
-    @property
-    def publish_time_ms(self) -> int:
-        return self._pb.publish_time_ms
-
-    @property
-    def event_time_ms(self) -> int:
-        return self._pb.event_time_ms
-
-    @property
-    def sequence_id(self) -> int:
-        return self._pb.sequence_id
-
-    @property
-    def producer_name(self) -> str:
-        return self._pb.producer_name
-
-    @property
-    def redelivery_count(self) -> int:
-        return self._pb.redelivery_count
-
-    @property
-    def deliver_at_ms(self) -> int:
-        return 0
-
-    def value(self) -> Any:
-        return self.data if self._schema is None else self._schema.decode(self.data)
-
-    def __repr__(self) -> str:
-        return f"Message({self._stream!r}, {self._mid}, {self.data[:40]!r})"
 
 
 class _Delivery(Session):
@@ -111,13 +48,13 @@ class _Delivery(Session):
         self._queue_size = queue_size
         self._schema = schema
         self.wake = asyncio.Event()
-        self._messages: collections.deque[ServiceMessage] = collections.deque()
+        self._messages: collections.deque[Message] = collections.deque()
         self._error: BaseException | None = None
         self._taken = 0  # taken since permits were last given back
         self._flush = asyncio.Event()
         self._active = asyncio.Event()
 
-    def take_nowait(self) -> ServiceMessage | None:
+    def take_nowait(self) -> Message | None:
         if self._messages:
             self._taken += 1
             if self._taken >= max(1, self._queue_size // 2):
@@ -159,11 +96,8 @@ class _Delivery(Session):
 
     def _answer(self, response: pb.ConsumeResponse) -> None:
         which = response.WhichOneof("kind")
-        if which == "deliveries":
-            stream, schema = self.stream, self._schema
-            self._messages.extend(
-                ServiceMessage(one, stream, schema) for one in response.deliveries.messages
-            )
+        if which == "entries":
+            self._messages.extend(self._unbatched(response.entries.entries))
             self.wake.set()
         elif which == "active":
             self._set_active(response.active.active)
@@ -171,6 +105,29 @@ class _Delivery(Session):
             self.done(response.done)
         elif which == "error":
             raise error_from_pb(response.error)
+
+    def _unbatched(self, entries: Iterable[pb.DeliveredEntry]) -> Iterator[Message]:
+        """The messages of entries delivered whole, decoded as direct mode decodes what
+        it reads (those of each entry that are this consumer's)."""
+        stream, schema = self.stream, self._schema
+        for delivered in entries:
+            entry = entry_messages(
+                stream, delivered.ledger_id, delivered.entry_id, delivered.entry, EARLIEST
+            )
+            if entry is None:
+                continue
+            entry.schema = schema
+            count = len(entry.payloads)
+            redeliveries = delivered.redelivery_count
+            for index in delivered.indexes or range(count):
+                if index >= count:
+                    raise MessageDecodeError(
+                        f"stream {stream!r}: entry {delivered.ledger_id}:{delivered.entry_id} "
+                        f"has {count} messages, not a message {index}"
+                    )
+                message = new_message(entry, index)
+                message._redeliveries = redeliveries
+                yield message
 
     def _set_active(self, active: bool) -> None:
         if active:
@@ -269,15 +226,33 @@ class ServiceSubscription(_Delivery):
         self._ack(message, False, True)
 
     def outgoing(self) -> list[pb.ConsumeRequest]:
-        # Acks first: those given before a seek or an unsubscribe apply before it.
+        # Acks first: those given before a seek or an unsubscribe apply before it. By
+        # entry (batch-index acks); a cumulative ack is its highest one.
         acks, self._acks = self._acks, []
-        grouped: dict[tuple[bool, bool], list[pb.MessageIdPb]] = {}
+        individual: dict[bool, dict[tuple[int, int], list[int]]] = {}
+        upto: MessageId | None = None
         for position, cumulative, negative in acks:
-            grouped.setdefault((cumulative, negative), []).append(id_pb(position))
+            if cumulative:
+                upto = position if upto is None else max(upto, position)
+                continue
+            by_entry = individual.setdefault(negative, {})
+            by_entry.setdefault((position.ledger_id, position.entry_id), []).append(
+                position.batch_index
+            )
         out = [
-            pb.ConsumeRequest(ack=pb.AckRequest(ids=ids, cumulative=c, negative=n))
-            for (c, n), ids in grouped.items()
+            pb.ConsumeRequest(
+                ack=pb.AckRequest(
+                    negative=negative,
+                    entries=[
+                        pb.EntryAck(ledger_id=ledger_id, entry_id=entry_id, indexes=indexes)
+                        for (ledger_id, entry_id), indexes in by_entry.items()
+                    ],
+                )
+            )
+            for negative, by_entry in individual.items()
         ]
+        if upto is not None:
+            out.append(pb.ConsumeRequest(ack=pb.AckRequest(ids=[id_pb(upto)], cumulative=True)))
         control, self._control = self._control, []
         return out + control
 
@@ -363,7 +338,7 @@ class ServiceFeed(_Delivery):
         super().__init__(brokers, pb.ConsumerOpen(stream=stream), queue_size, schema)
         self._last: MessageId | None = None  # the last message taken
 
-    def take_nowait(self) -> ServiceMessage | None:
+    def take_nowait(self) -> Message | None:
         message = super().take_nowait()
         if message is not None:
             self._last = message.message_id

@@ -27,6 +27,10 @@ class AckRanges:
     def ranges(self) -> list[tuple[MessageId, MessageId]]:
         return list(self._ranges)
 
+    def has_ranges(self) -> bool:
+        """Whether anything above the mark-delete position is acknowledged."""
+        return bool(self._ranges)
+
     def is_acked(self, position: MessageId) -> bool:
         if position <= self.mark_delete:
             return True

@@ -359,18 +359,23 @@ def uncompressed(
 
 
 def decode_batch(
-    payload: bytes, where: str, max_uncompressed: int = MAX_UNCOMPRESSED_BYTES
+    payload: bytes,
+    where: str,
+    max_uncompressed: int = MAX_UNCOMPRESSED_BYTES,
+    payloads: bool = True,
 ) -> DecodedBatch:
     """The messages of one entry, by column; MessageDecodeError naming `where` (the
-    entry) if it is not a message batch (or, compressed, claims over max_uncompressed)."""
+    entry) if it is not a message batch (or, compressed, claims over max_uncompressed).
+    payloads=False: every column but the payloads, which are empty (a broker that hands
+    the entry on as stored keeps no second copy of them; a chunk's piece keeps its own)."""
     try:
         batch = uncompressed(payload, envelope.Batch.FromString(payload), where, max_uncompressed)
     except DecodeError as error:
         raise MessageDecodeError(f"{where} is not a message batch") from error
-    return _decode(batch, where)
+    return _decode(batch, where, payloads)
 
 
-def _decode(batch: envelope.Batch, where: str) -> DecodedBatch:
+def _decode(batch: envelope.Batch, where: str, payloads: bool = True) -> DecodedBatch:
     version = batch.format_version
     if version == CHUNK_FORMAT:
         chunk = batch.chunk
@@ -382,7 +387,7 @@ def _decode(batch: envelope.Batch, where: str) -> DecodedBatch:
         ):
             raise MessageDecodeError(f"{where}: not a well-formed piece of a chunked message")
         batch.format_version = FORMAT  # (its columns are format 2's)
-        return _decode(batch, where)._replace(chunk=chunk)
+        return _decode(batch, where)._replace(chunk=chunk)  # (pieces are put together)
     if version == 2:
         sizes = batch.payload_sizes
         count = len(sizes)
@@ -427,7 +432,7 @@ def _decode(batch: envelope.Batch, where: str) -> DecodedBatch:
             raise MessageDecodeError(f"{where}: the columns of its batch disagree")
         starts = [0, *ends[:-1]]
         return DecodedBatch(
-            [blob[s:e] for s, e in zip(starts, ends, strict=True)],
+            [blob[s:e] for s, e in zip(starts, ends, strict=True)] if payloads else [b""] * count,
             publish,
             events,
             metadata,

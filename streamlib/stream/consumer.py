@@ -179,6 +179,12 @@ class Consumer:
         self.on_forget: list[Callable[[], None]] = []
 
     @property
+    def source(self) -> Subscription:
+        """The subscription it receives through (a broker's dispatch takes entries from
+        it directly)."""
+        return self._source
+
+    @property
     def dead_letter_stream(self) -> str | None:
         if self._dead_letter is None:
             return None

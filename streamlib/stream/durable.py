@@ -25,6 +25,7 @@ from streamlib.protocol.errors import (
     BadRequestError,
 )
 from streamlib.stream.ack_ranges import AckRanges
+from streamlib.stream.message import EntryMessages, new_message
 from streamlib.stream.positions import (
     EARLIEST,
     LATEST,
@@ -226,6 +227,75 @@ class DirectSubscription:
         if held:
             self._wake_when_due(held[0][0])
         return None
+
+    def take_entry(self) -> tuple[EntryMessages, list[int]] | None:
+        """take(), by entry (a broker dispatches entries whole): an entry and the
+        indexes of its messages to deliver now -- those not acknowledged and due (a
+        delayed message is held as take() holds it, and comes as an entry of one)."""
+        if not self.is_active or self._reload_cursor:
+            return None
+        self._start()
+        acks = self._acks
+        while self._redeliver:
+            again = self._redeliver.popleft()
+            if not acks.is_acked(again.message_id):
+                return again._entry, [again._index]
+        held = self._held
+        now = now_ms() if held else 0
+        while held and held[0][0] <= now:
+            due = heapq.heappop(held)[2]
+            if not acks.is_acked(due.message_id):
+                return due._entry, [due._index]
+        while len(held) < MAX_HELD_MESSAGES:
+            entry = self._queue.take_entry_nowait()
+            if entry is None:
+                break
+            indexes = self._not_acked(entry)
+            if indexes and entry.deliver_at is not None:
+                indexes = self._due_now(entry, indexes, now or now_ms())
+            if indexes:
+                return entry, indexes
+        if held:
+            self._wake_when_due(held[0][0])
+        return None
+
+    def _not_acked(self, entry: EntryMessages) -> list[int]:
+        """The indexes of the entry's messages (from its start) not acknowledged: all of
+        them, unless the cursor holds individual acks past its mark-delete position."""
+        acks = self._acks
+        ledger_id, entry_id, count = entry.ledger_id, entry.entry_id, len(entry.payloads)
+        mark = acks.mark_delete
+        if (ledger_id, entry_id, count - 1) <= mark:
+            return []
+        if not acks.has_ranges() and (ledger_id, entry_id, entry.start) > mark:
+            return list(range(entry.start, count))
+        return [
+            i
+            for i in range(entry.start, count)
+            if not acks.is_acked(MessageId(ledger_id, entry_id, i))
+        ]
+
+    def _due_now(self, entry: EntryMessages, indexes: list[int], now: int) -> list[int]:
+        """Those of the indexes due now; the others are held until their time."""
+        deliver_at = entry.deliver_at
+        assert deliver_at is not None
+        due = []
+        for i in indexes:
+            at = deliver_at[i]
+            if at and at > now:
+                heapq.heappush(self._held, (at, next(self._held_order), new_message(entry, i)))
+            else:
+                due.append(i)
+        return due
+
+    def keep_entries(self) -> None:
+        """Keep the bytes of the entries read (a broker hands entries on as stored)."""
+        self._scanner.keep_raw = True
+
+    def acknowledge_range(self, lower: MessageId, upper: MessageId) -> None:
+        """Acknowledge the messages in (lower, upper] (a broker's dispatch, by entry)."""
+        self._acks.ack_range(lower, upper)
+        self._changed()
 
     def _wake_when_due(self, due_ms: int) -> None:
         loop = asyncio.get_running_loop()

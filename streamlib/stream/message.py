@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from streamlib.stream.batch import DecodedBatch, decode_batch
+from streamlib.stream.batch import BatchBuilder, DecodedBatch, decode_batch
 from streamlib.stream.batch import MessageDecodeError as MessageDecodeError  # (its old home)
 from streamlib.stream.positions import EARLIEST, MessageId
 
@@ -183,6 +183,7 @@ class EntryMessages:
         "previous",
         "producers",
         "publish_times",
+        "raw",
         "schema",
         "sequence_ids",
         "start",
@@ -214,6 +215,9 @@ class EntryMessages:
         self.previous = previous  # the position before message `start`
         self.start = start
         self.schema: Any = None  # what Message.value() decodes with (the reader's)
+        # The entry as stored, when the reader keeps it (a broker sends it on as it is):
+        # then its payloads are empty (but a chunk's piece's).
+        self.raw: bytes | None = None
 
     def __len__(self) -> int:
         return len(self.payloads) - self.start
@@ -225,6 +229,24 @@ class EntryMessages:
     def last_id(self) -> MessageId:
         return MessageId(self.ledger_id, self.entry_id, len(self.payloads) - 1)
 
+    def stored(self) -> bytes:
+        """The entry as the stream stores it: its bytes as read (kept: .raw), or, for a
+        chunked message put together from its pieces, the message as one entry."""
+        if self.raw is None:
+            builder = BatchBuilder()
+            for i, payload in enumerate(self.payloads):
+                builder.add(
+                    payload,
+                    self.publish_times[i],
+                    self.event_times[i] if self.event_times else 0,
+                    self.metadata[i] if self.metadata else None,  # type: ignore[arg-type]
+                    self.deliver_at[i] if self.deliver_at else 0,
+                    self.sequence_ids[i] if self.sequence_ids else -1,
+                    self.producers[i] if self.producers else "",
+                )
+            self.raw = builder.encode()
+        return self.raw
+
 
 def entry_messages(
     stream: str,
@@ -233,20 +255,25 @@ def entry_messages(
     payload: bytes,
     previous: MessageId,
     after: MessageId = EARLIEST,
+    keep_raw: bool = False,
 ) -> EntryMessages | None:
     """The messages of an entry that come after `after` (None if none do); `previous`
-    is the position before the entry's first message."""
+    is the position before the entry's first message. keep_raw: keep the entry's bytes
+    (.raw) instead of its payloads (empty then: a broker hands the entry on as stored)."""
     if (ledger_id, entry_id) < (after.ledger_id, after.entry_id):
         return None
     where = f"stream {stream!r} ledger {ledger_id} entry {entry_id}"
-    batch = decode_batch(payload, where)
+    batch = decode_batch(payload, where, payloads=not keep_raw)
     start = 0
     if (ledger_id, entry_id) == (after.ledger_id, after.entry_id) and after.batch_index >= 0:
         start = after.batch_index + 1
         previous = after
     if start >= len(batch.payloads):
         return None
-    return EntryMessages(stream, ledger_id, entry_id, batch, previous, start)
+    entry = EntryMessages(stream, ledger_id, entry_id, batch, previous, start)
+    if keep_raw:
+        entry.raw = payload
+    return entry
 
 
 def decode_entry(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import copy
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
 
@@ -90,6 +91,7 @@ class StreamScanner:
         self.poll_timeout_s = poll_timeout_s
         self.batch_entries = batch_entries
         self.long_polls = 0
+        self.keep_raw = False  # keep each entry's bytes (a broker's dispatch sends them)
 
     async def end_position(self) -> MessageId:
         """The position of the last message confirmed now (EARLIEST if none)."""
@@ -303,8 +305,9 @@ class StreamScanner:
             if is_noop(entry.flags):
                 continue  # unbounded mode's no-op entries are never messages
             batch = entry_messages(
-                self.name, ledger_id, entry.entry_id, entry.payload, previous, after
-            )
+                self.name, ledger_id, entry.entry_id, entry.payload, previous, after,
+                self.keep_raw,
+            )  # fmt: skip
             if batch is not None:
                 previous = batch.last_id
                 batches.append(batch)
@@ -385,7 +388,10 @@ def reading_failed(stream: str, error: Exception) -> StreamlibError:
 
 
 def _payload_bytes(item: EntryMessages | BaseException) -> int:
-    return sum(map(len, item.payloads)) if isinstance(item, EntryMessages) else 0
+    """The bytes an entry read ahead holds (its payloads, or the entry as stored)."""
+    if not isinstance(item, EntryMessages):
+        return 0
+    return sum(map(len, item.payloads)) + (0 if item.raw is None else len(item.raw))
 
 
 class EntryQueue:
@@ -451,9 +457,34 @@ class EntryQueue:
         finished (its producer died) are dropped, and the message after them covers
         them."""
         index = self._index
-        while index >= self._end:
-            if not self._items:
+        if index >= self._end:
+            if not self._next_entry():
                 return None
+            index = self._index
+        self._index = index + 1
+        return new_message(self._entry, index)  # type: ignore[arg-type]
+
+    def take_entry_nowait(self) -> EntryMessages | None:
+        """The messages not taken yet of the next entry, whole (a broker dispatches
+        entries, not messages); as take_nowait, otherwise."""
+        if self._index >= self._end and not self._next_entry():
+            return None
+        entry = self._entry
+        assert entry is not None
+        if self._index > entry.start:  # (partly taken one by one: the rest of it)
+            rest = copy.copy(entry)
+            rest.previous = MessageId(entry.ledger_id, entry.entry_id, self._index - 1)
+            rest.start = self._index
+            entry = rest
+        self._index = self._end
+        return entry
+
+    def _next_entry(self) -> bool:
+        """Move to the next entry there is now (False: none); raises the error that
+        ended the reading."""
+        while True:
+            if not self._items:
+                return False
             item = self._items.popleft()
             self._count -= len(item) if isinstance(item, EntryMessages) else 1
             self._bytes -= _payload_bytes(item)
@@ -470,10 +501,9 @@ class EntryQueue:
                     item.previous = self._carry
                 self._carry = None
             self._entry = item  # (never empty: see entry_messages)
-            index = item.start
+            self._index = item.start
             self._end = len(item.payloads)
-        self._index = index + 1
-        return new_message(self._entry, index)  # type: ignore[arg-type]
+            return True
 
     def _assemble(self, item: EntryMessages) -> EntryMessages | None:
         """Take a piece of a chunked message (or an entry after unfinished pieces): the
@@ -571,6 +601,28 @@ class ScannerFeed:
 
     def has_queued(self) -> bool:
         return bool(self._queue)
+
+    def keep_entries(self) -> None:
+        """Keep the bytes of the entries read (a broker hands entries on as stored)."""
+        self._scanner.keep_raw = True
+
+    async def take_entry(self, timeout: float | None) -> EntryMessages:
+        """The messages not read yet of the next entry, whole (a broker's reader
+        session sends entries as they are stored); TimeoutError if none comes in time."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._queue.fill(self._scanner))
+        queue = self._queue
+        entry = queue.take_entry_nowait()
+        if entry is None:
+            async with asyncio.timeout(timeout):
+                while entry is None:
+                    queue.ready.clear()
+                    await queue.ready.wait()
+                    entry = queue.take_entry_nowait()
+        return entry
+
+    def take_entry_nowait(self) -> EntryMessages | None:
+        return self._queue.take_entry_nowait()
 
     async def restart(self, start: MessageId | int, inclusive: bool) -> MessageId:
         """Read after `start` next (a position, as a reader's start; or epoch ms: from the

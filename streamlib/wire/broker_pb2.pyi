@@ -215,14 +215,26 @@ class Flow(_message.Message):
     def __init__(self, permits: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("ids", "cumulative", "negative")
+    __slots__ = ("ids", "cumulative", "negative", "entries")
     IDS_FIELD_NUMBER: _ClassVar[int]
     CUMULATIVE_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedCompositeFieldContainer[MessageIdPb]
     cumulative: bool
     negative: bool
-    def __init__(self, ids: _Optional[_Iterable[_Union[MessageIdPb, _Mapping]]] = ..., cumulative: _Optional[bool] = ..., negative: _Optional[bool] = ...) -> None: ...
+    entries: _containers.RepeatedCompositeFieldContainer[EntryAck]
+    def __init__(self, ids: _Optional[_Iterable[_Union[MessageIdPb, _Mapping]]] = ..., cumulative: _Optional[bool] = ..., negative: _Optional[bool] = ..., entries: _Optional[_Iterable[_Union[EntryAck, _Mapping]]] = ...) -> None: ...
+
+class EntryAck(_message.Message):
+    __slots__ = ("ledger_id", "entry_id", "indexes")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    entry_id: int
+    indexes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., indexes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
     __slots__ = ("open", "flow", "ack", "seek", "unsubscribe")
@@ -258,42 +270,25 @@ class Done(_message.Message):
     error: Error
     def __init__(self, what: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
-class Delivered(_message.Message):
-    __slots__ = ("id", "payload", "key", "properties", "publish_time_ms", "event_time_ms", "sequence_id", "producer_name", "redelivery_count", "ordering_key")
-    class PropertiesEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    ID_FIELD_NUMBER: _ClassVar[int]
-    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
-    PUBLISH_TIME_MS_FIELD_NUMBER: _ClassVar[int]
-    EVENT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
-    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
-    PRODUCER_NAME_FIELD_NUMBER: _ClassVar[int]
+class DeliveredEntry(_message.Message):
+    __slots__ = ("ledger_id", "entry_id", "entry", "indexes", "redelivery_count")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
-    ORDERING_KEY_FIELD_NUMBER: _ClassVar[int]
-    id: MessageIdPb
-    payload: bytes
-    key: str
-    properties: _containers.ScalarMap[str, str]
-    publish_time_ms: int
-    event_time_ms: int
-    sequence_id: int
-    producer_name: str
+    ledger_id: int
+    entry_id: int
+    entry: bytes
+    indexes: _containers.RepeatedScalarFieldContainer[int]
     redelivery_count: int
-    ordering_key: bytes
-    def __init__(self, id: _Optional[_Union[MessageIdPb, _Mapping]] = ..., payload: _Optional[bytes] = ..., key: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., publish_time_ms: _Optional[int] = ..., event_time_ms: _Optional[int] = ..., sequence_id: _Optional[int] = ..., producer_name: _Optional[str] = ..., redelivery_count: _Optional[int] = ..., ordering_key: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., entry: _Optional[bytes] = ..., indexes: _Optional[_Iterable[int]] = ..., redelivery_count: _Optional[int] = ...) -> None: ...
 
-class Deliveries(_message.Message):
-    __slots__ = ("messages",)
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    messages: _containers.RepeatedCompositeFieldContainer[Delivered]
-    def __init__(self, messages: _Optional[_Iterable[_Union[Delivered, _Mapping]]] = ...) -> None: ...
+class EntryDeliveries(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[DeliveredEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[DeliveredEntry, _Mapping]]] = ...) -> None: ...
 
 class ConsumerReady(_message.Message):
     __slots__ = ("active",)
@@ -308,17 +303,17 @@ class ActiveChange(_message.Message):
     def __init__(self, active: _Optional[bool] = ...) -> None: ...
 
 class ConsumeResponse(_message.Message):
-    __slots__ = ("ready", "deliveries", "active", "error", "heartbeat", "done")
+    __slots__ = ("ready", "active", "error", "heartbeat", "done", "entries")
     READY_FIELD_NUMBER: _ClassVar[int]
-    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
     ready: ConsumerReady
-    deliveries: Deliveries
     active: ActiveChange
     error: Error
     heartbeat: Heartbeat
     done: Done
-    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ...) -> None: ...
+    entries: EntryDeliveries
+    def __init__(self, ready: _Optional[_Union[ConsumerReady, _Mapping]] = ..., active: _Optional[_Union[ActiveChange, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., done: _Optional[_Union[Done, _Mapping]] = ..., entries: _Optional[_Union[EntryDeliveries, _Mapping]] = ...) -> None: ...
