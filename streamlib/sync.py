@@ -478,7 +478,10 @@ class Consumer:
         # the loop for whatever is there). Dropped when the consumer forgets what it
         # received (a seek, a failover turn that ended): as its own queue is.
         self._received: collections.deque[Message] = collections.deque()
-        self._bursts = isinstance(target, aconsumer.Consumer) and target.hands_out_bursts
+        self._burst_size = (
+            min(RECEIVE_BURST, target.burst_size) if isinstance(target, aconsumer.Consumer) else 1
+        )
+        self._bursts = self._burst_size > 1
         # The next burst, asked for as soon as the last one came (the loop gathers it
         # while the caller takes the last), and the generation of what the consumer
         # received: a burst gathered before it forgot (a seek...) is dropped.
@@ -516,7 +519,8 @@ class Consumer:
     def receive(self, timeout: float | None = None) -> Message:
         """The next message (redeliveries first); streamlib.errors.TimeoutError (a
         builtin TimeoutError too) when none comes within timeout seconds. One hop to
-        the client's loop takes every message that is there (up to RECEIVE_BURST), and
+        the client's loop takes every message that is there (up to RECEIVE_BURST, and half
+        the receiver queue), and
         asks for the next burst at once: the next receives take them here."""
         if self._received and not self._closed:
             try:
@@ -562,7 +566,7 @@ class Consumer:
         self._acks.drain()
         target = self._target
         burst = [await target.receive()]
-        while len(burst) < RECEIVE_BURST and (more := target.receive_nowait()) is not None:
+        while len(burst) < self._burst_size and (more := target.receive_nowait()) is not None:
             burst.append(more)
         return self._generation, burst
 

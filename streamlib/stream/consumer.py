@@ -216,11 +216,16 @@ class Consumer:
             forget()
 
     @property
-    def hands_out_bursts(self) -> bool:
-        """Whether what receive_nowait() gives may wait in a caller's buffer before the
-        application takes it (the blocking API's bursts): not with an ack timeout (its
-        clock starts at receive) nor a dead-letter policy (receive() applies it)."""
-        return self._ack_timeout_s == 0 and self._dead_letter is None
+    def burst_size(self) -> int:
+        """How many messages receive_nowait() may give at once to wait in a caller's
+        buffer before the application takes them (the blocking API's bursts): half the
+        receiver queue, so a consumer holds at most about twice its receiver_queue_size
+        (a shared subscription's consumer of a small queue leaves the others theirs); 1
+        -- none -- with an ack timeout (its clock starts at receive) or a dead-letter
+        policy (receive() applies it)."""
+        if self._ack_timeout_s > 0 or self._dead_letter is not None:
+            return 1
+        return max(1, getattr(self._source, "_queue_size", 1) // 2)
 
     # -- receiving ----------------------------------------------------------------------
 

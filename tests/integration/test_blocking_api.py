@@ -155,8 +155,9 @@ def test_receive_takes_a_burst_per_hop_and_drops_it_when_the_consumer_forgets(
     """One hop to the loop takes every message there; the next receives take them in
     the caller's thread. What waits there is dropped as the consumer's own queue is: a
     seek delivers from the new position, a close leaves them unacknowledged (the next
-    consumer gets them), and a consumer with an ack timeout takes one per hop (its
-    clock starts when the application receives)."""
+    consumer gets them), a consumer with an ack timeout takes one per hop (its clock
+    starts when the application receives), and a burst is at most half the receiver
+    queue."""
     with streamlib.connect(uri) as client:
         producer = client.create_producer("bursts")
         for i in range(50):
@@ -192,6 +193,16 @@ def test_receive_takes_a_burst_per_hop_and_drops_it_when_the_consumer_forgets(
         assert timed.receive(timeout=30).data == b"0"
         assert len(timed._received) == 0
         timed.close()
+        # A small receiver queue (a shared subscription's fair share): bursts of half
+        # of it at most; of one message, none.
+        small = client.subscribe("bursts", "small", "earliest", receiver_queue_size=8)
+        assert small.receive(timeout=30).data == b"0"
+        assert len(small._received) <= 3
+        small.close()
+        one = client.subscribe("bursts", "one", "earliest", receiver_queue_size=1)
+        assert one.receive(timeout=30).data == b"0"
+        assert len(one._received) == 0 and one._next_burst is None
+        one.close()
 
 
 def test_a_closed_client_says_so(uri: str) -> None:
