@@ -55,6 +55,8 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a gRPC message (a batch of sends, or deli
 PENDING_BATCHES = 16  # a producer's batches taken and not yet settled (then reading waits)
 MAX_ENTRIES_PER_REQUEST = 10_000
 RECENT_AT_OPEN = 1000  # a producer's last sends' positions its Ready tells it (dedup)
+# What a consumer's client must read (ConsumerOpen.protocol_version): entries whole.
+CONSUMER_PROTOCOL = 2
 DELIVERY_BYTES = 1 << 20  # deliveries are sent in gRPC messages of about this size
 OPEN_WITHIN_S = 10.0  # a call's first message, its Open, comes within this
 LOOK_AGAIN_S = 1.0  # a reader's session checks this often whether its client half-closed
@@ -416,6 +418,17 @@ class BrokerService(pb_grpc.BrokerServicer):
         if not isinstance(opened, pb.ConsumerOpen):
             if opened is not None:
                 yield pb.ConsumeResponse(error=error_pb(BadRequestError("open the consumer first")))
+            return
+        if opened.protocol_version < CONSUMER_PROTOCOL:
+            yield pb.ConsumeResponse(
+                error=error_pb(
+                    BadRequestError(
+                        "this broker delivers entries whole (consumer protocol "
+                        f"{CONSUMER_PROTOCOL}); the client reads messages one by one: "
+                        "upgrade it (brokers and clients together)"
+                    )
+                )
+            )
             return
         subscription = opened.subscription or None  # (none: a reader)
         operation = Operation.READ if subscription is None else Operation.CONSUME

@@ -20,6 +20,7 @@ from streamlib.protocol.errors import (
     BadRequestError,
     BrokerUnavailableError,
     ClientClosedError,
+    StreamlibError,
 )
 from streamlib.service.connection import EOF, OPEN_TIMEOUT_S, Brokers, Session, read
 from streamlib.stream.batch import MessageDecodeError
@@ -31,6 +32,12 @@ from streamlib.wire import broker_pb2_grpc as pb_grpc
 from streamlib.wire.convert import error_from_pb, id_pb
 
 ACKS_WRITTEN_WITHIN_S = 5.0  # persist() waits this long for its acks to go out
+# What a consumer's or reader's session reads (ConsumerOpen.protocol_version): entries whole.
+PROTOCOL_VERSION = 2
+
+
+class IncompatibleBrokerError(StreamlibError):
+    """The broker speaks another version of the consumer's protocol."""
 
 
 class _Delivery(Session):
@@ -44,6 +51,7 @@ class _Delivery(Session):
         if queue_size < 1:
             raise BadRequestError("receiver_queue_size must be >= 1")
         super().__init__(brokers, opened.stream)
+        opened.protocol_version = PROTOCOL_VERSION
         self._open_pb = opened
         self._queue_size = queue_size
         self._schema = schema
@@ -105,6 +113,11 @@ class _Delivery(Session):
             self.done(response.done)
         elif which == "error":
             raise error_from_pb(response.error)
+        elif which is None:  # (a kind this client does not know: not to be dropped unseen)
+            raise IncompatibleBrokerError(
+                f"the broker of {self.stream!r} sent an answer this client does not know "
+                f"(a broker of another version: upgrade brokers and clients together)"
+            )
 
     def _unbatched(self, entries: Iterable[pb.DeliveredEntry]) -> Iterator[Message]:
         """The messages of entries delivered whole, decoded as direct mode decodes what
@@ -365,7 +378,9 @@ class ServiceFeed(_Delivery):
             await self.stop()
             self.closed = False
             self.ready = asyncio.get_running_loop().create_future()
-        opened = pb.ConsumerOpen(stream=self.stream, start_inclusive=inclusive)
+        opened = pb.ConsumerOpen(
+            stream=self.stream, start_inclusive=inclusive, protocol_version=PROTOCOL_VERSION
+        )
         after: MessageId | None = None
         if isinstance(start, int) and not isinstance(start, MessageId):
             # By time: the position before the first message published then or later (or

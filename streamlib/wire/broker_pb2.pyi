@@ -181,7 +181,7 @@ class SendFailed(_message.Message):
     def __init__(self, sequence_ids: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class ConsumerOpen(_message.Message):
-    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "cursor_persist_interval_ms")
+    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "cursor_persist_interval_ms", "protocol_version")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class ConsumerOpen(_message.Message):
     START_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     CURSOR_PERSIST_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     stream: str
     subscription: str
     consumer_type: str
@@ -206,7 +207,8 @@ class ConsumerOpen(_message.Message):
     start_inclusive: bool
     resume: bool
     cursor_persist_interval_ms: int
-    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., cursor_persist_interval_ms: _Optional[int] = ...) -> None: ...
+    protocol_version: int
+    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., cursor_persist_interval_ms: _Optional[int] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class Flow(_message.Message):
     __slots__ = ("permits",)

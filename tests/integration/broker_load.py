@@ -159,7 +159,8 @@ class RawSessions:
         call = self._stub().Consume(metadata=self.metadata)
         opened = pb.ConsumerOpen(stream=stream, subscription=subscription,
                                  consumer_type=consumer_type,
-                                 initial_position=initial_position)  # fmt: skip
+                                 initial_position=initial_position,
+                                 protocol_version=2)  # fmt: skip
         first = await self._open(call, pb.ConsumeRequest(open=opened))
         if permits and first.WhichOneof("kind") == "ready":
             await call.write(pb.ConsumeRequest(flow=pb.Flow(permits=permits)))

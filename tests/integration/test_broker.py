@@ -289,7 +289,8 @@ async def test_bad_requests_get_clear_errors(cluster):
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         call = stub.Consume()
         await call.write(pb.ConsumeRequest(open=pb.ConsumerOpen(stream="x", subscription="s",
-                                                                consumer_type="sometimes")))  # fmt: skip
+                                                                consumer_type="sometimes",
+                                                                protocol_version=2)))  # fmt: skip
         answer = await call.read()
         assert answer.error.code == "BadRequestError"
     client = await cluster.service_client()
@@ -535,7 +536,8 @@ async def test_a_malformed_ack_ends_the_consumer_with_a_typed_error(cluster):
     await (await cluster.service_client()).streams.create("acks")
     async with grpc.aio.insecure_channel(broker.address) as channel:
         call = pb_grpc.BrokerStub(channel).Consume()
-        await call.write(pb.ConsumeRequest(open=pb.ConsumerOpen(stream="acks", subscription="s")))
+        await call.write(pb.ConsumeRequest(open=pb.ConsumerOpen(stream="acks", subscription="s",
+                                                                protocol_version=2)))  # fmt: skip
         assert (await call.read()).WhichOneof("kind") == "ready"
         bad = pb.MessageIdPb(ledger_id=-5, entry_id=0, batch_index=0)
         await call.write(pb.ConsumeRequest(ack=pb.AckRequest(ids=[bad])))

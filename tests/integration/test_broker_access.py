@@ -209,7 +209,7 @@ async def test_only_its_own_principal_may_resume_a_producer_or_consumer(
         steal = stub.Consume(metadata=token)
         await steal.write(pb.ConsumeRequest(open=pb.ConsumerOpen(
             stream="ledger", subscription="books", consumer_type="exclusive",
-            consumer_name="clerk", resume=True)))  # fmt: skip
+            consumer_name="clerk", resume=True, protocol_version=2)))  # fmt: skip
         answer = await steal.read()
         assert answer.WhichOneof("kind") == "error", answer
         assert answer.error.code == "ConsumerBusyError"

@@ -13,6 +13,7 @@ import collections
 import grpc
 import pytest
 
+from streamlib.service.subscription import IncompatibleBrokerError
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.positions import MessageId
 from streamlib.wire import broker_pb2 as pb
@@ -115,7 +116,11 @@ async def test_the_broker_sends_entries_as_stored_and_counts_permits_in_messages
         stub = pb_grpc.BrokerStub(channel)
         requests: asyncio.Queue[pb.ConsumeRequest] = asyncio.Queue()
         opened = pb.ConsumerOpen(
-            stream="wire", subscription="raw", consumer_type="shared", initial_position="earliest"
+            stream="wire",
+            subscription="raw",
+            consumer_type="shared",
+            initial_position="earliest",
+            protocol_version=2,
         )
         await requests.put(pb.ConsumeRequest(open=opened))
         await requests.put(pb.ConsumeRequest(flow=pb.Flow(permits=1)))
@@ -151,4 +156,27 @@ async def test_the_broker_sends_entries_as_stored_and_counts_permits_in_messages
             entries[2]
         )
         call.cancel()
+    await client.close()
+
+
+async def test_a_client_and_a_broker_of_other_versions_say_so(cluster):
+    """A client from before entries came whole is refused by the broker; a broker's answer
+    the client does not know is an error, not messages dropped unseen."""
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1)
+    client = await cluster.service_client()
+    await (await client.create_producer("versions")).close()
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        call = pb_grpc.BrokerStub(channel).Consume()
+        await call.write(
+            pb.ConsumeRequest(open=pb.ConsumerOpen(stream="versions", subscription="s"))
+        )
+        answer = await asyncio.wait_for(call.read(), 30)
+        assert answer.error.code == "BadRequestError" and "upgrade" in answer.error.message
+        call.cancel()
+    consumer = await client.subscribe("versions", "s")
+    session = consumer.source
+    with pytest.raises(IncompatibleBrokerError, match="upgrade brokers and clients"):
+        session._answer(pb.ConsumeResponse())  # (what an older broker's messages read as)
+    await consumer.close()
     await client.close()
