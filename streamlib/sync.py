@@ -30,6 +30,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -67,6 +68,9 @@ class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.closed = False
+        # Every hand-over of this client's producers and consumers: closing the client
+        # drains them first (what was handed over comes before the close).
+        self.handovers: weakref.WeakSet[_HandOver[Any]] = weakref.WeakSet()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="streamlib-loop", daemon=True
         )
@@ -89,6 +93,12 @@ class _LoopThread:
             return fn(*args, **kwargs)
 
         return self.run(on_loop())
+
+    async def after_handovers(self, awaitable: Awaitable[T]) -> T:
+        """(On the loop) drain every hand-over, then await."""
+        for handover in list(self.handovers):
+            handover.drain()
+        return await awaitable
 
     def stop(self) -> None:
         self.closed = True
@@ -113,6 +123,7 @@ class _HandOver(Generic[T]):
         self._runner = runner
         self._apply = apply  # (on the loop: the items since the last hop)
         self._gather_s = gather_s  # (how soon the loop looks again while items come)
+        runner.handovers.add(self)
         self._items: collections.deque[T] = collections.deque()
         self._scheduled = False
 
@@ -139,6 +150,8 @@ class _HandOver(Generic[T]):
         items = self._items
         taken = [items.popleft() for _ in range(len(items))]
         if taken:
+            # (The first items after a quiet spell are applied at once; while more
+            # come, the loop looks again every gather_s.)
             if self._gather_s:
                 self._runner.loop.call_later(self._gather_s, self.drain)
             else:
@@ -156,10 +169,17 @@ class _HandOver(Generic[T]):
         return await awaitable
 
 
-def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+def wait(
+    future: concurrent.futures.Future[T],
+    timeout: float | None = None,
+    keep: bool = False,
+    runner: _LoopThread | None = None,
+) -> T:
     """The future's result, waking now and then so Ctrl-C is handled; an interrupted
-    wait cancels the future (and so the coroutine on the loop). Given a timeout,
-    concurrent.futures.TimeoutError when the future is not done by then (it goes on)."""
+    wait cancels the future (and so the coroutine on the loop), unless keep. Given a
+    timeout, concurrent.futures.TimeoutError when the future is not done by then (it
+    goes on). Given the runner, ClientClosedError once its loop stopped without settling
+    the future (a send handed over while another thread closed the client)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
@@ -173,8 +193,11 @@ def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> 
                     return future.result()
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
+                if runner is not None and runner.closed and not runner.loop.is_running():
+                    raise ClientClosedError("the client is closed") from None
     except KeyboardInterrupt:
-        future.cancel()
+        if not keep:
+            future.cancel()
         raise
 
 
@@ -466,12 +489,15 @@ class Consumer:
     """A durable subscription's consumer (see Client.subscribe). Iterating it receives
     messages one by one, forever (break out, or close it from another thread)."""
 
-    def __init__(self, target: aconsumer.Consumer, runner: _LoopThread) -> None:
+    def __init__(
+        self, target: aconsumer.Consumer, runner: _LoopThread, parent: Consumer | None = None
+    ) -> None:
         self._target = target
         self._runner = runner
         self.stream: str = target.stream
         self.subscription: str = target.subscription
         self._listener: threading.Thread | None = None
+        self._children: dict[str, Consumer] = {}  # (consumer(stream)'s, made once)
         # The streams whose messages it takes (several: a consumer of several streams).
         self._streams = frozenset(getattr(target, "streams", [target.stream]))
         # Messages received in the last burst and not yet taken (receive(): one hop to
@@ -479,7 +505,9 @@ class Consumer:
         # received (a seek, a failover turn that ended): as its own queue is.
         self._received: collections.deque[Message] = collections.deque()
         self._burst_size = (
-            min(RECEIVE_BURST, target.burst_size) if isinstance(target, aconsumer.Consumer) else 1
+            min(RECEIVE_BURST, target.burst_size)
+            if isinstance(target, aconsumer.Consumer) and parent is None
+            else 1  # (a consumer of several streams' part: to seek it, not to receive)
         )
         self._bursts = self._burst_size > 1
         # The next burst, asked for as soon as the last one came (the loop gathers it
@@ -488,14 +516,21 @@ class Consumer:
         self._next_burst: concurrent.futures.Future[tuple[int, list[Message]]] | None = None
         self._generation = 0
         self._receiving = threading.Lock()  # (one thread at a time waits for a burst)
+        # Taken by the caller to check a burst's generation and keep its messages, and
+        # by the loop to forget: a seek or a turn that ends between the two drops them.
+        self._keeping = threading.Lock()
         if self._bursts:
             target.on_forget.append(self._forget)
         self._closed = False
         # Acknowledgements handed over and not yet applied on the loop, in order: the
         # loop looks for more every ACKS_GATHER_S while they come (and at each burst),
         # rather than being woken for each (pulsar-client groups them for 100 ms).
-        self._acks: _HandOver[Message | tuple[Callable[[Any], None], Message]] = _HandOver(
-            runner, self._apply_acks, ACKS_GATHER_S
+        # A part of a consumer of several streams hands its acks over with the whole's:
+        # one order for them and its seeks.
+        self._acks: _HandOver[Message | tuple[Callable[[Any], None], Message]] = (
+            parent._acks
+            if parent is not None
+            else _HandOver(runner, self._apply_acks, ACKS_GATHER_S)
         )
 
     @property
@@ -514,7 +549,12 @@ class Consumer:
             raise BadRequestError(f"this consumer takes {sorted(self._streams)}, not {stream!r}")
         if len(self._streams) == 1:
             return self
-        return Consumer(self._target.consumer(stream), self._runner)
+        child = self._children.get(stream)
+        if child is None:
+            child = self._children[stream] = Consumer(
+                self._target.consumer(stream), self._runner, parent=self
+            )
+        return child
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message (redeliveries first); streamlib.errors.TimeoutError (a
@@ -546,8 +586,10 @@ class Consumer:
             if burst is None:
                 burst = self._next_burst = self._runner.submit(self._burst())
             try:
+                # (An interrupted wait leaves the burst for the next receive: cancelled,
+                # a burst already gathered would be lost with its messages.)
                 generation, messages = wait(
-                    burst, None if deadline is None else deadline - time.monotonic()
+                    burst, None if deadline is None else deadline - time.monotonic(), keep=True
                 )
             except concurrent.futures.TimeoutError:
                 raise errors.TimeoutError(
@@ -557,9 +599,10 @@ class Consumer:
                 self._next_burst = None
                 raise
             self._next_burst = None if self._closed else self._runner.submit(self._burst())
-            if generation == self._generation:  # (else: from before a seek...)
-                self._received.extend(messages[1:])
-                return messages[0]
+            with self._keeping:
+                if generation == self._generation:  # (else: from before a seek...)
+                    self._received.extend(messages[1:])
+                    return messages[0]
 
     async def _burst(self) -> tuple[int, list[Message]]:
         """(On the loop) the next message, waiting for it, and whatever is there after it."""
@@ -572,8 +615,9 @@ class Consumer:
 
     def _forget(self) -> None:
         """(On the loop) the consumer forgot what it received: so does this."""
-        self._generation += 1
-        self._received.clear()
+        with self._keeping:
+            self._generation += 1
+            self._received.clear()
 
     def batch_receive(self, max_num_messages: int = 100, timeout_ms: int = 100) -> list[Message]:
         """Up to max_num_messages, waiting at most timeout_ms for them (fewer, or none,
@@ -906,7 +950,7 @@ class Client:
         if self._runner.closed:
             return
         try:
-            self._runner.run(self._target.close())
+            self._runner.run(self._runner.after_handovers(self._target.close()))
         finally:
             self._runner.stop()
 

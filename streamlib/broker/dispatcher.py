@@ -93,8 +93,12 @@ class SubscriptionDispatcher:
             return
         for pending in self.dispatch.unacked_of(cid):
             self._unhand(pending)
-            pending.ref.redeliveries += 1
-            pending.ref.cid = None
+            handed = pending.ref
+            handed.redeliveries += 1
+            handed.cid = None
+            # (What is left of it: the next consumer is charged that, not what it was.)
+            pending.count = len(handed.indexes)
+            pending.size = _charge(handed.entry, handed.indexes)
         self.dispatch.remove(cid)
         self._active_changed()
         self._wake.set()
@@ -290,20 +294,30 @@ class SubscriptionDispatcher:
     ) -> Pending:
         handed = Handed(entry, indexes, redeliveries)
         key = (entry.ledger_id, entry.entry_id, indexes[0], next(self._serial))
-        return Pending(handed, key, slot, len(entry.stored()), len(indexes))
+        return Pending(handed, key, slot, _charge(entry, indexes), len(indexes))
 
     def _deliver(self) -> None:
-        grouped: dict[int, list[Handed]] = collections.defaultdict(list)
+        """Hand out what the rules allow: to each consumer, an entry once however many
+        of its parts (key_shared's slots) go to it together."""
+        grouped: dict[int, dict[tuple[int, int, int], Handed]] = collections.defaultdict(dict)
         for cid, pending in self.dispatch.deliveries():
             handed = pending.ref
             handed.cid = cid
             entry = handed.entry
-            self._handed.setdefault((entry.ledger_id, entry.entry_id), []).append(pending)
-            grouped[cid].append(handed)  # type: ignore[index]
+            where = (entry.ledger_id, entry.entry_id)
+            self._handed.setdefault(where, []).append(pending)
+            to_one = grouped[cid]  # type: ignore[index]
+            together = to_one.get((*where, handed.redeliveries))
+            if together is None:
+                to_one[(*where, handed.redeliveries)] = Handed(
+                    entry, list(handed.indexes), handed.redeliveries
+                )
+            else:
+                together.indexes = sorted(together.indexes + handed.indexes)
         for cid, handed_out in grouped.items():
             session = self.sessions.get(cid)
             if session is not None:
-                session.outbox.put_nowait(handed_out)
+                session.outbox.put_nowait(list(handed_out.values()))
 
     async def seek(self, target: MessageId | int) -> None:
         """Move the cursor (Pulsar's seek): what was read or handed out is forgotten,
@@ -354,6 +368,11 @@ class SubscriptionDispatcher:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await self.inner.close()
+
+
+def _charge(entry: EntryMessages, indexes: list[int]) -> int:
+    """The bytes some messages of an entry count for (its share of the entry)."""
+    return max(1, len(entry.stored()) * len(indexes) // len(entry.payloads))
 
 
 def _by_slot(entry: EntryMessages, indexes: list[int]) -> list[tuple[int, list[int]]]:

@@ -240,32 +240,24 @@ class ServiceSubscription(_Delivery):
 
     def outgoing(self) -> list[pb.ConsumeRequest]:
         # Acks first: those given before a seek or an unsubscribe apply before it. By
-        # entry (batch-index acks); a cumulative ack is its highest one.
+        # entry (batch-index acks), in the order given across kinds (a negative ack after
+        # a cumulative one must not pass it); a run of cumulative ones is its highest.
         acks, self._acks = self._acks, []
-        individual: dict[bool, dict[tuple[int, int], list[int]]] = {}
+        out: list[pb.ConsumeRequest] = []
+        kind: tuple[bool, bool] | None = None
+        by_entry: dict[tuple[int, int], list[int]] = {}
         upto: MessageId | None = None
         for position, cumulative, negative in acks:
+            if (cumulative, negative) != kind:
+                out.extend(_ack_requests(kind, by_entry, upto))
+                kind, by_entry, upto = (cumulative, negative), {}, None
             if cumulative:
                 upto = position if upto is None else max(upto, position)
-                continue
-            by_entry = individual.setdefault(negative, {})
-            by_entry.setdefault((position.ledger_id, position.entry_id), []).append(
-                position.batch_index
-            )
-        out = [
-            pb.ConsumeRequest(
-                ack=pb.AckRequest(
-                    negative=negative,
-                    entries=[
-                        pb.EntryAck(ledger_id=ledger_id, entry_id=entry_id, indexes=indexes)
-                        for (ledger_id, entry_id), indexes in by_entry.items()
-                    ],
+            else:
+                by_entry.setdefault((position.ledger_id, position.entry_id), []).append(
+                    position.batch_index
                 )
-            )
-            for negative, by_entry in individual.items()
-        ]
-        if upto is not None:
-            out.append(pb.ConsumeRequest(ack=pb.AckRequest(ids=[id_pb(upto)], cumulative=True)))
+        out.extend(_ack_requests(kind, by_entry, upto))
         control, self._control = self._control, []
         return out + control
 
@@ -341,6 +333,25 @@ class ServiceSubscription(_Delivery):
             await self.persist()
         await self.stop()
         self.fail(ClientClosedError(f"consumer {self.subscription!r} is closed"))
+
+
+def _ack_requests(
+    kind: tuple[bool, bool] | None,
+    by_entry: dict[tuple[int, int], list[int]],
+    upto: MessageId | None,
+) -> list[pb.ConsumeRequest]:
+    """One kind's acknowledgements, as the broker takes them."""
+    if kind is None:
+        return []
+    cumulative, negative = kind
+    if cumulative:
+        assert upto is not None
+        return [pb.ConsumeRequest(ack=pb.AckRequest(ids=[id_pb(upto)], cumulative=True))]
+    entries = [
+        pb.EntryAck(ledger_id=ledger_id, entry_id=entry_id, indexes=indexes)
+        for (ledger_id, entry_id), indexes in by_entry.items()
+    ]
+    return [pb.ConsumeRequest(ack=pb.AckRequest(negative=negative, entries=entries))]
 
 
 class ServiceFeed(_Delivery):

@@ -152,12 +152,15 @@ async def test_negative_acks_and_a_leaving_consumer_hand_out_only_what_is_not_ac
     dispatcher.nack(1, [(1, 1, [1])])
     [again] = await handed(first)  # (the delay is 0 here)
     assert again.indexes == [1] and again.redeliveries == 1 and not again.whole
-    second = consumer(dispatcher, 2)
+    second = consumer(dispatcher, 2, permits=3)
     dispatcher.remove(1)  # holds 1 (again) and 2, 3 (the first time)
     got = await handed(second)
     assert sorted((h.indexes, h.redeliveries) for h in got) == [([1], 2), ([2, 3], 1)]
+    # Charged what it got (3 messages), not what the entry held (4): no permit owed.
+    assert dispatcher.dispatch._consumers[2].permits == 0
+    assert dispatcher.dispatch._consumers[2].unacked_count == 3
     dispatcher.ack_cumulative(2, MessageId(1, 1, 2))  # (its own, up to 2)
-    assert [h.indexes for h in got if h.indexes] == [[3]]
+    assert [p.ref.indexes for p in dispatcher.dispatch.unacked_of(2)] == [[3]]
     await dispatcher.close()
 
 
@@ -172,7 +175,10 @@ async def test_key_shared_splits_an_entry_by_key_and_never_a_key() -> None:
             break
         for cid, session in enumerate(sessions, 1):
             while not session.outbox.empty():
-                for one in await handed(session):
+                got = await handed(session)
+                # (an entry once per consumer, however many of its slots are that one's)
+                assert len({(h.entry.entry_id, h.redeliveries) for h in got}) == len(got)
+                for one in got:
                     assert not one.whole  # (mixed keys: split)
                     for index in one.indexes:
                         holders.setdefault(keys[index], set()).add(cid)
