@@ -475,7 +475,11 @@ class BookieClient:
                 keepalive = (self.config.keepalive_time_s, self.config.keepalive_timeout_s)
                 async with asyncio.timeout(timeout_s):
                     call = await FramedAddCall.open(
-                        self.framed_address, self.config.token, self._framed_ssl, keepalive
+                        self.framed_address,
+                        self.config.token,
+                        self._framed_ssl,
+                        keepalive,
+                        lost=self._lost,
                     )
                 self._count("framed_streams")
                 return call
@@ -484,6 +488,19 @@ class BookieClient:
                 log.info("bookie %s: add stream over gRPC (%s)", self.bookie_id, e)
                 self._unavailable()  # its framed port may have moved: look it up again
         return self._add_stream()
+
+    async def _lost(self) -> None:
+        """Return once the bookie is gone for a framed add stream's sake: the gRPC
+        channel (whose keepalive pings the bookie) left READY and did not get back within
+        connect_timeout_s. A bookie that only closed an idle gRPC connection (its
+        --max-connection-idle) is READY again at once, and the stream goes on."""
+        channel = self._channel
+        while True:
+            state = channel.get_state()
+            if state is grpc.ChannelConnectivity.READY:
+                await channel.wait_for_state_change(state)
+            if not await self._connected(self.config.connect_timeout_s):
+                return
 
     def _count(self, what: str) -> None:
         self.stats.extra[what] = self.stats.extra.get(what, 0) + 1

@@ -11,6 +11,12 @@ it answers each add written to it with the bookie's refusal, as the gRPC stream
 refuses each batch of an unauthenticated caller, so the writer fails with the same
 typed error. Any other failure to open (no connection, a TLS or version mismatch, the
 bookie's connection limit) raises FramedOpenError, and the caller uses gRPC instead.
+
+A bookie that stops answering while its connection stays open (SIGSTOP, a hung host)
+is not noticed by TCP: its kernel still acknowledges the bytes, and keepalive probes.
+gRPC notices it by its pings; so the stream takes a ``lost`` watch (the client's gRPC
+channel to the same bookie, which it pings anyway) and ends when that says the bookie is
+gone, as the gRPC stream would have.
 """
 
 from __future__ import annotations
@@ -18,11 +24,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from google.protobuf.message import DecodeError
 
-from bookie.addresses import split_host_port
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire.framing import (
     FRAMED_VERSION,
@@ -77,6 +82,16 @@ class FramedAddCall:
         self._refused: collections.deque[pb.AddResponse] = collections.deque()
         self._answered = asyncio.Event()
         self._cancelled = False
+        self._watch: asyncio.Task[None] | None = None
+
+    def _watch_for(self, lost: Callable[[], Awaitable[None]]) -> None:
+        """End the stream when lost() returns (the bookie is gone)."""
+
+        async def watch() -> None:
+            await lost()
+            self.cancel()
+
+        self._watch = asyncio.get_running_loop().create_task(watch())
 
     @classmethod
     async def open(
@@ -85,9 +100,11 @@ class FramedAddCall:
         token: str | None,
         ssl_context: ssl.SSLContext | None,
         keepalive: tuple[float, float] = (30.0, 10.0),
+        lost: Callable[[], Awaitable[None]] | None = None,
     ) -> FramedAddCall:
         """Connect, say hello, read the answer (the caller bounds the time it takes)."""
-        host, port = split_host_port(address)
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")  # an IPv6 address as registered: [v6]:port
         try:
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
@@ -109,7 +126,10 @@ class FramedAddCall:
             writer.close()
             raise
         if answer.status == pb.OK:
-            return cls(reader, writer, pb.AddResult())
+            call = cls(reader, writer, pb.AddResult())
+            if lost is not None:
+                call._watch_for(lost)
+            return call
         writer.close()
         if answer.status in _REFUSALS:
             refusal = pb.AddResult(status=answer.status, message=answer.message)
@@ -176,4 +196,6 @@ class FramedAddCall:
         self._cancelled = True
         self._answered.set()
         self._writer.close()
+        if self._watch is not None and self._watch is not asyncio.current_task():
+            self._watch.cancel()
         return True
