@@ -493,12 +493,17 @@ class BookieClient:
         """Return once the bookie is gone for a framed add stream's sake: the gRPC
         channel (whose keepalive pings the bookie) left READY and did not get back within
         connect_timeout_s. A bookie that only closed an idle gRPC connection (its
-        --max-connection-idle) is READY again at once, and the stream goes on."""
+        --max-connection-idle) is READY again at once, and the stream goes on.
+
+        The state is looked at every second or so rather than awaited: a pending
+        wait_for_state_change is an operation in gRPC core that outlives its cancelled
+        task, and completing after the event loop closed it raises there."""
         channel = self._channel
+        period_s = min(1.0, self.config.keepalive_timeout_s)
         while True:
-            state = channel.get_state()
-            if state is grpc.ChannelConnectivity.READY:
-                await channel.wait_for_state_change(state)
+            await asyncio.sleep(period_s)
+            if channel.get_state() is grpc.ChannelConnectivity.READY:
+                continue
             if not await self._connected(self.config.connect_timeout_s):
                 return
 
