@@ -38,10 +38,12 @@ from bookie.wire import bookie_pb2 as pb
 from bookie.wire.framing import (
     FRAMED_VERSION,
     MAX_HELLO_BYTES,
+    STREAM_LIMIT_BYTES,
     FrameError,
     frame,
     read_frame,
     set_keepalive,
+    write_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class FramedContext:
     async def write(self, data: bytes) -> None:
         """Send one serialized AddResponse; waits while the client does not read (the
         stream's back-pressure then stops reading its requests, as on gRPC)."""
-        self._writer.write(frame(data))
+        write_frame(self._writer, data)
         await self._writer.drain()
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -131,6 +133,7 @@ class FramedAddServer:
             ssl_handshake_timeout=self.hello_timeout_s if ssl_context is not None else None,
             start_serving=False,
             reuse_address=True,
+            limit=STREAM_LIMIT_BYTES,
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port

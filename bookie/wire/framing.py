@@ -15,6 +15,13 @@ HEADER_BYTES = 4
 # A hello is a version and a token: a JWT is a few hundred bytes. A first frame that
 # claims more is junk (an HTTP request's "GET " reads as ~1.2 GB) and is not read.
 MAX_HELLO_BYTES = 64 << 10
+# The StreamReader limit of both ends: asyncio's default (64 KiB) pauses the socket each
+# time 128 KiB wait unread, and a reader waiting for a frame of megabytes (a big add
+# batch) resumes it again and again. Per connection about twice this may wait unread.
+STREAM_LIMIT_BYTES = 1 << 20
+# Past this a frame's header and message are written apart: one more send beats
+# copying megabytes into one buffer.
+_JOIN_MAX_BYTES = 256 << 10
 
 
 class FrameError(Exception):
@@ -25,6 +32,15 @@ class FrameError(Exception):
 def frame(message: bytes) -> bytes:
     """One frame holding message (a serialized protobuf)."""
     return len(message).to_bytes(HEADER_BYTES, "big") + message
+
+
+def write_frame(writer: asyncio.StreamWriter, message: bytes) -> None:
+    """Write one frame holding message (see _JOIN_MAX_BYTES)."""
+    if len(message) <= _JOIN_MAX_BYTES:
+        writer.write(len(message).to_bytes(HEADER_BYTES, "big") + message)
+    else:
+        writer.write(len(message).to_bytes(HEADER_BYTES, "big"))
+        writer.write(message)
 
 
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:

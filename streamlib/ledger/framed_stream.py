@@ -32,10 +32,12 @@ from bookie.wire import bookie_pb2 as pb
 from bookie.wire.framing import (
     FRAMED_VERSION,
     MAX_HELLO_BYTES,
+    STREAM_LIMIT_BYTES,
     FrameError,
     frame,
     read_frame,
     set_keepalive,
+    write_frame,
 )
 from streamlib.protocol.errors import BookieUnavailableError
 
@@ -107,7 +109,11 @@ class FramedAddCall:
         host = host.strip("[]")  # an IPv6 address as registered: [v6]:port
         try:
             reader, writer = await asyncio.open_connection(
-                host, port, ssl=ssl_context, server_hostname=host if ssl_context else None
+                host,
+                port,
+                ssl=ssl_context,
+                server_hostname=host if ssl_context else None,
+                limit=STREAM_LIMIT_BYTES,
             )
         except OSError as e:  # refused, unreachable, or the TLS handshake failed
             raise FramedOpenError(f"framed port {address}: {e}") from e
@@ -147,7 +153,7 @@ class FramedAddCall:
         if self._refusal is not None:
             self._refuse(data)
             return
-        self._writer.write(frame(data))
+        write_frame(self._writer, data)
         try:
             await self._writer.drain()
         except OSError as e:
