@@ -41,6 +41,20 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=3181, help="0 picks a free port")
     p.add_argument(
+        "--framed-port",
+        type=int,
+        default=0,
+        help="port of the framed add stream (adds without gRPC, same TLS and "
+        "authentication), bound on --host and registered so clients find it; 0 (default) "
+        "picks a free one, -1 serves none (clients then add over gRPC)",
+    )
+    p.add_argument(
+        "--framed-advertised-address",
+        metavar="HOST[:PORT]",
+        help="registered address of the framed port (default: the advertised gRPC host "
+        "with the framed port)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -133,6 +147,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         default=1024,
         help="calls served at once (add streams and long polls included); more are "
         "refused with RESOURCE_EXHAUSTED (default %(default)s)",
+    )
+    limits.add_argument(
+        "--framed-hello-timeout",
+        type=float,
+        default=5.0,
+        help="close a framed-port connection that has not said hello (TLS handshake "
+        "included) within this long, s (default %(default)s)",
     )
     limits.add_argument(
         "--keepalive-time",
@@ -246,6 +267,9 @@ async def _serve(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         metrics_advertised_address=args.metrics_advertised_address,
         port=args.port,
+        framed_port=args.framed_port,
+        framed_advertised_address=args.framed_advertised_address,
+        framed_hello_timeout_s=args.framed_hello_timeout,
         metrics_port=args.metrics_port,
         bookie_id=args.bookie_id,
         rack=args.rack,
@@ -298,7 +322,8 @@ async def _serve(args: argparse.Namespace) -> int:
     autorecovery = _start_autorecovery(args, server.bookie_id) if args.autorecovery else None
     print(
         f"bookie {server.bookie_id} listening on {server.address} "
-        f"(metrics {server.metrics_address})",
+        f"(metrics {server.metrics_address})"
+        + (f" (framed {server.framed_address})" if server.framed_address else ""),
         flush=True,
     )
     await stop.wait()

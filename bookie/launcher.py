@@ -1,8 +1,9 @@
 """Start and stop real ``bookie serve`` processes (for the benchmark, tests and sandboxes).
 
 The child prints one line when it serves: ``bookie ID listening on HOST:PORT
-(metrics HOST:MPORT)``; :meth:`BookieProcess.start` waits for it with a bounded
-timeout and fails with the child's stderr if it exits first.
+(metrics HOST:MPORT)``, then `` (framed HOST:FPORT)`` when it has a framed add port;
+:meth:`BookieProcess.start` waits for it with a bounded timeout and fails with the
+child's stderr if it exits first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-_LISTENING = re.compile(r"^bookie (\S+) listening on (\S+):(\d+) \(metrics (\S+):(\d+)\)")
+_LISTENING = re.compile(
+    r"^bookie (\S+) listening on (\S+):(\d+) \(metrics (\S+):(\d+)\)(?: \(framed (\S+):(\d+)\))?"
+)
 
 
 class BookieStartError(RuntimeError):
@@ -48,6 +51,7 @@ class BookieProcess:
         self.bookie_id = ""
         self.port = 0
         self.metrics_port = 0
+        self.framed_port = 0  # 0: the bookie serves no framed add port
         self.stderr_path = data_dir.parent / f"{data_dir.name}.stderr.log"
 
     @property
@@ -88,6 +92,7 @@ class BookieProcess:
             self.kill()
             raise BookieStartError(f"bookie did not start: {line!r}\n{self.stderr_tail()}")
         self.bookie_id, self.port, self.metrics_port = m.group(1), int(m.group(3)), int(m.group(5))
+        self.framed_port = int(m.group(7) or 0)
         return self
 
     def _read_line(self, timeout_s: float) -> str:

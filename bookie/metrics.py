@@ -46,6 +46,17 @@ class BookieMetrics:
             ["reason"],
             registry=r,
         )
+        self.framed_connections = Counter(
+            "bookie_framed_connections",
+            "Connections to the framed add port, by how they began (ok: an add stream; "
+            "unauthenticated, bad_hello, too_many, no_hello: refused or closed at the "
+            "hello; bad_frame: ended by a frame past the size limit)",
+            ["outcome"],
+            registry=r,
+        )
+        self.framed_open = Gauge(
+            "bookie_framed_open_connections", "Connections open to the framed add port", registry=r
+        )
         self.reads = Counter("bookie_read_entries", "Entries read", registry=r)
         self.read_bytes = Counter("bookie_read_payload_bytes", "Payload bytes read", registry=r)
         self.read_latency = Histogram(

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from bookie.addresses import advertised_address
+from bookie.addresses import advertised_address, join_host_port, split_host_port
 from bookie.auth import AccessControl, TokenVerifier, follow_principals
 from bookie.cookie import BookieCookie, bookie_id_on_disk, check_cookie
 from bookie.errors import GcRefusedError
+from bookie.framed import DEFAULT_HELLO_TIMEOUT_S, FramedAddServer
 from bookie.http import AdminHttpServer
 from bookie.metrics import BookieMetrics
 from bookie.service import (
@@ -54,6 +55,13 @@ class BookieConfig:
     metrics_advertised_address: str | None = None
     port: int = 0
     metrics_port: int = 0
+    # The framed add port (bookie/framed.py), bound on host beside the gRPC port:
+    # 0 picks a free port (clients find it in the registration), -1: none (adds then go
+    # over gRPC). Advertised as framed_advertised_address, else the gRPC advertised
+    # address's host with this port.
+    framed_port: int = 0
+    framed_advertised_address: str | None = None
+    framed_hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
     bookie_id: str | None = None
     rack: str = "/default-rack"
     max_entry_bytes: int = 5 << 20
@@ -139,6 +147,10 @@ class BookieConfig:
             raise ValueError("flush-bytes must be > 0")
         if self.max_stream_answer_bytes <= 0 or self.max_stream_inflight_bytes <= 0:
             raise ValueError("the per-stream answer and in-flight limits must be > 0")
+        if self.framed_port < -1 or self.framed_port > 65535:
+            raise ValueError("framed-port must be a port, 0 (pick one) or -1 (none)")
+        if self.framed_hello_timeout_s <= 0:
+            raise ValueError("the framed port's hello timeout must be > 0")
         if self.max_concurrent_rpcs <= 0:
             raise ValueError("max-concurrent-rpcs must be > 0")
         if self.journal_prealloc_bytes < 0 or not self.journal_inline_sync_s >= 0:
@@ -251,6 +263,7 @@ class BookieServer:
         self.bookie_id = ""
         self.address = ""  # advertised: what clients dial
         self.metrics_address = ""
+        self.framed_address = ""  # advertised; empty: no framed port
         self.port = 0
         self.metrics_port = 0
         self.meta: MetadataLink | None = None
@@ -258,6 +271,7 @@ class BookieServer:
         self._storage_started = False
         self._grpc: grpc.aio.Server | None = None
         self._http: AdminHttpServer | None = None
+        self._framed: FramedAddServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.access = config.access_control(self.metrics)
 
@@ -282,6 +296,8 @@ class BookieServer:
         self.address = advertised_address(
             cfg.host, self.port, cfg.advertised_address, cfg.metadata_uri
         )
+        if cfg.framed_port >= 0:
+            await self._bind_framed(tls)
         # An id is a name: the one in the cookie (a bookie keeps it when its address
         # changes), else the first advertised address, as BookKeeper's default.
         self.bookie_id = (
@@ -321,6 +337,8 @@ class BookieServer:
         )
         self._grpc.add_generic_rpc_handlers((service.handler(),))
         await self._grpc.start()
+        if self._framed is not None:
+            await self._framed.serve(service)
         self._http = AdminHttpServer(
             self.metrics.registry,
             {
@@ -348,6 +366,32 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._disk_loop(), name="disk-check"))
         self._tasks.append(loop.create_task(self._gc_loop(), name="gc"))
+
+    async def _bind_framed(self, tls: TlsFiles | None) -> None:
+        """Bind the framed add port (it serves once the service is up), with the gRPC
+        port's TLS files and limits."""
+        cfg = self.config
+        self._framed = FramedAddServer(
+            self.access,
+            self.metrics,
+            max_message_bytes=MAX_MESSAGE_BYTES,
+            max_connections=cfg.max_concurrent_rpcs,
+            hello_timeout_s=cfg.framed_hello_timeout_s,
+            keepalive_time_s=cfg.keepalive_time_s,
+            keepalive_timeout_s=cfg.keepalive_timeout_s,
+        )
+        ssl = tls.reloading_ssl_context() if tls is not None else None
+        port = await self._framed.bind(cfg.host, cfg.framed_port, ssl)
+        if cfg.framed_advertised_address:
+            self.framed_address = advertised_address(
+                cfg.host,
+                port,
+                cfg.framed_advertised_address,
+                cfg.metadata_uri,
+                what="--framed-advertised-address",
+            )
+        else:  # where clients dial the gRPC port, at the framed port
+            self.framed_address = join_host_port(split_host_port(self.address)[0], port)
 
     async def _follow_principals(self) -> None:
         """Read the principal map before serving (an authenticating bookie without it
@@ -385,6 +429,8 @@ class BookieServer:
                 pass
         if self.meta is not None:
             await self.meta.close()  # ends the session: the registration vanishes
+        if self._framed is not None:
+            await self._framed.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=2)
         if self._http is not None:
@@ -569,6 +615,7 @@ class BookieServer:
             "free_bytes": self.free_bytes,
             "total_bytes": self.total_bytes,
             "metrics_address": self.metrics_address,
+            "framed_address": self.framed_address,
         }
 
     def _info(self) -> pb.GetBookieInfoResponse:

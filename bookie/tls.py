@@ -1,10 +1,11 @@
-"""TLS for the bookie's two ports, from PEM files: gRPC credentials and the HTTP port's
-SSLContext.
+"""TLS for the bookie's ports, from PEM files: gRPC credentials, and the SSLContexts of
+the HTTP port and the framed add port.
 
 The gRPC port re-reads its certificates without a restart: gRPC asks for its certificate
 configuration at every new handshake (``dynamic_ssl_server_credentials``) and gets a
 fresh one when a file's modification time changed (connections already open keep theirs).
-The HTTP port loads its context at start.
+The framed add port does the same through its handshake's
+server-name callback (``reloading_ssl_context``). The HTTP port loads its context at start.
 
 A server (a bookie, a broker) refuses to start with a certificate outside its validity:
 every client would refuse it, each with a handshake error far from the cause. A
@@ -136,3 +137,28 @@ class TlsFiles:
         except ssl.SSLError as e:
             raise ValueError(f"the TLS files {self.cert}, {self.key} do not load: {e}") from e
         return ctx
+
+    def reloading_ssl_context(self) -> ssl.SSLContext:
+        """The framed add port's server context: as the gRPC port's credentials, it
+        picks up new certificate files at the next handshake (the handshake's
+        server-name callback swaps in a context loaded from them)."""
+        check_certificate_dates(self.cert)
+        first = self.ssl_context()
+        stamp = [self._stamp()]
+        current = [first]
+
+        def pick(sslobj: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+            now = self._stamp()
+            if now and now != stamp[0]:
+                try:
+                    current[0] = self.ssl_context()
+                except ValueError as e:  # half-written files: try again next handshake
+                    log.warning("TLS files changed but cannot be loaded yet: %s", e)
+                else:
+                    stamp[0] = now
+                    log.info("TLS certificate files changed: new framed handshakes use them")
+            if current[0] is not first:
+                sslobj.context = current[0]
+
+        first.sni_callback = pick  # type: ignore[assignment]
+        return first

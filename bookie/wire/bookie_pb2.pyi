@@ -285,3 +285,21 @@ class GetBookieInfoResponse(_message.Message):
     principal: str
     roles: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., bookie_id: _Optional[str] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ..., authenticated: _Optional[bool] = ..., principal: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FramedHello(_message.Message):
+    __slots__ = ("version", "token")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    token: str
+    def __init__(self, version: _Optional[int] = ..., token: _Optional[str] = ...) -> None: ...
+
+class FramedHelloResponse(_message.Message):
+    __slots__ = ("status", "message", "version")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    message: str
+    version: int
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., message: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...

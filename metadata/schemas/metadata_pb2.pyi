@@ -206,7 +206,7 @@ class CursorState(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., mark_delete: _Optional[_Union[Position, _Mapping]] = ..., individually_acked: _Optional[_Iterable[_Union[PositionRange, _Mapping]]] = ..., properties: _Optional[_Mapping[str, int]] = ..., last_active_ms: _Optional[int] = ...) -> None: ...
 
 class BookieInfo(_message.Message):
-    __slots__ = ("format_version", "bookie_id", "address", "rack", "read_only", "free_bytes", "total_bytes", "metrics_address", "registered_ms")
+    __slots__ = ("format_version", "bookie_id", "address", "rack", "read_only", "free_bytes", "total_bytes", "metrics_address", "registered_ms", "framed_address")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class BookieInfo(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
+    FRAMED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     bookie_id: str
     address: str
@@ -225,7 +226,8 @@ class BookieInfo(_message.Message):
     total_bytes: int
     metrics_address: str
     registered_ms: int
-    def __init__(self, format_version: _Optional[int] = ..., bookie_id: _Optional[str] = ..., address: _Optional[str] = ..., rack: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., metrics_address: _Optional[str] = ..., registered_ms: _Optional[int] = ...) -> None: ...
+    framed_address: str
+    def __init__(self, format_version: _Optional[int] = ..., bookie_id: _Optional[str] = ..., address: _Optional[str] = ..., rack: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., metrics_address: _Optional[str] = ..., registered_ms: _Optional[int] = ..., framed_address: _Optional[str] = ...) -> None: ...
 
 class Cookie(_message.Message):
     __slots__ = ("format_version", "bookie_id", "instance_id", "journal_dir", "data_dirs", "created_ms", "cluster_instance_id")

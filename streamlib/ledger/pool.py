@@ -30,15 +30,22 @@ class BookiePool:
         self.config = config or BookieClientConfig()
         self._clients: dict[str, BookieClient] = {}
         self._addresses: dict[str, str] = {}
+        self._framed: dict[str, str] = {}  # framed add stream addresses ("": none)
         self.racks: dict[str, str] = {}
         self._rechecked: dict[str, float] = {}
         self._tasks = HeldTasks("bookie pool")  # address look-ups, retired connections
 
-    def _learn(self, bookie_id: str, address: str) -> None:
-        """Remember a registered address; a changed one retires the old connection."""
+    def _learn(self, bookie_id: str, address: str, framed: str = "") -> None:
+        """Remember a registered address and framed add stream address; a changed
+        address retires the old connection."""
         old = self._addresses.get(bookie_id)
+        old_framed = self._framed.get(bookie_id, "")
         self._addresses[bookie_id] = address
+        self._framed[bookie_id] = framed
         client = self._clients.get(bookie_id)
+        if client is not None and framed != old_framed:
+            # (Its next add stream opens there; the one open now goes on.)
+            client.framed_address = framed or None
         if old is not None and old != address and client is not None:
             log.info("bookie %s moved from %s to %s", bookie_id, old, address)
             del self._clients[bookie_id]
@@ -48,7 +55,7 @@ class BookiePool:
         """Live writable bookies (and remember their addresses)."""
         infos = await self.registry.list()
         for info in infos:
-            self._learn(info.bookie_id, info.address)
+            self._learn(info.bookie_id, info.address, info.framed_address)
             self.racks[info.bookie_id] = info.rack
         return [Candidate(i.bookie_id, i.rack) for i in infos if not i.read_only]
 
@@ -57,7 +64,7 @@ class BookiePool:
         missing = [b for b in bookie_ids if b not in self._addresses]
         if missing:
             for info in await self.registry.list():
-                self._learn(info.bookie_id, info.address)
+                self._learn(info.bookie_id, info.address, info.framed_address)
                 self.racks[info.bookie_id] = info.rack
         for bookie_id in missing:
             # A bookie that is down is not registered; BookKeeper ids default to the
@@ -74,6 +81,7 @@ class BookiePool:
                 address,
                 self.config,
                 on_unavailable=lambda: self._recheck(bookie_id),
+                framed_address=self._framed.get(bookie_id),
             )
         return client
 
@@ -92,7 +100,7 @@ class BookiePool:
             log.debug("address lookup of bookie %s failed: %s", bookie_id, e)
             return
         if info is not None:
-            self._learn(bookie_id, info.address)
+            self._learn(bookie_id, info.address, info.framed_address)
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -115,6 +115,8 @@ async def test_sigkill_a_bookie_mid_stream_changes_the_ensemble(cluster):
             await asyncio.sleep(0)  # let the stream flow while we keep appending
     ids = await asyncio.gather(*futures)
     assert ids == list(range(600))
+    # (On the bookies' framed add ports, the default where they register one.)
+    assert sum(c.stats.extra.get("framed_streams", 0) for c in client.pool._clients.values()) >= 3
     closed = await writer.close()
     assert len(closed.fragments) >= 2
     assert victim.bookie_id not in closed.last_fragment.ensemble
