@@ -200,17 +200,11 @@ class DirectSubscription:
         if not self.is_active or self._reload_cursor:
             return None
         self._start()
-        acks = self._acks
-        while self._redeliver:
-            again = self._redeliver.popleft()
-            if not acks.is_acked(again.message_id):  # (acknowledged since it timed out?)
-                return again
-        held = self._held
-        now = now_ms() if held else 0
-        while held and held[0][0] <= now:
-            due = heapq.heappop(held)[2]
-            if not acks.is_acked(due.message_id):
-                return due
+        first = self._again_or_due()
+        if first is not None:
+            return first
+        acks, held = self._acks, self._held
+        now = 0
         while len(held) < MAX_HELD_MESSAGES:
             message = self._queue.take_nowait()
             if message is None:
@@ -228,6 +222,22 @@ class DirectSubscription:
             self._wake_when_due(held[0][0])
         return None
 
+    def _again_or_due(self) -> Message | None:
+        """A message to deliver before what was read ahead: one given back (not
+        acknowledged since), else a delayed one now due."""
+        acks = self._acks
+        while self._redeliver:
+            again = self._redeliver.popleft()
+            if not acks.is_acked(again.message_id):  # (acknowledged since it timed out?)
+                return again
+        held = self._held
+        now = now_ms() if held else 0
+        while held and held[0][0] <= now:
+            due = heapq.heappop(held)[2]
+            if not acks.is_acked(due.message_id):
+                return due
+        return None
+
     def take_entry(self) -> tuple[EntryMessages, list[int]] | None:
         """take(), by entry (a broker dispatches entries whole): an entry and the
         indexes of its messages to deliver now -- those not acknowledged and due (a
@@ -235,17 +245,11 @@ class DirectSubscription:
         if not self.is_active or self._reload_cursor:
             return None
         self._start()
-        acks = self._acks
-        while self._redeliver:
-            again = self._redeliver.popleft()
-            if not acks.is_acked(again.message_id):
-                return again._entry, [again._index]
+        first = self._again_or_due()
+        if first is not None:
+            return first._entry, [first._index]
         held = self._held
         now = now_ms() if held else 0
-        while held and held[0][0] <= now:
-            due = heapq.heappop(held)[2]
-            if not acks.is_acked(due.message_id):
-                return due._entry, [due._index]
         while len(held) < MAX_HELD_MESSAGES:
             entry = self._queue.take_entry_nowait()
             if entry is None:

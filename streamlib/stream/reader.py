@@ -9,8 +9,8 @@ import asyncio
 import builtins
 import collections
 import copy
-from collections.abc import AsyncIterator, Iterable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.handles import ReadHandle
@@ -51,6 +51,8 @@ from streamlib.stream.message import (
 )
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, parse_start, position_before
 from streamlib.stream.writer import STREAM_PASSWORD
+
+T = TypeVar("T")
 
 LOOK_BACK_ENTRIES = 8  # entries read at a time looking back past no-ops for the last message
 FIRST_READ_ENTRIES = 4  # the first range of a catch-up read; ranges double from there
@@ -553,14 +555,22 @@ class EntryQueue:
 
     async def take(self, timeout: float | None) -> Message:
         """The next message; TimeoutError if none comes within timeout seconds."""
-        message = self.take_nowait()
-        if message is None:
+        return await self._until(self.take_nowait, timeout)
+
+    async def take_entry(self, timeout: float | None) -> EntryMessages:
+        """The next entry's messages not taken yet, whole (as take_entry_nowait);
+        TimeoutError if none comes within timeout seconds."""
+        return await self._until(self.take_entry_nowait, timeout)
+
+    async def _until(self, take: Callable[[], T | None], timeout: float | None) -> T:
+        found = take()
+        if found is None:
             async with asyncio.timeout(timeout):
-                while message is None:
+                while found is None:
                     self.ready.clear()
                     await self.ready.wait()
-                    message = self.take_nowait()
-        return message
+                    found = take()
+        return found
 
 
 class Feed(Protocol):
@@ -611,15 +621,7 @@ class ScannerFeed:
         session sends entries as they are stored); TimeoutError if none comes in time."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._queue.fill(self._scanner))
-        queue = self._queue
-        entry = queue.take_entry_nowait()
-        if entry is None:
-            async with asyncio.timeout(timeout):
-                while entry is None:
-                    queue.ready.clear()
-                    await queue.ready.wait()
-                    entry = queue.take_entry_nowait()
-        return entry
+        return await self._queue.take_entry(timeout)
 
     def take_entry_nowait(self) -> EntryMessages | None:
         return self._queue.take_entry_nowait()
