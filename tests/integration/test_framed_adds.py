@@ -8,22 +8,20 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-import metadata
 from bookie.launcher import BookieProcess
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire.framing import FRAMED_VERSION, FrameError, frame, read_frame
-from metadata.services.principals import PrincipalRoles
 from streamlib.client import Client
 from streamlib.errors import UnauthenticatedError, UnauthorizedError
 from streamlib.ledger.bookie_client import AddHandler, BookieClient, BookieClientConfig
 from streamlib.ledger.framed_stream import client_ssl_context
-from streamlib.security import CertFiles, make_certs, make_token, new_secret_key, write_private
+from streamlib.security import make_token
+from tests.integration import test_auth
 from tests.integration.conftest import FAST_CLIENT, LedgerCluster
+from tests.integration.test_auth import Secure
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -166,34 +164,13 @@ async def test_junk_a_huge_frame_or_no_hello_closes_that_connection_only(
     assert outcomes["bad_frame"] == 1 and outcomes["ok"] == 3
 
 
-@dataclass
-class Secure:
-    cluster: LedgerCluster
-    certs: CertFiles
-    secret: bytes
-
-    def token(self, principal: str, **kw: object) -> str:
-        return make_token(self.secret, principal, **kw)  # type: ignore[arg-type]
-
-    def config(self, principal: str | None) -> BookieClientConfig:
-        token = self.token(principal) if principal else None
-        return BookieClientConfig(add_timeout_s=5.0, tls_ca=str(self.certs.ca), token=token)
+secure = test_auth.secure  # (the fixture: TLS bookies that authenticate tokens, and roles)
 
 
-@pytest.fixture
-async def secure(cluster: LedgerCluster, tmp_path: Path) -> Secure:
-    """Three TLS bookies that authenticate tokens; writer and reader roles."""
-    certs = make_certs(tmp_path / "certs")
-    secret = new_secret_key()
-    secret_file = write_private(tmp_path / "token.key", secret)
-    async with await metadata.connect(cluster.metadata_uri) as store:
-        principals = PrincipalRoles(store)
-        await principals.grant("writer", ["write"])
-        await principals.grant("reader", ["read"])
-    flags = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
-    flags += ["--tls-ca", str(certs.ca), "--auth-token-secret-file", str(secret_file)]
-    cluster.start_bookies(3, extra=flags)
-    return Secure(cluster, certs, secret)
+def client_config(secure: Secure, principal: str | None) -> BookieClientConfig:
+    """A bookie client's config with the secure cluster's CA and a token of principal."""
+    token = secure.token(principal) if principal else None
+    return BookieClientConfig(add_timeout_s=5.0, tls_ca=str(secure.certs.ca), token=token)
 
 
 async def raw_adds(bookie: BookieProcess, config: BookieClientConfig) -> list[int | None]:
@@ -229,7 +206,7 @@ async def test_the_framed_port_speaks_tls_and_refuses_who_grpc_refuses(secure: S
     bookie = secure.cluster.bookies[0]
     ca = client_ssl_context(str(secure.certs.ca), None, None)
     # Over TLS, a writer's adds are stored; the hello names nobody's credentials wrongly.
-    assert await raw_adds(bookie, secure.config("writer")) == [pb.OK, pb.OK]
+    assert await raw_adds(bookie, client_config(secure, "writer")) == [pb.OK, pb.OK]
     # No token, a forged one, an expired one: refused at the hello, closed.
     for token, why in (
         ("", "no credentials"),
@@ -241,9 +218,9 @@ async def test_the_framed_port_speaks_tls_and_refuses_who_grpc_refuses(secure: S
         assert await closed_by_bookie(reader)
     # The client answers each add with that refusal (the writer's typed error), as the
     # gRPC stream refuses each batch of an unauthenticated caller.
-    assert await raw_adds(bookie, secure.config(None)) == [pb.UNAUTHENTICATED] * 2
+    assert await raw_adds(bookie, client_config(secure, None)) == [pb.UNAUTHENTICATED] * 2
     # A principal whose roles do not allow adds is refused per batch, as on gRPC.
-    assert await raw_adds(bookie, secure.config("reader")) == [pb.UNAUTHORIZED] * 2
+    assert await raw_adds(bookie, client_config(secure, "reader")) == [pb.UNAUTHORIZED] * 2
     # Plaintext to the TLS port gets no hello answer (a TLS alert at most, no frame).
     with pytest.raises((OSError, asyncio.IncompleteReadError, AssertionError, FrameError)):
         await hello(bookie.framed_port)
