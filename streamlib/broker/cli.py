@@ -237,9 +237,7 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_pulsar(
-    args: argparse.Namespace, service: Any, address: str, tls: Any
-) -> Any:
+async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tls: Any) -> Any:
     """The Pulsar port (streamlib/pulsar/server.py), bound before the broker registers:
     its URL is in the registration lookups answer with. TLS when the broker has it."""
     from streamlib.pulsar.server import PulsarFrontEnd

@@ -42,8 +42,8 @@ from bookie.framed import peer_common_name
 from metadata.errors import InvalidNameError
 from streamlib.broker.access import HeldBytes
 from streamlib.broker.dispatcher import Handed, SubscriptionDispatcher
-from streamlib.broker.ownership import NotOwnerError
 from streamlib.broker.owned import OwnedStream
+from streamlib.broker.ownership import NotOwnerError
 from streamlib.broker.server import KINDS, BrokerService, _not_partitioned
 from streamlib.broker.sessions import ConsumerSession, Done, ProducerSession, StreamGone
 from streamlib.closing import to_its_end
@@ -169,9 +169,7 @@ class PulsarFrontEnd:
 
     async def bind(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen (TLS with ssl_context: the pulsar+ssl:// port); the bound port."""
-        server = await asyncio.start_server(
-            self._serve, host, port, ssl=ssl_context, limit=1 << 16
-        )
+        server = await asyncio.start_server(self._serve, host, port, ssl=ssl_context, limit=1 << 16)
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
@@ -270,7 +268,13 @@ class Connection:
             if not data:
                 return
             idle = 0
-            for frame in decoder.feed(data):
+            try:
+                decoded = decoder.feed(data)
+            except frames.FrameError as error:  # (what came whole before the junk counts)
+                for frame in error.frames or ():
+                    await self._handle(frame)
+                raise
+            for frame in decoded:
                 await self._handle(frame)
 
     async def _handle(self, frame: frames.Frame) -> None:
@@ -305,7 +309,7 @@ class Connection:
                 "connected",
                 server_version=SERVER_VERSION,
                 protocol_version=self.protocol_version,
-                max_message_size=frames.MAX_MESSAGE_BYTES,
+                max_message_size=frames.MAX_MESSAGE_SIZE,
             )
         )
 
@@ -593,7 +597,9 @@ class Connection:
         # where the cluster and the caller's roles allow it.)
         _not_partitioned(stream, await self.core.exists(self._caller(), stream))
         owned = await self.broker.own(stream)
-        initial = "earliest" if request.initialPosition == api.CommandSubscribe.Earliest else "latest"
+        initial = (
+            "earliest" if request.initialPosition == api.CommandSubscribe.Earliest else "latest"
+        )
         dispatcher, session = await owned.add_consumer(
             subscription,
             kind,
@@ -630,9 +636,7 @@ class Connection:
                 # client asks for the entry before to read one inclusively).
                 start, inclusive = MessageId(wanted.ledgerId, wanted.entryId + 1, 0), True
         else:
-            start = (
-                EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
-            )
+            start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
         reader = await self.broker.client.create_reader(
             stream, start, start_message_id_inclusive=inclusive
         )
@@ -793,7 +797,9 @@ class _Producer:
 
     async def send(self, send: Any, frame: frames.Frame) -> None:
         sequence_id = send.sequence_id
-        highest = send.highest_sequence_id if send.highest_sequence_id > sequence_id else sequence_id
+        highest = (
+            send.highest_sequence_id if send.highest_sequence_id > sequence_id else sequence_id
+        )
         if self._ended:
             return
         block = frame.payload
@@ -801,12 +807,18 @@ class _Producer:
             await self._pending.put((sequence_id, highest,
                                      BadRequestError("a SEND carries a message"), 0))  # fmt: skip
             return
-        checked = frame.checksum_ok()
+        try:
+            checked = frame.checksum_ok()
+            if checked is None:  # (an old client's frame: stored with its checksum added)
+                block = frames.headers_and_payload(frame.metadata(), frame.payload_body())
+            elif frame.broker_entry_metadata() is not None:
+                raise frames.PayloadError("a SEND carries no broker entry metadata")
+        except frames.PayloadError as error:
+            await self._pending.put((sequence_id, highest, error, 0))
+            return
         if checked is False:
             await self._pending.put((sequence_id, highest, _ChecksumError(), 0))
             return
-        if checked is None:  # (an old client's frame: stored with its checksum added)
-            block = frames.with_checksum(block)
         size = len(block)
         await self.held.take(size)
         outcome: Any
@@ -834,7 +846,11 @@ class _Producer:
                 self._end()
                 return
             if isinstance(outcome, BaseException):
-                error = api.ChecksumError if isinstance(outcome, _ChecksumError) else server_error(outcome)
+                error = (
+                    api.ChecksumError
+                    if isinstance(outcome, _ChecksumError)
+                    else server_error(outcome)
+                )
                 connection._write(_command(Type.SEND_ERROR, "send_error",
                                            producer_id=self.producer_id, sequence_id=sequence_id,
                                            error=error, message=str(outcome)))  # fmt: skip
@@ -1104,7 +1120,9 @@ def pulsar_block(entry: EntryMessages) -> bytes:
     """The entry's headers and payload in Pulsar's format, made once and kept with it."""
     cached = entry.pulsar
     if cached is None:
-        cached = entry.pulsar = to_pulsar(entry.stored(), f"entry {entry.ledger_id}:{entry.entry_id}")
+        cached = entry.pulsar = to_pulsar(
+            entry.stored(), f"entry {entry.ledger_id}:{entry.entry_id}"
+        )
     return cached
 
 
@@ -1133,4 +1151,3 @@ def _acked(one: Any) -> tuple[int, int, list[int] | None]:
     if one.HasField("batch_index") and one.batch_index >= 0:
         return one.ledgerId, one.entryId, [one.batch_index]
     return one.ledgerId, one.entryId, None
-
