@@ -16,7 +16,7 @@ the test gives them.
   ack           id (a consumer) refs kind=individual|cumulative|nack
   seek          id message_id=earliest|latest|[...] | timestamp=ms
   has_message_available, unsubscribe, producer_info, last_message_id: id
-  send_background producer count [prefix explicit_sequence_ids start_sequence_id]
+  send_background producer count [prefix explicit_sequence_ids interval_ms ...]
   background    (the background sends so far) [wait_s: until all are settled]
   exit
 
@@ -96,6 +96,11 @@ def key_router() -> Any:
             return partition_of(message.partition_key(), partitions)
 
     return murmur3_router
+
+
+def result_name(result: Any) -> str:
+    """A send callback's result: "Ok", or the failure's name."""
+    return getattr(result, "name", None) or type(result).__name__
 
 
 def options(given: dict[str, Any]) -> dict[str, Any]:
@@ -215,7 +220,7 @@ class Driver:
 
         def callback(index: int) -> Any:
             def called(result: Any, found: Any) -> None:
-                callbacks.append([index, str(result), id_of(found)])
+                callbacks.append([index, result_name(result), id_of(found)])
                 if len(callbacks) == len(messages):
                     done.set()
 
@@ -316,9 +321,11 @@ class Driver:
         prefix: str = "m",
         explicit_sequence_ids: bool = False,
         start_sequence_id: int = 0,
+        interval_ms: float = 0.0,
     ) -> dict:
-        """Send count messages "PREFIX-i" with send_async as fast as the producer takes
-        them (block_if_queue_full), on a thread; `background` tells how they went."""
+        """Send count messages "PREFIX-i" with send_async, interval_ms apart (a pace, so
+        that a fault lands mid-stream) or as fast as the producer takes them, on a
+        thread; `background` tells how they went."""
         target = self.objects[producer]
         results: list[Any] = [None] * count
         state = {"results": results, "settled": 0, "lock": threading.Lock(),
@@ -329,7 +336,7 @@ class Driver:
             def called(result: Any, found: Any) -> None:
                 with state["lock"]:
                     ok = result == pulsar.Result.Ok
-                    results[index] = [str(result), id_of(found) if ok else None, time.time()]
+                    results[index] = [result_name(result), id_of(found) if ok else None]
                     state["settled"] += 1
                     if state["settled"] == count:
                         state["done"].set()
@@ -343,6 +350,8 @@ class Driver:
                     target.send_async(f"{prefix}-{i}".encode(), callback(i), **given)
                 except Exception as error:  # (queue full without blocking, closed)
                     callback(i)(error, None)
+                if interval_ms:
+                    time.sleep(interval_ms / 1000)
 
         threading.Thread(target=run, daemon=True).start()
         return {}
