@@ -42,9 +42,10 @@ compacted_out are not looked at.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import crc32c
@@ -142,7 +143,8 @@ def decode(
     the MessageMetadata's onwards; an encrypted chunk's piece is one opaque message too.
     check() is what a broker runs before it stores a producer's entry."""
     metadata, body = parse(entry, where, verify=payloads)
-    return _decode(metadata, body, where, max_uncompressed, payloads, payloads)
+    with _text_checked(where):
+        return _decode(metadata, body, where, max_uncompressed, payloads, payloads)
 
 
 def check(entry: bytes, where: str, max_uncompressed: int = MAX_UNCOMPRESSED_BYTES) -> DecodedBatch:
@@ -151,7 +153,18 @@ def check(entry: bytes, where: str, max_uncompressed: int = MAX_UNCOMPRESSED_BYT
     every reader reads (an encrypted entry: what can be checked without its key). The
     columns are those decode gives, none of them lazy; the payloads are empty."""
     metadata, body = parse(entry, where, verify=True)
-    return _decode(metadata, body, where, max_uncompressed, False, True)
+    with _text_checked(where):
+        return _decode(metadata, body, where, max_uncompressed, False, True)
+
+
+@contextlib.contextmanager
+def _text_checked(where: str) -> Iterator[None]:
+    """MessageDecodeError for a text field that is not UTF-8 (proto2's strings are checked
+    only when read, here as they are made into streamlib's)."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        raise MessageDecodeError(f"{where}: a text field of its metadata is not UTF-8") from error
 
 
 def _decode(
@@ -387,7 +400,8 @@ class _Singles:
             assert self._body is not None
             data = _uncompressed(self._metadata, self._body, self._where, self._max_bytes)
             _, singles = _walk(memoryview(data), self.count, self._where, keep=False)
-            found = self._columns = _columns(self._metadata, singles)
+            with _text_checked(self._where):
+                found = self._columns = _columns(self._metadata, singles)
             self._body = None  # (the entry is the broker's to keep or drop)
         return found
 
