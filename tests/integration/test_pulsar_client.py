@@ -519,7 +519,8 @@ async def test_a_message_redelivered_too_often_lands_in_the_dead_letter_topic(cl
     [landed] = await program.receive(dead, 1)
     assert landed["data"] == "poison" and landed["properties"]["p"] == "poison"
     assert landed["properties"]["REAL_TOPIC"] == topic(name)
-    assert landed["properties"]["ORIGIN_MESSAGE_ID"].startswith(f"{ids[1][0]}:{ids[1][1]}")
+    # (pulsar-client writes the id as (ledger,entry,partition,batch index))
+    assert landed["properties"]["ORIGIN_MESSAGE_ID"] == f"({ids[1][0]},{ids[1][1]},-1,-1)"
     assert await program.drain(dead, timeout_ms=500) == []
     # The poisoned one was acknowledged on the way: the subscription holds nothing.
     await program.close(consumer)
@@ -593,7 +594,7 @@ async def test_compressed_batches_read_by_pulsar_client_and_streamlib(
     [
         ("string", ["plain", "text ünïcødé", ""]),
         ("json", [{"sensor": "a", "value": 1}, {"sensor": "b", "value": -2}]),
-        ("avro", [{"sensor": "a", "value": 1}, {"sensor": "b", "value": 2**40}]),
+        ("avro", [{"sensor": "a", "value": 1}, {"sensor": "b", "value": 2**31 - 1}]),
     ],
 )
 async def test_schema_values_round_trip(cluster, programs, schema, values):
