@@ -125,6 +125,9 @@ class OwnedStream:
             dedup.position,
             tail=False,
         )
+        # Names and sequence ids only: the entries are not decoded whole (a Pulsar
+        # producer's encrypted entry reads so too, as opaque messages, not as an error).
+        scanner.keep_raw = True
         scanned = 0
         async for batch in scanner.batches():
             if batch.producers is None or batch.sequence_ids is None:

@@ -418,6 +418,9 @@ def test_damaged_entries_are_decode_errors():
     with pytest.raises(ChecksumError, match="checksum"):
         decode_batch(bytes(flipped), "e")
     decode_batch(bytes(flipped), "e", payloads=False)  # (the cheap read checks no checksum)
+    with pytest.raises(ChecksumError):
+        check(bytes(flipped), "e")
+    check(bytes(flipped), "e", verify=False)  # (a broker that checked the frame's already)
 
 
 def read_everything(entry: bytes, payloads: bool) -> None:
