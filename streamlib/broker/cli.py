@@ -118,6 +118,12 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
 
+    admin = admin_commands.add_parser("broker", help="the stream service's brokers")
+    admin.add_argument("action", choices=["list", "unload", "owner"])
+    admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
+    admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
+    admin.set_defaults(run=_run_admin)
+
 
 def _pulsar_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
@@ -130,12 +136,6 @@ def _pulsar_arguments(serve: argparse.ArgumentParser) -> None:
         f"{PULSAR_PORT}; 0: any free one): the official Pulsar clients connect unmodified "
         "(pulsar://, or pulsar+ssl:// when the broker has --tls-cert)",
     )
-
-    admin = admin_commands.add_parser("broker", help="the stream service's brokers")
-    admin.add_argument("action", choices=["list", "unload", "owner"])
-    admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
-    admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
-    admin.set_defaults(run=_run_admin)
 
 
 def _positive(text: str) -> int:
