@@ -63,9 +63,9 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.service_access import Caller, Operation
 from streamlib.pulsar import PulsarApi_pb2 as api
 from streamlib.pulsar import frames
-from streamlib.pulsar.entries import to_pulsar
+from streamlib.pulsar.entries import is_pulsar_entry, parse, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
-from streamlib.stream.batch import MessageDecodeError
+from streamlib.stream.batch import MessageDecodeError, decode_batch
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.reader import ScannerFeed, StreamScanner
@@ -85,6 +85,7 @@ WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wai
 MAX_REQUESTS_IN_FLIGHT = 1000  # a connection's lookups, creations, seeks at once
 EARLIEST_ID = (-1, -1)  # pulsar-client's MessageId.earliest
 LATEST_ID = (2**63 - 1, 2**63 - 1)  # ... and MessageId.latest
+NONE_ID = (1 << 64) - 1  # -1 as a MessageIdData's uint64: no such message
 ACCESS_MODES = {
     api.Shared: "shared",
     api.Exclusive: "exclusive",
@@ -137,10 +138,6 @@ def _command(kind: int, field: str, **values: Any) -> api.BaseCommand:
     for name, value in values.items():
         setattr(getattr(command, field), name, value)
     return command
-
-
-def _id_pb(where: MessageId | tuple[int, int], out: Any) -> None:
-    out.ledgerId, out.entryId = (where[0], where[1])
 
 
 @dataclass
@@ -625,18 +622,18 @@ class Connection:
         inclusive = False
         if request.HasField("start_message_id"):
             wanted = request.start_message_id
-            where = (wanted.ledgerId, wanted.entryId)
-            if where == EARLIEST_ID or wanted.ledgerId < 0:
+            ledger_id, entry_id = where = _position(wanted)
+            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
                 start = EARLIEST
             elif where == LATEST_ID:
                 start = LATEST
             elif wanted.HasField("batch_index") and wanted.batch_index >= 0:
                 # (Within a batch: from its entry; the client drops what is before.)
-                start, inclusive = MessageId(wanted.ledgerId, wanted.entryId, 0), True
+                start, inclusive = MessageId(ledger_id, entry_id, 0), True
             else:
                 # Pulsar's non-durable cursor starts after the entry it names (the
                 # client asks for the entry before to read one inclusively).
-                start, inclusive = MessageId(wanted.ledgerId, wanted.entryId + 1, 0), True
+                start, inclusive = MessageId(ledger_id, entry_id + 1, 0), True
         else:
             start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
         reader = await self.broker.client.create_reader(
@@ -704,15 +701,15 @@ class Connection:
         if request.HasField("message_publish_time"):
             target = int(request.message_publish_time)
         elif request.HasField("message_id"):
-            wanted = request.message_id
-            if (wanted.ledgerId, wanted.entryId) == EARLIEST_ID or wanted.ledgerId < 0:
+            ledger_id, entry_id = where = _position(request.message_id)
+            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
                 target = EARLIEST
-            elif (wanted.ledgerId, wanted.entryId) == LATEST_ID:
+            elif where == LATEST_ID:
                 target = LATEST
             else:
                 # That message comes next (Pulsar resets the cursor to it; a batch's
                 # earlier messages are dropped by the client).
-                target = MessageId(wanted.ledgerId, wanted.entryId, 0)
+                target = MessageId(ledger_id, entry_id, 0)
         else:
             self._error(request.request_id, BadRequestError("a seek names a message or a time"))
             return
@@ -742,7 +739,8 @@ class Connection:
         client = self.broker.client
         scanner = StreamScanner(client.ledgers, client.streams.registry, stream, EARLIEST)
         try:
-            last = await scanner.last_message()
+            last = await scanner.last_entry()
+            index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
         except Exception as error:
             self._error(request.request_id, error)
             return
@@ -750,10 +748,10 @@ class Connection:
                           request_id=request.request_id)  # fmt: skip
         found = answer.getLastMessageIdResponse.last_message_id
         if last is None:
-            found.ledgerId, found.entryId = -1, -1
+            found.ledgerId, found.entryId = NONE_ID, NONE_ID
         else:
-            found.ledgerId, found.entryId = last.ledger_id, last.entry_id
-            found.batch_index = last.batch_index
+            found.ledgerId, found.entryId = last[0], last[1]
+            found.batch_index = index
         self._write(answer)
 
     def _on_consumer_stats(self, command: api.BaseCommand, frame: frames.Frame) -> None:
@@ -769,6 +767,19 @@ class Connection:
             stats.consumerName = consumer.name
             stats.type = consumer.type_name
         self._write(answer)
+
+
+def _failing_ends(task: asyncio.Task[Any], end: Callable[[], None], what: str) -> None:
+    """A producer's or consumer's task that fails (a read no bookie serves, ...) ends it:
+    its client is told, and reconnects."""
+
+    def ended(done: asyncio.Task[Any]) -> None:
+        if done.cancelled() or done.exception() is None:
+            return
+        log.warning("pulsar %s failed: %r", what, done.exception())
+        end()
+
+    task.add_done_callback(ended)
 
 
 def raise_if_cancelled(error: BaseException) -> None:
@@ -796,6 +807,8 @@ class _Producer:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._settle()), loop.create_task(self._fenced())]
+        for task in self._tasks:
+            _failing_ends(task, self._end, f"producer {self.session.name}")
 
     async def send(self, send: Any, frame: frames.Frame) -> None:
         sequence_id = send.sequence_id
@@ -865,7 +878,7 @@ class _Producer:
                                sequence_id=sequence_id, highest_sequence_id=highest)  # fmt: skip
             where = receipt.send_receipt.message_id
             if outcome == EARLIEST:  # (a duplicate too old to know where it went)
-                where.ledgerId, where.entryId = -1, -1
+                where.ledgerId, where.entryId = NONE_ID, NONE_ID
             else:
                 where.ledgerId, where.entryId = outcome.ledger_id, outcome.entry_id
             connection._write(receipt)
@@ -946,6 +959,7 @@ class _Consumer:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._deliver())
+        _failing_ends(self._task, self._end, f"consumer {self.name} of {self.subscription}")
 
     def flow(self, permits: int) -> None:
         self.dispatcher.flow(self.session.cid, min(max(permits, 0), 1_000_000))
@@ -1053,6 +1067,7 @@ class _Reader:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._deliver())
+        _failing_ends(self._task, self.end, f"reader of {self.stream}")
 
     def flow(self, permits: int) -> None:
         self.permits = min(self.permits + max(permits, 0), 1_000_000)
@@ -1068,7 +1083,7 @@ class _Reader:
                 self._given.clear()
                 await self._given.wait()
                 continue
-            entry = await feed.take_entry()
+            entry = await feed.take_entry(None)
             while True:
                 indexes = list(range(entry.start, len(entry.payloads)))
                 connection._write(*message_frame(self.consumer_id, Handed(entry, indexes), 0))
@@ -1122,6 +1137,17 @@ def message_frame(consumer_id: int, handed: Handed, epoch: int) -> tuple[api.Bas
     return command, block
 
 
+def last_index(entry: bytes, where: str) -> int:
+    """The batch index of an entry's last message as Pulsar's clients number it: -1 for
+    a Pulsar producer's lone message (not batched), else the batch's last."""
+    if is_pulsar_entry(entry):
+        metadata, _ = parse(entry, where, verify=False)
+        if not metadata.HasField("num_messages_in_batch"):
+            return -1
+        return max(metadata.num_messages_in_batch - 1, 0)
+    return max(len(decode_batch(entry, where, payloads=False).payloads) - 1, 0)
+
+
 def pulsar_block(entry: EntryMessages) -> bytes:
     """The entry's headers and payload in Pulsar's format, made once and kept with it."""
     cached = entry.pulsar
@@ -1130,6 +1156,16 @@ def pulsar_block(entry: EntryMessages) -> bytes:
             entry.stored(), f"entry {entry.ledger_id}:{entry.entry_id}"
         )
     return cached
+
+
+def _position(message_id: Any) -> tuple[int, int]:
+    """A MessageIdData's ledger and entry, signed (uint64 on the wire: pulsar-client's
+    MessageId.earliest is -1, -1)."""
+    return _signed(message_id.ledgerId), _signed(message_id.entryId)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _bits(indexes: list[int]) -> list[int]:
