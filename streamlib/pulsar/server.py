@@ -62,7 +62,7 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.service_access import Caller, Operation
 from streamlib.pulsar import PulsarApi_pb2 as api
-from streamlib.pulsar import frames
+from streamlib.pulsar import frames, schemas
 from streamlib.pulsar.entries import is_pulsar_entry, parse, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
 from streamlib.stream.batch import MessageDecodeError, decode_batch
@@ -121,6 +121,8 @@ def server_error(error: BaseException) -> int:
         return api.TopicNotFound
     if isinstance(error, InvalidNameError):
         return api.InvalidTopicName
+    if isinstance(error, schemas.IncompatibleSchemaError):
+        return api.IncompatibleSchema
     if isinstance(error, TooManySessionsError):
         return api.TooManyRequests
     if isinstance(error, MessageDecodeError | BadRequestError | TooLargeError):
@@ -230,6 +232,7 @@ class Connection:
             Type.CONSUMER_STATS: self._on_consumer_stats,
             Type.GET_TOPICS_OF_NAMESPACE: self._on_topics_of_namespace,
             Type.GET_SCHEMA: self._on_get_schema,
+            Type.GET_OR_CREATE_SCHEMA: self._on_get_or_create_schema,
         }
 
     # -- the connection -----------------------------------------------------------------
@@ -460,10 +463,43 @@ class Connection:
             self._error(request.request_id, error)
 
     def _on_get_schema(self, command: api.BaseCommand, frame: frames.Frame) -> None:
-        request = command.getSchema
+        self._spawn(self._get_schema(command.getSchema))
+
+    async def _get_schema(self, request: Any) -> None:
         answer = _command(Type.GET_SCHEMA_RESPONSE, "getSchemaResponse",
-                          request_id=request.request_id, error_code=api.TopicNotFound,
-                          error_message="streamlib's Pulsar port serves no schema registry")  # fmt: skip
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.getSchemaResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.READ, stream)
+            found = await schemas.kept(self.broker.client.streams, stream)
+            if found is None:
+                response.error_code = api.TopicNotFound
+                response.error_message = f"stream {stream!r} keeps no Pulsar schema"
+            else:
+                response.schema.CopyFrom(found)
+                response.schema_version = schemas.VERSION
+        except Exception as error:
+            response.error_code = server_error(error)  # type: ignore[assignment]
+            response.error_message = str(error)
+        self._write(answer)
+
+    def _on_get_or_create_schema(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._get_or_create_schema(command.getOrCreateSchema))
+
+    async def _get_or_create_schema(self, request: Any) -> None:
+        answer = _command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, "getOrCreateSchemaResponse",
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.getOrCreateSchemaResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.PRODUCE, stream)
+            response.schema_version = await schemas.offer(
+                self.broker.client.streams, stream, request.schema
+            )
+        except Exception as error:
+            response.error_code = server_error(error)  # type: ignore[assignment]
+            response.error_message = str(error)
         self._write(answer)
 
     # -- producers ----------------------------------------------------------------------
@@ -490,7 +526,10 @@ class Connection:
             OwnedStream.check_producer(name, access_mode)
             _not_partitioned(stream, await self.core.exists(self._caller(), stream))
             owned = await self.broker.own(stream)
-            await owned.ensure_writer()
+            version = b""
+            if request.HasField("schema") and not schemas.is_bytes(request.schema):
+                version = await schemas.offer(self.broker.client.streams, stream, request.schema)
+            await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
             if access_mode == "wait_for_exclusive" and owned.producers:
                 # (Pulsar's answer while it waits: created, not ready.)
                 self._write(_command(Type.PRODUCER_SUCCESS, "producer_success",
@@ -528,6 +567,7 @@ class Connection:
                 producer_name=session.name,
                 last_sequence_id=owned.dedup.last(session.name),
                 producer_ready=True,
+                schema_version=version,
             )
         )
         producer.start()
