@@ -6,18 +6,29 @@
 Generated files sit beside their .proto: NAME_pb2.py, NAME_pb2.pyi and, for files
 that declare a service, NAME_pb2_grpc.py. The proto root is the repository root,
 so `bookie/wire/bookie.proto` is imported as `bookie.wire.bookie_pb2`.
+
+protoc's stubs are used as written but for one repair: an enum value named after a
+Python keyword (Pulsar's `Schema.Type.None`) becomes a stub line `None: ...`, which is
+a syntax error that stops mypy. Such a value can only be reached by name
+(`Schema.Type.Value("None")`), never as an attribute, so its stub lines are dropped.
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import keyword
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIRS = ("bookie", "metadata", "streamlib")
+# A stub line annotating an attribute whose name is a Python keyword: `    None: X`.
+KEYWORD_ATTRIBUTE = re.compile(
+    r"^[ \t]*(?:" + "|".join(keyword.kwlist) + r")[ \t]*:.*\n", re.MULTILINE
+)
 
 
 def proto_files() -> list[Path]:
@@ -25,6 +36,14 @@ def proto_files() -> list[Path]:
     for top in PROTO_DIRS:
         found.extend(sorted((ROOT / top).rglob("*.proto")))
     return [p.relative_to(ROOT) for p in found]
+
+
+def drop_keyword_attributes(stub: Path) -> None:
+    """Remove the stub lines protoc writes for keyword-named enum values (see above)."""
+    text = stub.read_text()
+    fixed = KEYWORD_ATTRIBUTE.sub("", text)
+    if fixed != text:
+        stub.write_text(fixed)
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -46,6 +65,7 @@ def generate(out_dir: Path) -> list[Path]:
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {proto}")
         stem = proto.with_suffix("")
+        drop_keyword_attributes(out_dir / f"{stem}_pb2.pyi")
         written += [Path(f"{stem}_pb2.py"), Path(f"{stem}_pb2.pyi")]
         if has_service:
             written.append(Path(f"{stem}_pb2_grpc.py"))

@@ -26,6 +26,7 @@ from streamlib.commands.common import positive_float, token_source
 
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
+PULSAR_PORT = 6650  # Pulsar's own (take --port elsewhere then: it is the gRPC port's default)
 
 
 def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
@@ -112,9 +113,23 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
             metavar="N",
             help=f"{text} (default {default})",
         )
+    _pulsar_arguments(serve)
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
+
+
+def _pulsar_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--pulsar-port",
+        type=int,
+        nargs="?",
+        const=PULSAR_PORT,
+        metavar="P",
+        help="serve Pulsar's binary protocol on this port too (the bare flag: "
+        f"{PULSAR_PORT}; 0: any free one): the official Pulsar clients connect unmodified "
+        "(pulsar://, or pulsar+ssl:// when the broker has --tls-cert)",
+    )
 
     admin = admin_commands.add_parser("broker", help="the stream service's brokers")
     admin.add_argument("action", choices=["list", "unload", "owner"])
@@ -164,6 +179,7 @@ async def _serve(args: argparse.Namespace) -> int:
         raise ValueError("--tls-cert and --tls-key go together")
     server = grpc.aio.server(options=server_options())
     bind = f"{args.host}:{args.port}"
+    tls = None
     if args.tls_cert:
         from pathlib import Path
 
@@ -199,18 +215,45 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = SessionLimits(args.max_sessions, args.max_sessions_per_principal)
     from streamlib.daemons import stop_event
 
+    service = BrokerService(broker, access, limits)
     stop = stop_event(args.exit_with_stdin)
+    pulsar = None
     try:
+        if args.pulsar_port is not None:
+            pulsar = await _serve_pulsar(args, service, address, tls)
         await broker.start(args.session_timeout)
-        pb_grpc.add_BrokerServicer_to_server(BrokerService(broker, access, limits), server)
+        pb_grpc.add_BrokerServicer_to_server(service, server)
         await server.start()
         print(f"broker {broker.broker_id} listening on {address}", flush=True)
+        if pulsar is not None:
+            print(f"pulsar listening on {broker.pulsar_url or broker.pulsar_url_tls}", flush=True)
         await stop.wait()
     finally:
+        if pulsar is not None:
+            await pulsar.close()
         await broker.close()
         await server.stop(grace=1.0)
         await client.close()
     return 0
+
+
+async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tls: Any) -> Any:
+    """The Pulsar port (streamlib/pulsar/server.py), bound before the broker registers:
+    its URL is in the registration lookups answer with. TLS when the broker has it."""
+    from streamlib.pulsar.server import PulsarFrontEnd
+
+    if args.pulsar_port == args.port and args.port != 0:
+        raise ValueError(
+            f"--pulsar-port {args.pulsar_port} is the gRPC port (--port): give either another"
+        )
+    front = PulsarFrontEnd(service)
+    port = await front.bind(args.host, args.pulsar_port, tls.ssl_context() if tls else None)
+    host = address.rsplit(":", 1)[0]
+    if tls:
+        service.broker.pulsar_url_tls = f"pulsar+ssl://{host}:{port}"
+    else:
+        service.broker.pulsar_url = f"pulsar://{host}:{port}"
+    return front
 
 
 async def _access_control(args: argparse.Namespace, client: Any) -> BrokerAccess:

@@ -2,6 +2,8 @@
 
 The child prints ``broker ID listening on HOST:PORT`` when it serves; start() waits for
 that line with a bounded timeout and fails with the child's stderr if it exits first.
+With ``pulsar=True`` it serves Pulsar's binary protocol too, and prints ``pulsar
+listening on URL`` next (restarted, on the same port).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from bookie.launcher import BookieProcess, open_private_log
 
 _LISTENING = re.compile(r"^broker (\S+) listening on (\S+)")
+_PULSAR = re.compile(r"^pulsar listening on (\S+)")
 
 
 class BrokerStartError(RuntimeError):
@@ -30,9 +33,13 @@ class BrokerProcess:
         *,
         name: str = "broker",
         extra: list[str] | None = None,
+        pulsar: bool = False,
     ) -> None:
         self.metadata_uri = metadata_uri
         self.extra = list(extra or [])
+        self.pulsar = pulsar
+        self.pulsar_url = ""  # pulsar://HOST:PORT (pulsar+ssl:// with TLS)
+        self.pulsar_port = 0
         self.stderr_path = log_dir / f"{name}.stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.broker_id = ""
@@ -43,6 +50,7 @@ class BrokerProcess:
         return [
             sys.executable, "-m", "streamlib", "broker", "--metadata", self.metadata_uri,
             "--port", str(port), *self.extra,
+            *(["--pulsar-port", str(self.pulsar_port)] if self.pulsar else []),
         ]  # fmt: skip
 
     def start(self, *, port: int | None = None, timeout_s: float = 60.0) -> BrokerProcess:
@@ -65,6 +73,14 @@ class BrokerProcess:
             raise BrokerStartError(f"broker did not start: {line!r}\n{self.stderr_tail()}")
         self.broker_id, self.address = m.group(1), m.group(2)
         self.port = int(self.address.rsplit(":", 1)[1])
+        if self.pulsar:
+            line = BookieProcess._read_line(self, timeout_s)  # type: ignore[arg-type]
+            found = _PULSAR.match(line)
+            if found is None:
+                self.kill()
+                raise BrokerStartError(f"broker's Pulsar port: {line!r}\n{self.stderr_tail()}")
+            self.pulsar_url = found.group(1)
+            self.pulsar_port = int(self.pulsar_url.rsplit(":", 1)[1])
         return self
 
     def stderr_tail(self, n: int = 4000) -> str:

@@ -196,14 +196,14 @@ class OwnedStream:
                     if access_mode == "wait_for_exclusive":
                         await self._producers_changed.wait()
                         continue
-                    raise ProducerBusyError(
+                    raise _exclusive(ProducerBusyError(
                         f"stream {self.stream!r} has an exclusive producer ({exclusive[0].name})"
-                    )
+                    ))  # fmt: skip
                 if access_mode == "exclusive" and self.producers:
-                    raise ProducerBusyError(
+                    raise _exclusive(ProducerBusyError(
                         f"stream {self.stream!r} has {len(self.producers)} producers: "
                         "exclusive access needs none"
-                    )
+                    ))  # fmt: skip
                 if access_mode == "wait_for_exclusive" and self.producers:
                     await self._producers_changed.wait()
                     continue
@@ -486,3 +486,10 @@ class OwnedStream:
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 await self.writer.close()
+
+
+def _exclusive(error: ProducerBusyError) -> ProducerBusyError:
+    """Marked as a conflict of access modes (Pulsar answers those ProducerFenced, a
+    name in use ProducerBusy)."""
+    error.exclusive = True  # type: ignore[attr-defined]
+    return error
