@@ -2,10 +2,11 @@
 (pulsar_admin.py): one request per connection, answered and closed.
 
 Hostile and broken clients are bounded, never served a traceback nor left hanging:
-the request head must arrive within HEAD_TIMEOUT_S and stay within MAX_HEADER_BYTES /
-MAX_HEADERS (else 408 / 431), a body within BODY_TIMEOUT_S and MAX_BODY_BYTES (else
-408 / 413; Content-Length or chunked), a handler gets HANDLER_TIMEOUT_S, and at most
-MAX_CONNECTIONS connections are served at once (one more is answered 503 and closed).
+the request head must arrive within Limits.head_timeout_s and stay within
+MAX_HEADER_BYTES / MAX_HEADERS (else 408 / 431), a body within body_timeout_s and
+MAX_BODY_BYTES (else 408 / 413; Content-Length or chunked), a handler gets
+handler_timeout_s, and at most max_connections connections are served at once (one
+more is answered 503 and closed).
 Junk that is not HTTP gets 400. TLS (an SSLContext) makes it HTTPS; the peer's
 verified certificate is on the request for AccessControl, as gRPC's auth context is.
 
@@ -28,15 +29,24 @@ from urllib.parse import parse_qsl, urlsplit
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 256
 MAX_HEADER_BYTES = 32 << 10  # the request line and the headers, together
 MAX_HEADERS = 100
 MAX_BODY_BYTES = 1 << 20
-HEAD_TIMEOUT_S = 10.0
-BODY_TIMEOUT_S = 30.0
-HANDLER_TIMEOUT_S = 60.0
 WRITE_TIMEOUT_S = 30.0
+# After answering, what the client still sends is read and dropped for a while before the
+# close: closing with unread input makes the kernel reset the connection, and the client
+# could lose the answer (an early 413, a refused connection, a head cut short).
+LINGER_S = 2.0
+LINGER_BYTES = 8 << 20
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 256
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    handler_timeout_s: float = 60.0
 
 
 @dataclass
@@ -99,10 +109,15 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class HttpServer:
-    def __init__(self, handler: Handler, ssl: ssl_module.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        ssl: ssl_module.SSLContext | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.handler = handler
         self.ssl = ssl
-        self.max_connections = MAX_CONNECTIONS
+        self.limits = limits or Limits()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
 
@@ -134,15 +149,16 @@ class HttpServer:
         task = asyncio.current_task()
         assert task is not None
         try:
-            if len(self._connections) >= self.max_connections:
+            if len(self._connections) >= self.limits.max_connections:
                 response = HttpError(
-                    503, f"this broker serves {self.max_connections} admin connections at once: "
+                    503, f"this server serves {self.limits.max_connections} connections at once: "
                     "try again later"
                 ).response()  # fmt: skip
             else:
                 self._connections.add(task)
                 response = await self._respond(reader, writer)
             await _send(writer, response)
+            await _linger(reader, writer)
         finally:
             self._connections.discard(task)
             writer.close()
@@ -154,10 +170,10 @@ class HttpServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> Response:
         try:
-            async with asyncio.timeout(HEAD_TIMEOUT_S):
+            async with asyncio.timeout(self.limits.head_timeout_s):
                 method, target, headers = await _read_head(reader)
             request = Request(method, target, headers, peer_cert=writer.get_extra_info("peercert"))
-            async with asyncio.timeout(BODY_TIMEOUT_S):
+            async with asyncio.timeout(self.limits.body_timeout_s):
                 request.body = await _read_body(request, reader, writer)
         except TimeoutError:
             return HttpError(408, "the request did not arrive in time").response()
@@ -165,7 +181,7 @@ class HttpServer:
             return error.response()
         except (OSError, EOFError, ValueError):  # (cut short, or a line past the limit)
             return HttpError(400, "the request was cut short or malformed").response()
-        deadline = asyncio.timeout(HANDLER_TIMEOUT_S)
+        deadline = asyncio.timeout(self.limits.handler_timeout_s)
         try:
             async with deadline:
                 return await self.handler(request)
@@ -175,7 +191,8 @@ class HttpServer:
             if not deadline.expired():
                 raise
             return HttpError(
-                500, f"TimeoutError: not answered within {HANDLER_TIMEOUT_S:g} s: {error}"
+                500,
+                f"TimeoutError: not answered within {self.limits.handler_timeout_s:g} s: {error}",
             ).response()
         except Exception as error:  # a bug: logged with its traceback, answered without
             log.error("%s %s failed", request.method, request.path, exc_info=error)
@@ -257,6 +274,16 @@ async def _read_body(
         if not raw:
             raise asyncio.IncompleteReadError(raw, None)
     return bytes(body)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        if writer.can_write_eof():
+            writer.write_eof()
+        dropped = 0
+        async with asyncio.timeout(LINGER_S):
+            while dropped < LINGER_BYTES and (chunk := await reader.read(1 << 16)):
+                dropped += len(chunk)
 
 
 async def _send(writer: asyncio.StreamWriter, response: Response) -> None:

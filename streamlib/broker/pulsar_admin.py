@@ -84,6 +84,7 @@ class PulsarAdmin:
             ("GET", "admin/v2/tenants", self.tenants),
             ("GET", "admin/v2/tenants/{tenant}", self.tenant),
             ("GET", "admin/v2/namespaces/{tenant}", self.namespaces),
+            ("GET", "admin/v2/namespaces/{tenant}/{namespace}/topics", self.namespace_topics),
             ("GET", "admin/v2/namespaces/{tenant}/{namespace}/deduplication", self.dedup),
             ("POST", "admin/v2/namespaces/{tenant}/{namespace}/deduplication", self.set_dedup),
             ("DELETE", "admin/v2/namespaces/{tenant}/{namespace}/deduplication", self.set_dedup),
@@ -300,6 +301,14 @@ class PulsarAdmin:
         # As Pulsar lists them: topics and partitions, not a partitioned topic's name.
         return json_response(200, sorted(topic_of(s) for s, n in found.items() if not n))
 
+    async def namespace_topics(
+        self, request: Request, caller: Caller, tenant: str, namespace: str
+    ) -> Response:
+        """(What clients with an http:// service URL ask for a pattern subscription.)"""
+        if request.query.get("mode", "PERSISTENT").upper() == "NON_PERSISTENT":
+            return json_response(200, [])
+        return await self.topics(request, caller, tenant, namespace)
+
     async def partitioned(
         self, request: Request, caller: Caller, tenant: str, namespace: str
     ) -> Response:
@@ -381,12 +390,9 @@ class PulsarAdmin:
 
     async def _delete(self, stream: str, parts: list[str], force: bool) -> None:
         """Delete the stream (and its partitions): refused (412) while this broker serves
-        producers of it or any of its subscriptions has consumers, unless forced -- then
-        what this broker serves of it is unloaded first (its clients are disconnected)."""
-        for part in parts:
-            if force:
-                await self.broker.unload(part)
-                continue
+        producers of it or any of its subscriptions has consumers, unless forced (this
+        broker's clients of it are disconnected: it stops serving it first)."""
+        for part in parts if not force else ():
             owned = self.broker.owned.get(part)
             if owned is not None and owned.producers:
                 raise HttpError(412, f"Topic has active producers/subscriptions: "
@@ -399,6 +405,8 @@ class PulsarAdmin:
                 if await self.streams.consumers(part, sub):
                     raise HttpError(412, "Topic has active producers/subscriptions: "
                                     f"subscription {sub} has consumers")  # fmt: skip
+        for part in parts:
+            await self.broker.unload(part)
         await self.streams.delete(stream)
 
     # -- stats --------------------------------------------------------------------------
@@ -449,7 +457,7 @@ class PulsarAdmin:
         await self._unpartitioned(stream, "ask a partition's")
         raw = await self.streams.stats(stream, count_messages=False)
         cursors = {
-            sub: (tuple(acks.mark_delete), [(tuple(a), tuple(b)) for a, b in acks.ranges()])
+            sub: (tuple(acks.mark_delete), [(tuple(a), tuple(b)) for a, b in acks.ranges])
             for sub, acks in (await self.streams.cursor_states(stream)).items()
         }
         return json_response(200, shapes.internal_stats(raw, cursors))  # type: ignore[arg-type]
@@ -651,22 +659,25 @@ def _message_id(body: Any, default: MessageId) -> MessageId:
     the earliest, Long.MAX_VALUE the latest."""
     if body is None:
         return default
-    ids = (body.get("ledgerId"), body.get("entryId")) if isinstance(body, dict) else (None, None)
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(body, dict) or not all(_is_int(body.get(k)) for k in ("ledgerId", "entryId")):
         raise HttpError(400, 'a message id is {"ledgerId": L, "entryId": E}')
-    ledger_id, entry_id = ids
+    ledger_id, entry_id = int(body["ledgerId"]), int(body["entryId"])
     if (ledger_id, entry_id) == (-1, -1):
         return EARLIEST
     if ledger_id == _LONG_MAX or entry_id == _LONG_MAX:
         return LATEST
     batch_index = body.get("batchIndex", -1)
-    if not isinstance(batch_index, int) or not 0 <= ledger_id < _LONG_MAX or entry_id < 0:
+    if not _is_int(batch_index) or not 0 <= ledger_id < _LONG_MAX or entry_id < 0:
         raise HttpError(400, f"not a message id: {ledger_id}:{entry_id}:{batch_index}")
     if body.get("isExcluded") is True:  # (from the one after it)
         if batch_index >= 0:
             return MessageId(ledger_id, entry_id, batch_index + 1)
         return MessageId(ledger_id, entry_id + 1, 0)
     return MessageId(ledger_id, entry_id, max(batch_index, 0))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _as_http(error: Exception) -> HttpError:

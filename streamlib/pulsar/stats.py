@@ -144,6 +144,7 @@ def topic_stats(raw: dict[str, Any], live: Live | None, owner: str) -> dict[str,
     broker holds (None: this broker does not own it); owner the owner's broker id."""
     subscriptions = {}
     for name, sub in raw["subscriptions"].items():
+        kind: str | None
         if live is not None and name in live.subscriptions:
             kind, consumers = live.subscriptions[name]
         else:
