@@ -18,19 +18,25 @@ and deletions that must reach its consumers.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlencode
 
 from bookie.errors import UnauthenticatedError
-from metadata.errors import BadVersionError, InvalidNameError, NodeExistsError, StreamExistsError
+from metadata.errors import NodeExistsError
 from metadata.errors import NoSuchStreamError as StoreNoSuchStream
 from streamlib.broker.access import BrokerAccess
 from streamlib.broker.http_server import HttpError, HttpServer, Request, Response, json_response
 from streamlib.broker.ownership import Broker
+from streamlib.broker.pulsar_rest import (
+    as_http,
+    check_namespace,
+    json_body,
+    match,
+    message_id,
+    topic_stream,
+)
 from streamlib.protocol.errors import (
-    BadRequestError,
     ConsumerBusyError,
     NoSuchStreamError,
     NoSuchSubscriptionError,
@@ -38,14 +44,11 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.service_access import Caller, Operation, may_create
 from streamlib.pulsar import stats as shapes
-from streamlib.pulsar.topics import namespace_of, stream_of, topic_of
+from streamlib.pulsar.topics import namespace_of, topic_of
 from streamlib.stream.admin import MAX_PARTITIONS, partition_name
-from streamlib.stream.positions import EARLIEST, LATEST, MessageId
-
-log = logging.getLogger(__name__)
+from streamlib.stream.positions import LATEST, MessageId
 
 CLUSTER = "streamlib"  # the one cluster this answers for (Pulsar standalone's: "standalone")
-_LONG_MAX = 2**63 - 1  # Pulsar's MessageId.latest has both ids at Long.MAX_VALUE
 _PARTITION = "-partition-"
 
 Handler = Callable[..., Awaitable[Response]]
@@ -126,13 +129,13 @@ class PulsarAdmin:
         except HttpError:
             raise
         except Exception as error:
-            raise _as_http(error) from None
+            raise as_http(error) from None
 
     def _route(self, request: Request) -> tuple[Handler, dict[str, str]]:
         segments = [unquote(s) for s in request.path.strip("/").split("/")]
         allowed = []
         for method, pattern, handler in self.routes:
-            params = _match(pattern, segments)
+            params = match(pattern, segments)
             if params is None:
                 continue
             if method == request.method:
@@ -243,14 +246,14 @@ class PulsarAdmin:
 
     async def _namespace(self, tenant: str, namespace: str) -> None:
         """412 for an invalid name, 404 for a namespace no stream is in (but the default)."""
-        _namespace_name(tenant, namespace)
+        check_namespace(tenant, namespace)
         if namespace not in (await self._known()).get(tenant, set()):
             raise HttpError(404, "Namespace does not exist")
 
     async def dedup(
         self, request: Request, caller: Caller, tenant: str, namespace: str
     ) -> Response:
-        _namespace_name(tenant, namespace)
+        check_namespace(tenant, namespace)
         self._check(caller, Operation.READ)
         await self._namespace(tenant, namespace)
         return json_response(200, True)  # (a broker always deduplicates)
@@ -258,11 +261,11 @@ class PulsarAdmin:
     async def set_dedup(
         self, request: Request, caller: Caller, tenant: str, namespace: str
     ) -> Response:
-        _namespace_name(tenant, namespace)
+        check_namespace(tenant, namespace)
         self._check(caller, Operation.ADMINISTER)
         await self._namespace(tenant, namespace)
         if request.method == "POST":
-            enabled = _json_body(request, None)
+            enabled = json_body(request, None)
             if not isinstance(enabled, bool):
                 raise HttpError(400, "the body is true or false")
             if not enabled:
@@ -276,7 +279,7 @@ class PulsarAdmin:
 
     async def _listed(self, caller: Caller, tenant: str, namespace: str) -> dict[str, int]:
         """The namespace's streams and their partition counts (0: not partitioned)."""
-        _namespace_name(tenant, namespace)
+        check_namespace(tenant, namespace)
         self._check(caller, Operation.LOOKUP)
         await self._namespace(tenant, namespace)
         streams = await self.streams.list()
@@ -323,7 +326,7 @@ class PulsarAdmin:
         return True
 
     async def create_topic(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.ADMINISTER, stream)
         if await self._exists(stream):
             raise HttpError(409, "This topic already exists")
@@ -331,11 +334,11 @@ class PulsarAdmin:
         return _no_content()
 
     async def create_partitioned(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         if _PARTITION in names["topic"]:
             raise HttpError(412, "Partitioned Topic Name should not contain '-partition-'")
         self._check(caller, Operation.ADMINISTER, stream)
-        body = _json_body(request, None)
+        body = json_body(request, None)
         count = body.get("partitions") if isinstance(body, dict) else body
         if not isinstance(count, int) or isinstance(count, bool) or not 0 < count <= MAX_PARTITIONS:
             raise HttpError(406, f"The number of partitions should be more than 0 and less than "
@@ -346,7 +349,7 @@ class PulsarAdmin:
         return _no_content()
 
     async def partitions(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.LOOKUP, stream)
         try:
             count = int(await self.streams.partitions(stream))
@@ -359,7 +362,7 @@ class PulsarAdmin:
         return json_response(200, {"partitions": count, "properties": {}, "deleted": False})
 
     async def add_partitions(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.ADMINISTER, stream)
         if not await self._partitions(stream, "Partitioned Topic"):
             raise HttpError(404, f"Partitioned Topic {topic_of(stream)} not found")
@@ -367,7 +370,7 @@ class PulsarAdmin:
                         "yet: create a new partitioned topic with the count wanted")  # fmt: skip
 
     async def delete_topic(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.ADMINISTER, stream)
         if await self._partitions(stream):
             raise HttpError(405, f"Topic {topic_of(stream)} is a partitioned topic: delete it "
@@ -379,7 +382,7 @@ class PulsarAdmin:
         return _no_content()
 
     async def delete_partitioned(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.ADMINISTER, stream)
         count = await self._partitions(stream, "Partitioned Topic")
         if not count:
@@ -427,7 +430,7 @@ class PulsarAdmin:
         return shapes.topic_stats(raw, self._live(stream), owner.broker_id if owner else "")
 
     async def stats(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         await self._unpartitioned(stream, "ask its partitioned-stats")
         redirect = await self._owner_elsewhere(request, stream)
@@ -436,7 +439,7 @@ class PulsarAdmin:
         return json_response(200, await self._topic_stats(stream))
 
     async def partitioned_stats(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         count = await self._partitions(stream, "Partitioned Topic")
         if not count:
@@ -452,7 +455,7 @@ class PulsarAdmin:
         return json_response(200, shapes.partitioned_stats(stream, by_partition, per_partition))
 
     async def internal_stats(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         await self._unpartitioned(stream, "ask a partition's")
         raw = await self.streams.stats(stream, count_messages=False)
@@ -465,7 +468,7 @@ class PulsarAdmin:
     # -- subscriptions ------------------------------------------------------------------
 
     async def subscriptions(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         found: set[str] = set()
         for part in await self._each(stream):
@@ -478,10 +481,10 @@ class PulsarAdmin:
     async def create_subscription(
         self, request: Request, caller: Caller, sub: str, **names: str
     ) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         # (As a consumer's subscribe makes one: what the gRPC front end allows a consumer.)
         self._check(caller, Operation.CONSUME, stream, sub)
-        position = _message_id(_json_body(request, None), LATEST)
+        position = message_id(json_body(request, None), LATEST)
         created = 0
         for part in await self._each(stream):
             try:
@@ -496,7 +499,7 @@ class PulsarAdmin:
     async def delete_subscription(
         self, request: Request, caller: Caller, sub: str, **names: str
     ) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.MANAGE_SUBSCRIPTION, stream, sub)
         parts = await self._each(stream)
         if len(parts) == 1 and (redirect := await self._owner_elsewhere(request, stream)):
@@ -519,7 +522,7 @@ class PulsarAdmin:
     async def reset_to_time(
         self, request: Request, caller: Caller, sub: str, timestamp: str, **names: str
     ) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         if not timestamp.isdigit():
             raise HttpError(400, f"the timestamp is epoch milliseconds, got {timestamp!r:.40}")
         self._check(caller, Operation.MANAGE_SUBSCRIPTION, stream, sub)
@@ -528,13 +531,13 @@ class PulsarAdmin:
     async def reset_to_position(
         self, request: Request, caller: Caller, sub: str, **names: str
     ) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.MANAGE_SUBSCRIPTION, stream, sub)
-        body = _json_body(request, None)
+        body = json_body(request, None)
         if body is None:
             raise HttpError(400, "the body is the message id to reset to: "
                             '{"ledgerId": L, "entryId": E}')  # fmt: skip
-        return await self._reset(request, stream, sub, _message_id(body, LATEST))
+        return await self._reset(request, stream, sub, message_id(body, LATEST))
 
     async def _reset(
         self,
@@ -574,20 +577,20 @@ class PulsarAdmin:
     # -- compaction, deduplication of a topic -------------------------------------------
 
     async def compact(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.ADMINISTER, stream)
         await self._partitions(stream)
         raise HttpError(405, "topic compaction is not supported by streamlib brokers yet: "
                         "nothing was compacted")  # fmt: skip
 
     async def compaction_status(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         await self._partitions(stream)
         return json_response(200, {"status": "NOT_RUN", "lastError": ""})  # (and never will)
 
     async def topic_dedup(self, request: Request, caller: Caller, **names: str) -> Response:
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         await self._partitions(stream)
         return json_response(200, True)
@@ -599,7 +602,7 @@ class PulsarAdmin:
         yet, where the caller may have it created, and a partitioned topic's name (its
         partitions are looked up one by one) are answered with this broker; neither is
         taken over for it."""
-        stream = _stream(**names)
+        stream = topic_stream(**names)
         self._check(caller, Operation.LOOKUP, stream)
         info = self.broker.info
         try:
@@ -614,88 +617,3 @@ class PulsarAdmin:
             "httpUrl": info.http_url, "httpUrlTls": info.http_url if tls else "",
             "nativeUrl": info.pulsar_url, "brokerUrlSsl": "",
         })  # fmt: skip
-
-
-def _match(pattern: tuple[str, ...], segments: list[str]) -> dict[str, str] | None:
-    if len(pattern) != len(segments):
-        return None
-    params = {}
-    for want, got in zip(pattern, segments, strict=True):
-        if want.startswith("{"):
-            if not got:
-                return None
-            params[want[1:-1]] = got
-        elif want != got:
-            return None
-    return params
-
-
-def _stream(tenant: str, namespace: str, topic: str) -> str:
-    try:
-        return stream_of(f"persistent://{tenant}/{namespace}/{topic}")
-    except InvalidNameError as error:
-        raise HttpError(412, f"Topic name is not valid: {error}") from None
-
-
-def _namespace_name(tenant: str, namespace: str) -> None:
-    try:
-        stream_of(f"persistent://{tenant}/{namespace}/t")
-    except InvalidNameError:
-        raise HttpError(412, f"Namespace name is not valid: {tenant}/{namespace}") from None
-
-
-def _json_body(request: Request, default: Any) -> Any:
-    if not request.body.strip():
-        return default
-    try:
-        return json.loads(request.body)
-    except (ValueError, UnicodeDecodeError):
-        raise HttpError(400, "the request body is not JSON") from None
-
-
-def _message_id(body: Any, default: MessageId) -> MessageId:
-    """The position a message id body names (Pulsar's MessageIdImpl or ResetCursorData:
-    ledgerId, entryId, batchIndex, isExcluded): the message that comes next. -1:-1 is
-    the earliest, Long.MAX_VALUE the latest."""
-    if body is None:
-        return default
-    if not isinstance(body, dict) or not all(_is_int(body.get(k)) for k in ("ledgerId", "entryId")):
-        raise HttpError(400, 'a message id is {"ledgerId": L, "entryId": E}')
-    ledger_id, entry_id = int(body["ledgerId"]), int(body["entryId"])
-    if (ledger_id, entry_id) == (-1, -1):
-        return EARLIEST
-    if ledger_id == _LONG_MAX or entry_id == _LONG_MAX:
-        return LATEST
-    batch_index = body.get("batchIndex", -1)
-    if not _is_int(batch_index) or not 0 <= ledger_id < _LONG_MAX or entry_id < 0:
-        raise HttpError(400, f"not a message id: {ledger_id}:{entry_id}:{batch_index}")
-    if body.get("isExcluded") is True:  # (from the one after it)
-        if batch_index >= 0:
-            return MessageId(ledger_id, entry_id, batch_index + 1)
-        return MessageId(ledger_id, entry_id + 1, 0)
-    return MessageId(ledger_id, entry_id, max(batch_index, 0))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_http(error: Exception) -> HttpError:
-    """An error of the streams' administration as Pulsar's status code."""
-    reason = f"{type(error).__name__}: {error}"
-    if isinstance(error, InvalidNameError):
-        return HttpError(412, reason)
-    if isinstance(error, NoSuchStreamError | StoreNoSuchStream | NoSuchSubscriptionError):
-        return HttpError(404, reason)
-    if isinstance(error, StreamExistsError | NodeExistsError):
-        return HttpError(409, reason)
-    if isinstance(error, BadVersionError):
-        return HttpError(409, f"Concurrent modification: {error}")
-    if isinstance(error, ConsumerBusyError):
-        return HttpError(412, reason)
-    if isinstance(error, UnauthorizedError):
-        return HttpError(403, reason)
-    if isinstance(error, BadRequestError):
-        return HttpError(400, reason)
-    log.warning("pulsar admin: %s", reason)
-    return HttpError(500, reason)

@@ -179,6 +179,16 @@ async def test_topics_and_partitioned_topics_are_created_listed_and_deleted(clus
         found = await admin.ok("GET", f"/lookup/v2/topic/persistent/public/default/{name}")
         assert found["httpUrl"] == me.http_url
 
+    # A partitioned topic's subscription is each partition's.
+    await admin.ok("PUT", f"{V2}/parts/subscription/each")
+    assert await admin.ok("GET", f"{V2}/parts/subscriptions") == ["each"]
+    assert await admin.ok("GET", f"{V2}/parts-partition-1/subscriptions") == ["each"]
+    await admin.ok("POST", f"{V2}/parts/subscription/each/resetcursor/0")
+    await admin.refused(405, "POST", f"{V2}/parts/subscription/each/resetcursor",
+                        {"ledgerId": -1, "entryId": -1})  # fmt: skip
+    await admin.ok("DELETE", f"{V2}/parts/subscription/each")
+    assert await admin.ok("GET", f"{V2}/parts-partition-2/subscriptions") == []
+
     await admin.ok("DELETE", f"{V2}/plain")
     await admin.refused(404, "DELETE", f"{V2}/plain")
     await admin.ok("DELETE", f"{V2}/parts/partitions")
