@@ -452,7 +452,7 @@ class PulsarAdmin:
             except (NoSuchStreamError, StoreNoSuchStream):
                 continue
         per_partition = request.query.get("perPartition", "true") != "false"
-        return json_response(200, shapes.partitioned_stats(stream, by_partition, per_partition))
+        return json_response(200, shapes.partitioned_stats(by_partition, per_partition))
 
     async def internal_stats(self, request: Request, caller: Caller, **names: str) -> Response:
         stream = topic_stream(**names)

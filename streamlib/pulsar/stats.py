@@ -195,7 +195,7 @@ _SUMMED = ("storageSize",)
 
 
 def partitioned_stats(
-    base: str, by_partition: dict[str, dict[str, Any]], per_partition: bool
+    by_partition: dict[str, dict[str, Any]], per_partition: bool
 ) -> dict[str, Any]:
     """PartitionedTopicStats: the partitions' TopicStats added up (publishers and
     consumers listed together, backlogs summed), the partition count, and each
