@@ -34,6 +34,8 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
 )
+from streamlib.pulsar import entries as pulsar_entries
+from streamlib.pulsar.entries import is_pulsar_entry
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.positions import MessageId
 from streamlib.stream.producer import (
@@ -292,9 +294,14 @@ class OwnedStream:
             )
         # (A producer never builds more: a compressed entry claiming more is a bomb. The
         # payloads are not needed: the entry is stored as it came.)
-        decoded = decode_batch(
-            send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), payloads=False
-        )
+        if is_pulsar_entry(send.entry):  # (a Pulsar producer's: checked whole, checksum too)
+            decoded = pulsar_entries.check(
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20)
+            )
+        else:
+            decoded = decode_batch(
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), payloads=False
+            )
         ids, names = decoded.sequence_ids, decoded.producers
         count = len(decoded.payloads)
         chunk = decoded.chunk

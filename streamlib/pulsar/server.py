@@ -210,7 +210,7 @@ class Connection:
         self.protocol_version = 0
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer | _Reader] = {}
-        self._opening: set[int] = set()  # producer or consumer ids being created
+        self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
         self._requests: set[asyncio.Task[Any]] = set()
         self._room = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
         self._closed = False
@@ -364,11 +364,13 @@ class Connection:
         assert self.caller is not None
         self.core.access.check(self.caller, operation, stream, subscription)
 
-    def _take_session(self, some_id: int) -> None:
-        """Count a producer or consumer against the caller's and the connection's
-        limits (give it back with _give_back_session)."""
-        if some_id in self._opening or some_id in self.producers or some_id in self.consumers:
-            raise BadRequestError(f"id {some_id} is in use on this connection")
+    def _take_session(self, key: tuple[str, int]) -> None:
+        """Count a producer or consumer (("producer" or "consumer", its id)) against the
+        caller's and the connection's limits (give it back with _give_back_session)."""
+        kind, some_id = key
+        known = self.producers if kind == "producer" else self.consumers
+        if key in self._opening or some_id in known:
+            raise BadRequestError(f"{kind} id {some_id} is in use on this connection")
         if len(self.producers) + len(self.consumers) + len(self._opening) >= (
             MAX_SESSIONS_PER_CONNECTION
         ):
@@ -472,11 +474,11 @@ class Connection:
     def _on_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.producer
         try:
-            self._take_session(request.producer_id)
+            self._take_session(("producer", request.producer_id))
         except Exception as error:
             self._error(request.request_id, error)
             return
-        self._opening.add(request.producer_id)
+        self._opening.add(("producer", request.producer_id))
         self._spawn(self._open_producer(request))
 
     async def _open_producer(self, request: Any) -> None:
@@ -509,13 +511,13 @@ class Connection:
                 await owned.remove_producer(session)
                 raise
         except BaseException as error:
-            self._opening.discard(producer_id)
+            self._opening.discard(("producer", producer_id))
             self._give_back_session()
             if isinstance(error, Exception):
                 self._error(request.request_id, error)
             raise_if_cancelled(error)
             return
-        self._opening.discard(producer_id)
+        self._opening.discard(("producer", producer_id))
         producer = _Producer(self, producer_id, owned, session)
         if self._closed:
             await producer.close()
@@ -559,11 +561,11 @@ class Connection:
     def _on_subscribe(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.subscribe
         try:
-            self._take_session(request.consumer_id)
+            self._take_session(("consumer", request.consumer_id))
         except Exception as error:
             self._error(request.request_id, error)
             return
-        self._opening.add(request.consumer_id)
+        self._opening.add(("consumer", request.consumer_id))
         self._spawn(self._subscribe(request))
 
     async def _subscribe(self, request: Any) -> None:
@@ -575,13 +577,13 @@ class Connection:
             else:
                 consumer = await self._non_durable(stream, request)
         except BaseException as error:
-            self._opening.discard(consumer_id)
+            self._opening.discard(("consumer", consumer_id))
             self._give_back_session()
             if isinstance(error, Exception):
                 self._error(request.request_id, error)
             raise_if_cancelled(error)
             return
-        self._opening.discard(consumer_id)
+        self._opening.discard(("consumer", consumer_id))
         if self._closed:
             await consumer.close()
             return
@@ -797,8 +799,12 @@ class _Producer:
 
     async def send(self, send: Any, frame: frames.Frame) -> None:
         sequence_id = send.sequence_id
+        messages = max(1, send.num_messages)
+        # A batch's last sequence id: as the client states it, else the run's end.
         highest = (
-            send.highest_sequence_id if send.highest_sequence_id > sequence_id else sequence_id
+            send.highest_sequence_id
+            if send.highest_sequence_id > sequence_id
+            else sequence_id + (0 if send.is_chunk else messages - 1)
         )
         if self._ended:
             return
@@ -824,7 +830,7 @@ class _Producer:
         outcome: Any
         try:
             await self.owned.room()
-            entry = _EntrySend(block, sequence_id, highest, max(1, send.num_messages))
+            entry = _EntrySend(block, sequence_id, highest, messages)
             outcome = self.owned.publish(self.session, entry)
         except (BadRequestError, TooLargeError, MessageDecodeError) as error:
             outcome = error

@@ -91,6 +91,13 @@ class EntryColumns:
     hi: int
 
 
+def _a_piece(where: str) -> MessageDecodeError:
+    return MessageDecodeError(
+        f"{where} is a piece of a chunked message: the Spark source does not put "
+        f"chunked messages together (read them with a Reader or a Consumer)"
+    )
+
+
 def entry_columns(
     ledger_id: int, entry_id: int, payload: bytes, where: str, lo: int = 0, hi: int | None = None
 ) -> EntryColumns:
@@ -100,10 +107,7 @@ def entry_columns(
     except DecodeError:
         batch = None  # decode_batch below says so
     if batch is not None and batch.format_version == CHUNK_FORMAT:
-        raise MessageDecodeError(
-            f"{where} is a piece of a chunked message: the Spark source does not put "
-            f"chunked messages together (read them with a Reader or a Consumer)"
-        )
+        raise _a_piece(where)
     if batch is not None and batch.format_version == COMPRESSED_FORMAT:
         batch = uncompressed(payload, batch, where)  # (MessageDecodeError if damaged)
     if batch is not None and batch.format_version == 2 and not batch.messages:
@@ -127,6 +131,8 @@ def entry_columns(
     # Anything else (format 1, no messages, a malformed batch): decode_batch decides,
     # and raises MessageDecodeError naming `where` for what is not a message batch.
     decoded = decode_batch(payload, where)
+    if decoded.chunk is not None:  # (a Pulsar producer's piece: not a Batch, so here)
+        raise _a_piece(where)
     sizes = np.array([len(p) for p in decoded.payloads], dtype=np.int64)
     events = None if decoded.event_times is None else np.array(decoded.event_times, np.int64)
     end = len(sizes) if hi is None else min(hi, len(sizes))

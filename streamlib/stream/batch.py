@@ -20,6 +20,11 @@ readers from before snappy refuse a snappy entry the same way ("compression 4 is
 
 A message's ordering key (Pulsar's) is a Metadata field: readers from before it read the
 message as they did, without it.
+
+An entry a Pulsar client wrote (through the broker's Pulsar front end) is stored as Pulsar
+stores it: it starts with Pulsar's magic number 0x0e01, which no Batch can start with (0x0e
+is field 1 with wire type 6, which protobuf does not have). decode_batch reads those too
+(streamlib.pulsar.entries), so every reader reads a stream both kinds of client write.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ MAX_CHUNKED_MESSAGE_BYTES = 256 * 1024 * 1024
 # The most a compressed entry may claim to hold: what a reader allocates for one entry,
 # whatever a hostile or damaged entry says (entries themselves are at most 5 MiB).
 MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
+
+# The first byte of a Pulsar entry (magic 0x0e01, or 0x0e02 ahead of a Pulsar broker's
+# entry metadata): never the first of a Batch (field 1, wire type 6: no such type).
+PULSAR_MAGIC_BYTE = b"\x0e"
 
 # An upper bound of what a message adds to an entry besides its payload and metadata, in
 # either format: its size (or its Message's tag, length and payload tag) and its publish
@@ -86,6 +95,9 @@ class DecodedBatch(NamedTuple):
     chunk: envelope.Chunk | None = None  # a piece of a chunked message (format 4)
     sequence_ids: Sequence[int] | None = None  # None: no message has one (-1: this one)
     producers: Sequence[str] | None = None  # None: no message names its producer
+    # Pulsar's null value (a tombstone: its payload is empty); None: no message is one.
+    # Only a Pulsar producer's entries have them (streamlib's format has no column for it).
+    null_values: Sequence[bool] | None = None
 
 
 def metadata_of(
@@ -266,48 +278,56 @@ def parse_compression(value: object) -> Compression:
     )
 
 
+def compress_raw(data: bytes, codec: Compression) -> bytes:
+    """data compressed with codec as Pulsar compresses a payload (LZ4: a block, no size
+    prefix; ZLIB: zlib's format, with its header; SNAPPY: raw; ZSTD: a frame)."""
+    if codec is Compression.LZ4:
+        return bytes(lz4.block.compress(data, store_size=False))
+    if codec is Compression.ZLIB:
+        return zlib.compress(data, 6)
+    if codec is Compression.SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec is Compression.ZSTD:
+        return bytes(zstandard.ZstdCompressor(level=3).compress(data))
+    return data
+
+
 def compress(encoded: bytes, codec: Compression) -> bytes:
     """The entry for a format 2 batch: compressed as format 3 when that is smaller."""
     if codec is Compression.NONE:
         return encoded
-    if codec is Compression.LZ4:
-        packed = lz4.block.compress(encoded, store_size=False)
-    elif codec is Compression.ZLIB:
-        packed = zlib.compress(encoded, 6)
-    elif codec is Compression.SNAPPY:
-        packed = bytes(cramjam.snappy.compress_raw(encoded))
-    else:
-        packed = zstandard.ZstdCompressor(level=3).compress(encoded)
     entry = envelope.Batch(
         format_version=COMPRESSED_FORMAT,
         compression=codec,
         uncompressed_size=len(encoded),
-        compressed=packed,
+        compressed=compress_raw(encoded, codec),
     ).SerializeToString()
     return entry if len(entry) < len(encoded) else encoded
 
 
-def _decompress(
-    batch: envelope.Batch, where: str, max_bytes: int = MAX_UNCOMPRESSED_BYTES
+def decompress(
+    codec: int,
+    data: bytes | memoryview,
+    size: int,
+    where: str,
+    max_bytes: int = MAX_UNCOMPRESSED_BYTES,
 ) -> bytes:
-    """The format 2 batch inside a format 3 one; MessageDecodeError for anything that is
-    not exactly the size it claims, or claims more than max_bytes (checked before a byte
-    is decompressed)."""
-    size = batch.uncompressed_size
+    """data decompressed with codec (Compression's numbering: a format 3 batch's, or a
+    Pulsar payload's); MessageDecodeError for anything that is not exactly the size it
+    claims, or claims more than max_bytes (checked before a byte is decompressed)."""
     if size > max_bytes:
         raise MessageDecodeError(
             f"{where}: claims {size} bytes uncompressed, over the {max_bytes}-byte limit"
         )
-    data = batch.compressed
     try:
-        if batch.compression == Compression.LZ4:
+        if codec == Compression.LZ4:
             out = lz4.block.decompress(data, uncompressed_size=size)
-        elif batch.compression == Compression.ZLIB:
+        elif codec == Compression.ZLIB:
             inflate = zlib.decompressobj()
             out = inflate.decompress(data, size)
             if not inflate.eof or inflate.unconsumed_tail:
                 raise MessageDecodeError(f"{where}: zlib data longer than its stated size")
-        elif batch.compression == Compression.ZSTD:
+        elif codec == Compression.ZSTD:
             # Read at most one byte past the stated size, whatever the frame claims.
             chunks: list[bytes] = []
             want = size + 1
@@ -316,7 +336,7 @@ def _decompress(
                     chunks.append(chunk)
                     want -= len(chunk)
             out = b"".join(chunks)
-        elif batch.compression == Compression.SNAPPY:
+        elif codec == Compression.SNAPPY:
             # A snappy block states its own length first: compare before allocating it.
             claimed = cramjam.snappy.decompress_raw_len(data)
             if claimed != size:
@@ -325,13 +345,11 @@ def _decompress(
                 )
             out = bytes(cramjam.snappy.decompress_raw(data))
         else:
-            raise MessageDecodeError(
-                f"{where}: compression {batch.compression} is unknown to this client"
-            )
+            raise MessageDecodeError(f"{where}: compression {codec} is unknown to this client")
     except MessageDecodeError:
         raise
     except Exception as error:  # each codec's own error for damaged data
-        raise MessageDecodeError(f"{where}: its compressed batch does not decompress") from error
+        raise MessageDecodeError(f"{where}: its compressed data does not decompress") from error
     if len(out) != size:
         raise MessageDecodeError(
             f"{where}: decompressed to {len(out)} bytes, not the {size} it states"
@@ -346,7 +364,9 @@ def uncompressed(
     max_bytes), else the batch itself."""
     if batch.format_version != COMPRESSED_FORMAT:
         return batch
-    inner = _decompress(batch, where, max_bytes)
+    inner = decompress(
+        batch.compression, batch.compressed, batch.uncompressed_size, where, max_bytes
+    )
     try:
         found = envelope.Batch.FromString(inner)
     except DecodeError as error:
@@ -367,12 +387,28 @@ def decode_batch(
     """The messages of one entry, by column; MessageDecodeError naming `where` (the
     entry) if it is not a message batch (or, compressed, claims over max_uncompressed).
     payloads=False: every column but the payloads, which are empty (a broker that hands
-    the entry on as stored keeps no second copy of them; a chunk's piece keeps its own)."""
+    the entry on as stored keeps no second copy of them; a chunk's piece keeps its own).
+    A Pulsar producer's entry (it starts with Pulsar's magic number) is read by
+    streamlib.pulsar.entries.decode, whose docstring says what it makes of it."""
+    if payload[:1] == PULSAR_MAGIC_BYTE:
+        from streamlib.pulsar import entries  # (it imports this module)
+
+        return entries.decode(payload, where, max_uncompressed, payloads)
     try:
-        batch = uncompressed(payload, envelope.Batch.FromString(payload), where, max_uncompressed)
+        batch = envelope.Batch.FromString(payload)
     except DecodeError as error:
         raise MessageDecodeError(f"{where} is not a message batch") from error
-    return _decode(batch, where, payloads)
+    return decode_envelope(batch, where, max_uncompressed, payloads)
+
+
+def decode_envelope(
+    batch: envelope.Batch,
+    where: str,
+    max_uncompressed: int = MAX_UNCOMPRESSED_BYTES,
+    payloads: bool = True,
+) -> DecodedBatch:
+    """decode_batch of an entry already parsed as a Batch."""
+    return _decode(uncompressed(b"", batch, where, max_uncompressed), where, payloads)
 
 
 def _decode(batch: envelope.Batch, where: str, payloads: bool = True) -> DecodedBatch:

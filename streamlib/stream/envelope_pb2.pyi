@@ -83,13 +83,17 @@ class Batch(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., payload_sizes: _Optional[_Iterable[int]] = ..., payloads: _Optional[bytes] = ..., publish_time_ms: _Optional[_Iterable[int]] = ..., event_time_ms: _Optional[_Iterable[int]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ..., deliver_at_ms: _Optional[_Iterable[int]] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ..., compressed: _Optional[bytes] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., first_sequence_id: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[int]] = ..., producers: _Optional[_Iterable[str]] = ..., producer_index: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("uuid", "index", "count", "total_size")
+    __slots__ = ("uuid", "index", "count", "total_size", "compression", "uncompressed_size")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    UNCOMPRESSED_SIZE_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     count: int
     total_size: int
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_size: _Optional[int] = ...) -> None: ...
+    compression: int
+    uncompressed_size: int
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_size: _Optional[int] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ...) -> None: ...

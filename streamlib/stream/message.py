@@ -136,6 +136,12 @@ class Message:
         producers = self._entry.producers
         return "" if producers is None else producers[self._index]
 
+    def has_null_value(self) -> bool:
+        """Whether it is a null value (a tombstone, its data empty): only a Pulsar
+        producer sends them (pulsar-client's name)."""
+        nulls = self._entry.null_values
+        return False if nulls is None else nulls[self._index]
+
     @property
     def deliver_at_ms(self) -> int:
         """When a subscription may deliver it (epoch ms); 0: at once."""
@@ -179,6 +185,7 @@ class EntryMessages:
         "event_times",
         "ledger_id",
         "metadata",
+        "null_values",
         "payloads",
         "previous",
         "producers",
@@ -212,6 +219,7 @@ class EntryMessages:
             self.chunk,
             self.sequence_ids,
             self.producers,
+            self.null_values,
         ) = batch
         self.previous = previous  # the position before message `start`
         self.start = start
