@@ -108,7 +108,7 @@ async def admin_of(cluster: LedgerCluster, broker: BrokerProcess, **options: Any
 
 async def test_topics_and_partitioned_topics_are_created_listed_and_deleted(cluster):
     cluster.start_bookies(3)
-    [broker] = cluster.start_brokers(1, extra=ADMIN)
+    [broker] = cluster.start_brokers(1, extra=ADMIN, pulsar=True)  # (lookups name its port)
     admin = await admin_of(cluster, broker)
     assert await admin.ok("GET", "/admin/v2/clusters") == ["streamlib"]
     assert await admin.ok("GET", "/admin/v2/tenants") == ["public"]
@@ -174,7 +174,7 @@ async def test_topics_and_partitioned_topics_are_created_listed_and_deleted(clus
         me.http_url.removeprefix("http://")]  # fmt: skip
     found = await admin.ok("GET", "/lookup/v2/topic/persistent/public/default/plain")
     assert found["httpUrl"] == me.http_url and me.http_url.startswith("http://127.0.0.1:")
-    assert (found["brokerUrl"], found["nativeUrl"]) == (me.pulsar_url, me.pulsar_url)
+    assert found["brokerUrl"] == found["nativeUrl"] == me.pulsar_url == broker.pulsar_url
     for name in ("parts", "not-yet"):  # (a partitioned one's name; one to be created)
         found = await admin.ok("GET", f"/lookup/v2/topic/persistent/public/default/{name}")
         assert found["httpUrl"] == me.http_url
@@ -262,6 +262,30 @@ async def test_stats_subscriptions_and_cursor_resets_after_producing(cluster):
     await producer.close()
     await admin.ok("DELETE", f"{V2}/orders?force=true")
     await admin.refused(404, "GET", f"{V2}/orders/stats")
+
+
+async def test_pulsar_client_with_an_http_service_url_finds_the_broker_through_the_port(cluster):
+    """pulsar-client given http://: partitions and lookups over this port, then Pulsar's
+    binary protocol to the broker the lookup names."""
+    import pulsar
+
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1, extra=ADMIN, pulsar=True)
+    url = (await registered(cluster, broker)).http_url
+
+    def produce_and_consume() -> bytes:
+        client = pulsar.Client(url, operation_timeout_seconds=30)
+        try:
+            topic = "persistent://public/default/over-http"
+            consumer = client.subscribe(
+                topic, "s", initial_position=pulsar.InitialPosition.Earliest
+            )
+            client.create_producer(topic).send(b"found over http")
+            return bytes(consumer.receive(30_000).data())
+        finally:
+            client.close()
+
+    assert await asyncio.to_thread(produce_and_consume) == b"found over http"
 
 
 async def test_bad_requests_are_answered_and_the_broker_serves_on(cluster):
