@@ -3,7 +3,8 @@ lookup that pulsar-admin and Pulsar's clients use, over streams (docs/pulsar-adm
 lists each endpoint and its answers). A thin translator, as the gRPC front end is: the
 streams' administration is StreamManager's, ownership the broker core's, and every
 call is authorized for its caller exactly as the gRPC front end authorizes the same
-action (the table below; streamlib/protocol/service_access.py decides).
+action: each handler asks streamlib/protocol/service_access.py for the Operation the
+gRPC path asks for (docs/pulsar-admin.md tabulates them).
 
 Topic names map to streams by streamlib/pulsar/topics.py. Answers are Pulsar's: JSON,
 errors as {"reason": ...} with Pulsar's status codes -- 401 without credentials the
