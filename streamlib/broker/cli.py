@@ -263,9 +263,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tls: Any) -> Any:
-    """The Pulsar port (streamlib/pulsar/server.py), bound before the broker registers:
+    """The Pulsar port (streamlib/broker/pulsar_server.py), bound before the broker registers:
     its URL is in the registration lookups answer with. TLS when the broker has it."""
-    from streamlib.pulsar.server import PulsarFrontEnd
+    from streamlib.broker.pulsar_server import PulsarFrontEnd
 
     if args.pulsar_port == args.port and args.port != 0:
         raise ValueError(

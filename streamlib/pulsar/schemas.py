@@ -40,7 +40,7 @@ def encode(schema: api.Schema) -> str:
         {
             "type": int(schema.type),
             "data": base64.b64encode(schema.schema_data).decode(),
-            "properties": {p.key: p.value for p in schema.properties},
+            "properties": {p.key: p.value for p in schema.properties},  # type: ignore[attr-defined]
         },
         sort_keys=True,
     )

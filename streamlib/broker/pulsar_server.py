@@ -38,7 +38,7 @@ from typing import Any
 
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
-from bookie.framed import peer_common_name
+from bookie.tls import peer_common_name
 from metadata.errors import InvalidNameError
 from streamlib.broker.access import HeldBytes
 from streamlib.broker.dispatcher import Handed, SubscriptionDispatcher
@@ -898,21 +898,21 @@ class _Producer:
             if isinstance(outcome, asyncio.Future):
                 try:
                     outcome = await outcome
-                except Exception as error:
-                    outcome = StreamGone(f"the stream's writer failed: {error}")
+                except Exception as failed:
+                    outcome = StreamGone(f"the stream's writer failed: {failed}")
             self.held.give_back(size)
             if isinstance(outcome, StreamGone):
                 self._end()
                 return
             if isinstance(outcome, BaseException):
-                error = (
+                code = (
                     api.ChecksumError
                     if isinstance(outcome, _ChecksumError)
                     else server_error(outcome)
                 )
                 connection._write(_command(Type.SEND_ERROR, "send_error",
                                            producer_id=self.producer_id, sequence_id=sequence_id,
-                                           error=error, message=str(outcome)))  # fmt: skip
+                                           error=code, message=str(outcome)))  # fmt: skip
                 continue
             receipt = _command(Type.SEND_RECEIPT, "send_receipt", producer_id=self.producer_id,
                                sequence_id=sequence_id, highest_sequence_id=highest)  # fmt: skip
