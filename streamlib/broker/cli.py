@@ -272,7 +272,9 @@ async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tl
             f"--pulsar-port {args.pulsar_port} is the gRPC port (--port): give either another"
         )
     front = PulsarFrontEnd(service)
-    port = await front.bind(args.host, args.pulsar_port, tls.ssl_context() if tls else None)
+    port = await front.bind(
+        args.host, args.pulsar_port, tls.reloading_ssl_context() if tls else None
+    )
     host = address.rsplit(":", 1)[0]
     if tls:
         service.broker.pulsar_url_tls = f"pulsar+ssl://{host}:{port}"

@@ -2,8 +2,9 @@
 
 The child prints ``broker ID listening on HOST:PORT`` when it serves; start() waits for
 that line with a bounded timeout and fails with the child's stderr if it exits first.
-With ``pulsar=True`` it serves Pulsar's binary protocol too, and prints ``pulsar
-listening on URL`` next (restarted, on the same port).
+With ``pulsar=True`` it serves Pulsar's binary protocol and admin REST API too, and
+prints ``pulsar listening on URL`` and ``pulsar admin listening on URL`` next
+(restarted, on the same ports).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from bookie.launcher import open_private_log
 
 _LISTENING = re.compile(r"^broker (\S+) listening on (\S+)")
 _PULSAR = re.compile(r"^pulsar listening on (\S+)")
+_PULSAR_ADMIN = re.compile(r"^pulsar admin listening on (\S+)")
 
 
 class BrokerStartError(RuntimeError):
@@ -42,6 +44,8 @@ class BrokerProcess:
         self.pulsar = pulsar
         self.pulsar_url = ""  # pulsar://HOST:PORT (pulsar+ssl:// with TLS)
         self.pulsar_port = 0
+        self.pulsar_admin_url = ""  # http(s)://HOST:PORT
+        self.pulsar_admin_port = 0
         self._buffer = b""  # stdout read and not yet taken as lines
         self.stderr_path = log_dir / f"{name}.stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -53,7 +57,8 @@ class BrokerProcess:
         return [
             sys.executable, "-m", "streamlib", "broker", "--metadata", self.metadata_uri,
             "--port", str(port), *self.extra,
-            *(["--pulsar-port", str(self.pulsar_port)] if self.pulsar else []),
+            *(["--pulsar-port", str(self.pulsar_port),
+               "--pulsar-admin-port", str(self.pulsar_admin_port)] if self.pulsar else []),
         ]  # fmt: skip
 
     def start(self, *, port: int | None = None, timeout_s: float = 60.0) -> BrokerProcess:
@@ -85,6 +90,15 @@ class BrokerProcess:
                 raise BrokerStartError(f"broker's Pulsar port: {line!r}\n{self.stderr_tail()}")
             self.pulsar_url = found.group(1)
             self.pulsar_port = int(self.pulsar_url.rsplit(":", 1)[1])
+            line = self._read_line(timeout_s)
+            found = _PULSAR_ADMIN.match(line)
+            if found is None:
+                self.kill()
+                raise BrokerStartError(
+                    f"broker's Pulsar admin port: {line!r}\n{self.stderr_tail()}"
+                )
+            self.pulsar_admin_url = found.group(1)
+            self.pulsar_admin_port = int(self.pulsar_admin_url.rsplit(":", 1)[1])
         return self
 
     def _read_line(self, timeout_s: float) -> str:
