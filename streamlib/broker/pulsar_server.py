@@ -667,13 +667,11 @@ class Connection:
                 start = EARLIEST
             elif where == LATEST_ID:
                 start = LATEST
-            elif wanted.HasField("batch_index") and wanted.batch_index >= 0:
-                # (Within a batch: from its entry; the client drops what is before.)
-                start, inclusive = MessageId(ledger_id, entry_id, 0), True
             else:
-                # Pulsar's non-durable cursor starts after the entry it names (the
-                # client asks for the entry before to read one inclusively).
-                start, inclusive = MessageId(ledger_id, entry_id + 1, 0), True
+                # From that entry, whole, as Pulsar's broker starts a non-durable cursor:
+                # the client drops what comes before its start (or at it, when not
+                # inclusive).
+                start, inclusive = MessageId(ledger_id, entry_id, 0), True
         else:
             start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
         reader = await self.broker.client.create_reader(
@@ -754,9 +752,10 @@ class Connection:
             self._error(request.request_id, BadRequestError("a seek names a message or a time"))
             return
         if isinstance(consumer, _Reader):
-            # A reader starts again there: it reconnects (CloseConsumer), as from Pulsar.
-            self._success(request.request_id)
+            # A reader starts again there: it is closed (its client reconnects from the
+            # position it sought), then answered, in this order, as by Pulsar's broker.
             consumer.end()
+            self._success(request.request_id)
             return
         try:
             self._check(Operation.MANAGE_SUBSCRIPTION, consumer.owned.stream, consumer.subscription)
@@ -1040,12 +1039,18 @@ class _Consumer:
             item = await self.session.outbox.get()
             if isinstance(item, Done):
                 request_id = self.asked.pop(item.what, None)
-                if request_id is not None:
-                    if item.error is None:
-                        connection._success(request_id)
-                    else:
-                        connection._error(request_id, item.error)
-                continue
+                if request_id is None:
+                    continue
+                if item.error is not None:
+                    connection._error(request_id, item.error)
+                    continue
+                # Done: this consumer is closed first (its client reconnects, from the
+                # position it sought), then answered -- in this order, as by Pulsar's
+                # broker: the client takes a seek answered while it reconnects as its
+                # new start.
+                self._end()
+                connection._success(request_id)
+                return
             if isinstance(item, BaseException):
                 self._end()
                 return
