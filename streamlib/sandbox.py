@@ -33,7 +33,11 @@ from streamlib.broker.launcher import BrokerProcess
 DEFAULT_HOME = Path(os.environ.get("STREAMLIB_HOME", Path.home() / ".streamlib"))
 DEFAULT_DATA_DIR = DEFAULT_HOME / "sandbox"
 DEFAULT_PORT_BASE = 3181  # BookKeeper's bookie port
-DEFAULT_BROKER_PORT = 6650  # Pulsar's broker port
+DEFAULT_BROKER_PORT = 6650  # Pulsar's broker port (the gRPC front end's)
+# Pulsar's binary protocol, beside it (6650 is taken by the gRPC port: pulsar-client is
+# given the pulsar_url the sandbox prints).
+DEFAULT_PULSAR_PORT = 6660
+DEFAULT_PULSAR_ADMIN_PORT = 8080  # Pulsar's admin REST port
 
 
 def make_private_dir(path: Path) -> Path:
@@ -96,9 +100,13 @@ class Sandbox:
                 self.metadata_uri,
                 name=f"broker-{i}",
                 extra=["--broker-id", f"sandbox-broker-{i}", *broker_args],
+                pulsar=True,
             )
             for i in range(brokers)
         ]
+        for i, broker in enumerate(self.brokers):  # (0: free ports, as the broker port)
+            broker.pulsar_port = DEFAULT_PULSAR_PORT + i if broker_port else 0
+            broker.pulsar_admin_port = DEFAULT_PULSAR_ADMIN_PORT + i if broker_port else 0
 
     def start(self, timeout_s: float = 60.0) -> Sandbox:
         make_private_dir(self.data_dir)
@@ -171,9 +179,13 @@ class Sandbox:
         }
         if self.brokers:
             info["service_url"] = self.service_url
+            info["pulsar_url"] = self.brokers[0].pulsar_url
+            info["pulsar_admin_url"] = self.brokers[0].pulsar_admin_url
             info["brokers"] = [
-                {"id": b.broker_id, "address": b.address, "pid": b.pid} for b in self.brokers
-            ]
+                {"id": b.broker_id, "address": b.address, "pid": b.pid,
+                 "pulsar_url": b.pulsar_url, "pulsar_admin_url": b.pulsar_admin_url}
+                for b in self.brokers
+            ]  # fmt: skip
         if self.security is not None:
             info["tls_ca"] = str(self.security.certs.ca)
             info["tokens"] = self.security.tokens
@@ -320,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  broker    {b['id']:<18} {b['address']:<21} pid {b['pid']}")
             if sandbox.brokers:
                 print(f"  service   {info['service_url']}")
+                print(f"  pulsar    {info['pulsar_url']}  (pulsar-client)")
+                print(f"  admin     {info['pulsar_admin_url']}  (Pulsar's admin REST API)")
             if sandbox.security is not None:
                 where = sandbox.security.directory
                 print(f"  tls_ca    {info['tls_ca']}")
@@ -369,7 +383,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--broker-port",
         type=int,
-        help=f"broker i listens on BROKER_PORT + i (default {DEFAULT_BROKER_PORT}; 0 = any free port)",
+        help=f"broker i listens on BROKER_PORT + i (default {DEFAULT_BROKER_PORT}; its Pulsar "
+        f"ports on {DEFAULT_PULSAR_PORT} + i and {DEFAULT_PULSAR_ADMIN_PORT} + i); 0: every broker port is any free one",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line once ready")
     parser.add_argument(

@@ -23,6 +23,11 @@ class BrokerInfo:
     address: str  # host:port clients dial (the advertised address)
     owned: int = 0  # streams it owns: what lookup balances on
     pid: int = 0
+    # Pulsar's binary protocol and admin REST ports, when the broker serves them (empty:
+    # it does not): what a Pulsar lookup answers with (streamlib/pulsar/).
+    pulsar_url: str = ""  # pulsar://host:port
+    pulsar_url_tls: str = ""  # pulsar+ssl://host:port
+    http_url: str = ""  # http(s)://host:port of the admin REST port
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -31,8 +36,15 @@ class BrokerInfo:
     def decode(cls, data: bytes) -> BrokerInfo:
         try:
             raw = json.loads(data)
-            return cls(str(raw["broker_id"]), str(raw["address"]), int(raw["owned"]),
-                       int(raw.get("pid", 0)))  # fmt: skip
+            return cls(
+                str(raw["broker_id"]),
+                str(raw["address"]),
+                int(raw["owned"]),
+                int(raw.get("pid", 0)),
+                str(raw.get("pulsar_url", "")),
+                str(raw.get("pulsar_url_tls", "")),
+                str(raw.get("http_url", "")),
+            )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidValueError(f"not a broker registration: {data[:80]!r}") from error
 

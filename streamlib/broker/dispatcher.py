@@ -31,8 +31,9 @@ from streamlib.stream.positions import MessageId
 
 log = logging.getLogger(__name__)
 
-# One entry's acknowledgements: (ledger id, entry id, the indexes of its messages).
-EntryAcks = Iterable[tuple[int, int, Iterable[int]]]
+# One entry's acknowledgements: (ledger id, entry id, the indexes of its messages; None:
+# all of them).
+EntryAcks = Iterable[tuple[int, int, Iterable[int] | None]]
 
 
 @dataclass(eq=False)
@@ -135,31 +136,47 @@ class SubscriptionDispatcher:
     def nack(self, cid: int, entries: EntryAcks) -> None:
         """Negative acks: those messages are delivered again after the subscription's
         redelivery delay (to this consumer or, shared, another)."""
-        back = []
-        for ledger_id, entry_id, indexes in entries:
-            for pending, hit in self._hits(cid, ledger_id, entry_id, indexes):
-                handed = pending.ref
-                back.append(self._pending(handed.entry, hit, pending.slot, handed.redeliveries + 1))
+        back = self._taken_back(cid, entries)
         if back:
             asyncio.get_running_loop().call_later(
                 self._nack_delay_s, self._redeliver, back, self._generation
             )
 
+    def redeliver_now(self, cid: int, entries: EntryAcks | None = None) -> None:
+        """Pulsar's RedeliverUnacknowledgedMessages: those messages (None: all this
+        consumer holds) are delivered again at once (its client waited its own delay)."""
+        if entries is None:
+            entries = [
+                (p.ref.entry.ledger_id, p.ref.entry.entry_id, None)
+                for p in self.dispatch.unacked_of(cid)
+            ]
+        back = self._taken_back(cid, entries)
+        if back:
+            self._redeliver(back, self._generation)
+
+    def _taken_back(self, cid: int, entries: EntryAcks) -> list[Pending]:
+        back = []
+        for ledger_id, entry_id, indexes in entries:
+            for pending, hit in self._hits(cid, ledger_id, entry_id, indexes):
+                handed = pending.ref
+                back.append(self._pending(handed.entry, hit, pending.slot, handed.redeliveries + 1))
+        return back
+
     def _hits(
-        self, cid: int, ledger_id: int, entry_id: int, indexes: Iterable[int]
+        self, cid: int, ledger_id: int, entry_id: int, indexes: Iterable[int] | None
     ) -> list[tuple[Pending, list[int]]]:
-        """What of these messages this consumer holds, taken from what it holds (an
-        entry it no longer holds any of leaves its unacknowledged ones)."""
+        """What of these messages (None: all) this consumer holds, taken from what it
+        holds (an entry it no longer holds any of leaves its unacknowledged ones)."""
         found = self._handed.get((ledger_id, entry_id))
         if not found:
             return []
-        wanted = set(indexes)
+        wanted = set(indexes) if indexes is not None else None
         hits = []
         for pending in list(found):
             handed = pending.ref
             if handed.cid != cid:
                 continue
-            if wanted.issuperset(handed.indexes):  # (the usual case: all of it)
+            if wanted is None or wanted.issuperset(handed.indexes):  # (the usual case)
                 hit, handed.indexes = handed.indexes, []
             else:
                 hit = [i for i in handed.indexes if i in wanted]

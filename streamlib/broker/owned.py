@@ -34,6 +34,8 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
 )
+from streamlib.pulsar import entries as pulsar_entries
+from streamlib.pulsar.entries import is_pulsar_entry
 from streamlib.stream.batch import DecodedBatch, decode_batch
 from streamlib.stream.positions import MessageId
 from streamlib.stream.producer import (
@@ -199,14 +201,14 @@ class OwnedStream:
                     if access_mode == "wait_for_exclusive":
                         await self._producers_changed.wait()
                         continue
-                    raise ProducerBusyError(
+                    raise _exclusive(ProducerBusyError(
                         f"stream {self.stream!r} has an exclusive producer ({exclusive[0].name})"
-                    )
+                    ))  # fmt: skip
                 if access_mode == "exclusive" and self.producers:
-                    raise ProducerBusyError(
+                    raise _exclusive(ProducerBusyError(
                         f"stream {self.stream!r} has {len(self.producers)} producers: "
                         "exclusive access needs none"
-                    )
+                    ))  # fmt: skip
                 if access_mode == "wait_for_exclusive" and self.producers:
                     await self._producers_changed.wait()
                     continue
@@ -295,9 +297,14 @@ class OwnedStream:
             )
         # (A producer never builds more: a compressed entry claiming more is a bomb. The
         # payloads are not needed: the entry is stored as it came.)
-        decoded = decode_batch(
-            send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), payloads=False
-        )
+        if is_pulsar_entry(send.entry):  # (a Pulsar producer's: checked whole, checksum too)
+            decoded = pulsar_entries.check(
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20)
+            )
+        else:
+            decoded = decode_batch(
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), payloads=False
+            )
         ids, names = decoded.sequence_ids, decoded.producers
         count = len(decoded.payloads)
         chunk = decoded.chunk
@@ -489,3 +496,10 @@ class OwnedStream:
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 await self.writer.close()
+
+
+def _exclusive(error: ProducerBusyError) -> ProducerBusyError:
+    """Marked as a conflict of access modes (Pulsar answers those ProducerFenced, a
+    name in use ProducerBusy)."""
+    error.exclusive = True  # type: ignore[attr-defined]
+    return error

@@ -70,10 +70,23 @@ class Broker:
         self._owning: dict[str, asyncio.Task[OwnedStream]] = {}
         self._tasks = HeldTasks(f"broker {broker_id}")
         self.closed = False
+        # Its Pulsar ports (streamlib/pulsar/), set before start when it serves them:
+        # what lookups through them answer with.
+        self.pulsar_url = ""
+        self.pulsar_url_tls = ""
+        self.http_url = ""
 
     @property
     def info(self) -> BrokerInfo:
-        return BrokerInfo(self.broker_id, self.address, len(self.owned), os.getpid())
+        return BrokerInfo(
+            self.broker_id,
+            self.address,
+            len(self.owned),
+            os.getpid(),
+            self.pulsar_url,
+            self.pulsar_url_tls,
+            self.http_url,
+        )
 
     async def start(self, session_timeout_s: float = 10.0) -> None:
         """Register; after a crash, wait (bounded) for the dead process's session to be

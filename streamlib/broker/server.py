@@ -101,7 +101,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         except UnauthorizedError as error:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"UnauthorizedError: {error}")
 
-    async def _exists(self, caller: Caller, stream: str, create: bool = True) -> int:
+    async def exists(self, caller: Caller, stream: str, create: bool = True) -> int:
         """The stream's partitions (0: not partitioned), after creating the stream if it
         does not exist, `create` asks it, and the cluster's policy and the caller's roles
         allow; else NoSuchStreamError, and nothing is made."""
@@ -130,7 +130,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             return pb.LookupResponse(broker_id=me.broker_id, address=me.address)
         await self._allowed(context, caller, Operation.LOOKUP, request.stream)
         try:
-            partitions = await self._exists(caller, request.stream, request.create)
+            partitions = await self.exists(caller, request.stream, request.create)
             if partitions:  # no owner: its partitions are streams of their own
                 return pb.LookupResponse(partitions=partitions)
             info = await self.broker.lookup(request.stream)
@@ -231,7 +231,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> AsyncIterator[pb.ProduceResponse]:
         try:
             OwnedStream.check_producer(opened.producer_name, opened.access_mode or "shared")
-            _not_partitioned(opened.stream, await self._exists(caller, opened.stream))
+            _not_partitioned(opened.stream, await self.exists(caller, opened.stream))
             owned = await self.broker.own(opened.stream)
             if opened.schema_type:
                 stored = await owned.client.streams.offer_schema(
@@ -253,7 +253,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 principal=caller.principal,
             )
             try:
-                await self._still_owner(owned)
+                await self.still_owner(owned)
             except BaseException:
                 await owned.remove_producer(session)
                 raise
@@ -308,7 +308,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
             await _stop_then(tasks, end)
 
-    async def _still_owner(self, owned: OwnedStream) -> None:
+    async def still_owner(self, owned: OwnedStream) -> None:
         """Before a Ready: this broker still holds the stream's lease. (A broker that was
         stopped or cut off past its session may not have noticed that another took the
         stream over; its dedup state would tell a producer a stale last sequence id.)"""
@@ -464,7 +464,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     f"initial_position is latest or earliest: {opened.initial_position!r}"
                 )
             # (A subscription does not create its stream: as in direct mode.)
-            _not_partitioned(opened.stream, await self._exists(caller, opened.stream, False))
+            _not_partitioned(opened.stream, await self.exists(caller, opened.stream, False))
             owned = await self.broker.own(opened.stream)
             dispatcher, session = await owned.add_consumer(
                 opened.subscription,
@@ -477,7 +477,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 principal=caller.principal,
             )
             try:
-                await self._still_owner(owned)
+                await self.still_owner(owned)
             except BaseException:
                 await owned.remove_consumer(opened.subscription, dispatcher, session)
                 raise

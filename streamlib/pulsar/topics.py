@@ -34,8 +34,7 @@ def stream_of(topic: str) -> str:
         domain, _, rest = topic.partition("://")
         if domain != "persistent":
             raise InvalidTopicError(
-                f"topic {topic!r:.200}: only persistent:// topics are streams "
-                f"(not {domain}://)"
+                f"topic {topic!r:.200}: only persistent:// topics are streams (not {domain}://)"
             )
     parts = rest.split("/")
     if len(parts) == 1:

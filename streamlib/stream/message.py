@@ -190,6 +190,7 @@ class EntryMessages:
         "previous",
         "producers",
         "publish_times",
+        "pulsar",
         "raw",
         "schema",
         "sequence_ids",
@@ -226,6 +227,8 @@ class EntryMessages:
         # The entry as stored, when the reader keeps it (a broker sends it on as it is):
         # then its payloads are empty (but a chunk's piece's).
         self.raw: bytes | None = None
+        # ... and in Pulsar's format, once a broker's Pulsar consumer needed it.
+        self.pulsar: bytes | None = None
 
     def __len__(self) -> int:
         return len(self.payloads) - self.start

@@ -49,8 +49,11 @@ class LedgerCluster:
             started.append(b.start())
         return started
 
-    def start_brokers(self, count: int, extra: list[str] | None = None) -> list[BrokerProcess]:
-        """Start count brokers of the stream service (a 2 s metadata session)."""
+    def start_brokers(
+        self, count: int, extra: list[str] | None = None, pulsar: bool = False
+    ) -> list[BrokerProcess]:
+        """Start count brokers of the stream service (a 2 s metadata session); pulsar:
+        with Pulsar's binary protocol on a port of its own each (`pulsar_url`)."""
         started = []
         for _ in range(count):
             b = BrokerProcess(
@@ -59,6 +62,7 @@ class LedgerCluster:
                 name=f"broker{len(self.brokers)}",
                 extra=["--port", "0", "--session-timeout", "2", "--log-level", "INFO",
                        *(extra or [])],
+                pulsar=pulsar,
             )  # fmt: skip
             self.brokers.append(b)
             started.append(b.start(port=0))
@@ -67,6 +71,11 @@ class LedgerCluster:
     @property
     def service_url(self) -> str:
         return "streamlib://" + ",".join(b.address for b in self.brokers if b.address)
+
+    @property
+    def pulsar_url(self) -> str:
+        """The first broker's Pulsar URL (lookups there find any stream's owner)."""
+        return next(b.pulsar_url for b in self.brokers if b.pulsar_url)
 
     async def service_client(self, **options: object) -> Any:
         """A client of the stream service (every broker started so far as a seed)."""

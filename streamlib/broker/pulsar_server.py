@@ -1,0 +1,1240 @@
+"""Pulsar's binary protocol on a broker: the official Pulsar clients connect to
+`streamlib broker --pulsar-port P` unmodified, over the same core as the gRPC front end
+(streamlib/broker/server.py): ownership, deduplication, dispatch and the callers' roles.
+
+One TCP connection carries a client's producers and consumers (ids the client picks),
+as frames of BaseCommand (frames.py). What this module decides, and why:
+
+- **Entries as Pulsar stores them.** A producer's SEND is its batch; the broker checks
+  the frame's CRC32C and stores the headers-and-payload block as it came (magic and
+  checksum included), as Pulsar's broker stores it in BookKeeper. streamlib's readers
+  read that format too (entries.py), and entries streamlib's producers wrote are turned
+  into Pulsar's on their way to a Pulsar consumer (once per entry).
+- **Receipts in order, once durable**, per producer, as the gRPC front end does; a resend
+  of a sequence id already stored is answered with where it went (Pulsar's dedup). A
+  frame with a bad checksum is answered ChecksumError and stored nowhere.
+- **Backpressure by not reading**: a producer's sends wait for room in the stream's
+  writer and in the broker's publish buffer; meanwhile the connection is not read (as
+  Pulsar's broker stops reading a connection with too many pending sends).
+- **Consumers** are the dispatcher's sessions (permits count messages); a partly
+  acknowledged or key-split entry carries the indexes still to deliver as CommandMessage's
+  ack_set. A seek or an unsubscribe disconnects the subscription's consumers
+  (CloseConsumer), as Pulsar's broker does: the clients reconnect.
+- **Readers** (non-durable subscriptions) read through any broker, as the gRPC ones.
+- **Junk closes that connection only**: a frame over the cap, bytes that are no
+  BaseCommand, a command before CONNECT. A client that stops answering pings is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bookie.errors import UnauthenticatedError as BookieUnauthenticated
+from bookie.errors import UnauthorizedError as BookieUnauthorized
+from bookie.tls import peer_common_name
+from metadata.errors import InvalidNameError
+from streamlib.broker.access import HeldBytes
+from streamlib.broker.dispatcher import Handed, SubscriptionDispatcher
+from streamlib.broker.owned import OwnedStream
+from streamlib.broker.ownership import NotOwnerError
+from streamlib.broker.server import KINDS, BrokerService, _not_partitioned
+from streamlib.broker.sessions import ConsumerSession, Done, ProducerSession, StreamGone
+from streamlib.closing import to_its_end
+from streamlib.protocol.dispatch import Kind
+from streamlib.protocol.errors import (
+    BadRequestError,
+    ConsumerBusyError,
+    NoSuchStreamError,
+    ProducerBusyError,
+    ProducerFencedError,
+    StreamlibError,
+    TooLargeError,
+    TooManySessionsError,
+    UnauthorizedError,
+    is_retriable,
+)
+from streamlib.protocol.service_access import Caller, Operation
+from streamlib.pulsar import PulsarApi_pb2 as api
+from streamlib.pulsar import frames, schemas
+from streamlib.pulsar.entries import is_pulsar_entry, parse, to_pulsar
+from streamlib.pulsar.topics import stream_of, topic_of
+from streamlib.stream.batch import MessageDecodeError, decode_batch
+from streamlib.stream.message import EntryMessages
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId
+from streamlib.stream.reader import ScannerFeed, StreamScanner
+from streamlib.stream.subscription import parse_consumer_type
+
+log = logging.getLogger(__name__)
+
+Type = api.BaseCommand.Type
+SERVER_VERSION = "streamlib"
+# The newest protocol version this broker speaks (the client's, if older, is used).
+PROTOCOL_VERSION = max(api.ProtocolVersion.values())
+CONNECT_WITHIN_S = 10.0  # a connection's CONNECT comes within this, or it is closed
+KEEPALIVE_S = 30.0  # idle this long: a PING; idle twice as long: the connection ends
+MAX_SESSIONS_PER_CONNECTION = 10_000  # producers and consumers of one connection
+PENDING_SENDS = 1000  # a producer's sends not yet answered (then the connection waits)
+WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wait
+MAX_REQUESTS_IN_FLIGHT = 1000  # a connection's lookups, creations, seeks at once
+EARLIEST_ID = (-1, -1)  # pulsar-client's MessageId.earliest
+LATEST_ID = (2**63 - 1, 2**63 - 1)  # ... and MessageId.latest
+NONE_ID = (1 << 64) - 1  # -1 as a MessageIdData's uint64: no such message
+ACCESS_MODES = {
+    api.Shared: "shared",
+    api.Exclusive: "exclusive",
+    api.WaitForExclusive: "wait_for_exclusive",
+    api.ExclusiveWithFencing: "exclusive_with_fencing",
+}
+SUB_TYPES = {
+    api.CommandSubscribe.Exclusive: "exclusive",
+    api.CommandSubscribe.Shared: "shared",
+    api.CommandSubscribe.Failover: "failover",
+    api.CommandSubscribe.Key_Shared: "key_shared",
+}
+
+
+class ConnectionClosed(Exception):
+    """This connection ends (junk, a protocol violation, a dead peer)."""
+
+
+def server_error(error: BaseException) -> int:
+    """The ServerError a streamlib error is answered with (the client's retry rules
+    follow it: ServiceNotReady and TooManyRequests are tried again)."""
+    if isinstance(error, BookieUnauthenticated):
+        return api.AuthenticationError
+    if isinstance(error, UnauthorizedError | BookieUnauthorized):
+        return api.AuthorizationError
+    if isinstance(error, ConsumerBusyError):
+        return api.ConsumerBusy
+    if isinstance(error, ProducerBusyError):
+        return api.ProducerFenced if getattr(error, "exclusive", False) else api.ProducerBusy
+    if isinstance(error, ProducerFencedError):
+        return api.ProducerFenced
+    if isinstance(error, NoSuchStreamError):
+        return api.TopicNotFound
+    if isinstance(error, InvalidNameError):
+        return api.InvalidTopicName
+    if isinstance(error, schemas.IncompatibleSchemaError):
+        return api.IncompatibleSchema
+    if isinstance(error, TooManySessionsError):
+        return api.TooManyRequests
+    if isinstance(error, MessageDecodeError | BadRequestError | TooLargeError):
+        return api.NotAllowedError
+    if isinstance(error, StreamGone | NotOwnerError) or is_retriable(error):
+        return api.ServiceNotReady
+    if isinstance(error, StreamlibError):
+        return api.UnknownError
+    return api.ServiceNotReady
+
+
+def _command(kind: int, field: str, **values: Any) -> api.BaseCommand:
+    command = api.BaseCommand(type=kind)  # type: ignore[arg-type]
+    getattr(command, field).SetInParent()
+    for name, value in values.items():
+        setattr(getattr(command, field), name, value)
+    return command
+
+
+@dataclass
+class _Context:
+    """A connection's credentials, as AccessControl reads a gRPC call's."""
+
+    token: str | None
+    common_name: str | None
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [] if self.token is None else [("authorization", f"Bearer {self.token}")]
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {} if self.common_name is None else {"x509_common_name": [self.common_name.encode()]}
+
+
+class PulsarFrontEnd:
+    """The Pulsar port(s) of one broker: `core` is its gRPC front end, whose checks
+    (exists, still_owner, access, limits) both front ends share."""
+
+    def __init__(self, core: BrokerService) -> None:
+        self.core = core
+        self.broker = core.broker
+        self._servers: list[asyncio.Server] = []
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    async def bind(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen (TLS with ssl_context: the pulsar+ssl:// port); the bound port."""
+        server = await asyncio.start_server(self._serve, host, port, ssl=ssl_context, limit=1 << 16)
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        connection = Connection(self, reader, writer)
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(task)
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+
+
+class Connection:
+    """One client's connection: its frames read in order, its producers and consumers."""
+
+    def __init__(
+        self, front: PulsarFrontEnd, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.front = front
+        self.core = front.core
+        self.broker = front.broker
+        self.reader = reader
+        self.writer = writer
+        self.tls = writer.get_extra_info("ssl_object") is not None
+        self.caller: Caller | None = None
+        self.protocol_version = 0
+        self.producers: dict[int, _Producer] = {}
+        self.consumers: dict[int, _Consumer | _Reader] = {}
+        self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
+        self._requests: set[asyncio.Task[Any]] = set()
+        self._room = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
+        self._closed = False
+        self._handlers: dict[int, Callable[[api.BaseCommand, frames.Frame], Any]] = {
+            Type.PING: self._on_ping,
+            Type.PONG: lambda command, frame: None,
+            Type.LOOKUP: self._on_lookup,
+            Type.PARTITIONED_METADATA: self._on_partitioned_metadata,
+            Type.PRODUCER: self._on_producer,
+            Type.SEND: self._on_send,
+            Type.CLOSE_PRODUCER: self._on_close_producer,
+            Type.SUBSCRIBE: self._on_subscribe,
+            Type.FLOW: self._on_flow,
+            Type.ACK: self._on_ack,
+            Type.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._on_redeliver,
+            Type.CLOSE_CONSUMER: self._on_close_consumer,
+            Type.UNSUBSCRIBE: self._on_unsubscribe,
+            Type.SEEK: self._on_seek,
+            Type.GET_LAST_MESSAGE_ID: self._on_last_message_id,
+            Type.CONSUMER_STATS: self._on_consumer_stats,
+            Type.GET_TOPICS_OF_NAMESPACE: self._on_topics_of_namespace,
+            Type.GET_SCHEMA: self._on_get_schema,
+            Type.GET_OR_CREATE_SCHEMA: self._on_get_or_create_schema,
+        }
+
+    # -- the connection -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._read_all()
+        except (ConnectionClosed, frames.FrameError) as error:
+            log.info("pulsar connection %s closed: %s", self._peer(), error)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            await to_its_end(self._close_all(), "closing a Pulsar connection")
+
+    def _peer(self) -> str:
+        return str(self.writer.get_extra_info("peername"))
+
+    async def _read_all(self) -> None:
+        decoder = frames.FrameDecoder()
+        idle = 0
+        while True:
+            timeout = CONNECT_WITHIN_S if self.caller is None else KEEPALIVE_S
+            try:
+                data = await asyncio.wait_for(self.reader.read(1 << 16), timeout)
+            except builtins.TimeoutError:
+                if self.caller is None:
+                    raise ConnectionClosed("no CONNECT in time") from None
+                idle += 1
+                if idle > 1:
+                    raise ConnectionClosed("the client answers no ping") from None
+                self._write(_command(Type.PING, "ping"))
+                continue
+            if not data:
+                return
+            idle = 0
+            try:
+                decoded = decoder.feed(data)
+            except frames.FrameError as error:  # (what came whole before the junk counts)
+                for frame in error.frames or ():
+                    await self._handle(frame)
+                raise
+            for frame in decoded:
+                await self._handle(frame)
+
+    async def _handle(self, frame: frames.Frame) -> None:
+        command = frame.command
+        if self.caller is None:
+            if command.type != Type.CONNECT:
+                raise ConnectionClosed(f"{Type.Name(command.type)} before CONNECT")
+            self._connect(command.connect)
+            return
+        handler = self._handlers.get(command.type)
+        if handler is None:
+            raise ConnectionClosed(f"{Type.Name(command.type)} is not served here")
+        result = handler(command, frame)
+        if asyncio.iscoroutine(result):
+            await result
+
+    def _connect(self, connect: Any) -> None:
+        token = None
+        if connect.auth_method_name == "token" or connect.auth_method == api.AuthMethodNone:
+            token = connect.auth_data.decode(errors="replace") if connect.auth_data else None
+        context = _Context(token, peer_common_name(self.writer))
+        try:
+            self.caller = self.core.access.caller(context)
+        except BookieUnauthenticated as error:
+            self._write(_command(Type.ERROR, "error", request_id=0,
+                                 error=api.AuthenticationError, message=str(error)))  # fmt: skip
+            raise ConnectionClosed(f"unauthenticated: {error}") from None
+        self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION)
+        self._write(
+            _command(
+                Type.CONNECTED,
+                "connected",
+                server_version=SERVER_VERSION,
+                protocol_version=self.protocol_version,
+                max_message_size=frames.MAX_MESSAGE_SIZE,
+            )
+        )
+
+    def _write(self, command: api.BaseCommand, payload: bytes | None = None) -> None:
+        if self._closed:
+            return
+        if payload is None:
+            self.writer.write(frames.encode_command(command))
+        else:
+            self.writer.write(frames.encode_with_headers(command, payload))
+
+    async def _drained(self) -> None:
+        """Wait while the client has not read what was written to it."""
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() > WRITE_HIGH_WATER and not self._closed:
+            await self.writer.drain()
+
+    def _spawn(self, coro: Any) -> None:
+        """A request answered in a task of its own (the next frames are read meanwhile)."""
+
+        async def run() -> None:
+            async with self._room:
+                await coro
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    def _error(self, request_id: int, error: BaseException) -> None:
+        self._write(_command(Type.ERROR, "error", request_id=request_id,
+                             error=server_error(error), message=str(error) or type(error).__name__))  # fmt: skip
+
+    def _success(self, request_id: int) -> None:
+        self._write(_command(Type.SUCCESS, "success", request_id=request_id))
+
+    async def _close_all(self) -> None:
+        self._closed = True
+        for task in list(self._requests):
+            task.cancel()
+        await asyncio.gather(*self._requests, return_exceptions=True)
+        for producer in list(self.producers.values()):
+            await producer.close()
+        for consumer in list(self.consumers.values()):
+            await consumer.close()
+        self.producers.clear()
+        self.consumers.clear()
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+    def _check(self, operation: Operation, stream: str, subscription: str | None = None) -> None:
+        assert self.caller is not None
+        self.core.access.check(self.caller, operation, stream, subscription)
+
+    def _take_session(self, key: tuple[str, int]) -> None:
+        """Count a producer or consumer (("producer" or "consumer", its id)) against the
+        caller's and the connection's limits (give it back with _give_back_session)."""
+        kind, some_id = key
+        known = self.producers if kind == "producer" else self.consumers
+        if key in self._opening or some_id in known:
+            raise BadRequestError(f"{kind} id {some_id} is in use on this connection")
+        if len(self.producers) + len(self.consumers) + len(self._opening) >= (
+            MAX_SESSIONS_PER_CONNECTION
+        ):
+            raise TooManySessionsError(
+                f"at most {MAX_SESSIONS_PER_CONNECTION} producers and consumers a connection"
+            )
+        assert self.caller is not None
+        self.core.limits.take(self.caller)
+
+    def _give_back_session(self) -> None:
+        assert self.caller is not None
+        self.core.limits.give_back(self.caller)
+
+    # -- connection-level requests ------------------------------------------------------
+
+    def _on_ping(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._write(_command(Type.PONG, "pong"))
+
+    def _on_lookup(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._lookup(command.lookupTopic))
+
+    async def _lookup(self, lookup: Any) -> None:
+        answer = _command(Type.LOOKUP_RESPONSE, "lookupTopicResponse", request_id=lookup.request_id)
+        response = answer.lookupTopicResponse
+        try:
+            stream = stream_of(lookup.topic)
+            self._check(Operation.LOOKUP, stream)
+            try:
+                partitions = await self.core.exists(self._caller(), stream, create=False)
+            except NoSuchStreamError:
+                partitions = -1  # (a producer or consumer of it creates it: here)
+            owner = self.broker.info if partitions else await self.broker.lookup(stream)
+            url = owner.pulsar_url_tls if self.tls else owner.pulsar_url
+            if not url:
+                raise StreamGone(
+                    f"the broker that owns {stream!r} ({owner.broker_id}) serves no Pulsar "
+                    f"{'TLS ' if self.tls else ''}port"
+                )
+            response.response = api.CommandLookupTopicResponse.Connect
+            response.brokerServiceUrl = owner.pulsar_url or url
+            response.brokerServiceUrlTls = owner.pulsar_url_tls
+            response.authoritative = True
+        except Exception as error:
+            response.response = api.CommandLookupTopicResponse.Failed
+            response.error = server_error(error)  # type: ignore[assignment]
+            response.message = str(error)
+        self._write(answer)
+
+    def _caller(self) -> Caller:
+        assert self.caller is not None
+        return self.caller
+
+    def _on_partitioned_metadata(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._partitioned_metadata(command.partitionMetadata))
+
+    async def _partitioned_metadata(self, request: Any) -> None:
+        answer = _command(Type.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.partitionMetadataResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.LOOKUP, stream)
+            try:
+                response.partitions = await self.core.exists(self._caller(), stream, create=False)
+            except NoSuchStreamError:
+                response.partitions = 0  # (not partitioned: its producer creates it)
+            response.response = api.CommandPartitionedTopicMetadataResponse.Success
+        except Exception as error:
+            response.response = api.CommandPartitionedTopicMetadataResponse.Failed
+            response.error = server_error(error)  # type: ignore[assignment]
+            response.message = str(error)
+        self._write(answer)
+
+    def _on_topics_of_namespace(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._topics_of_namespace(command.getTopicsOfNamespace))
+
+    async def _topics_of_namespace(self, request: Any) -> None:
+        try:
+            self._check(Operation.LOOKUP, "")
+            namespace = request.namespace
+            names = [topic_of(s) for s in await self.broker.client.streams.list()]
+            prefix = f"persistent://{namespace}/"
+            answer = _command(Type.GET_TOPICS_OF_NAMESPACE_RESPONSE,
+                              "getTopicsOfNamespaceResponse", request_id=request.request_id)  # fmt: skip
+            answer.getTopicsOfNamespaceResponse.topics.extend(
+                n for n in names if n.startswith(prefix)
+            )
+            self._write(answer)
+        except Exception as error:
+            self._error(request.request_id, error)
+
+    def _on_get_schema(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._get_schema(command.getSchema))
+
+    async def _get_schema(self, request: Any) -> None:
+        answer = _command(Type.GET_SCHEMA_RESPONSE, "getSchemaResponse",
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.getSchemaResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.READ, stream)
+            found = await schemas.kept(self.broker.client.streams, stream)
+            if found is None:
+                response.error_code = api.TopicNotFound
+                response.error_message = f"stream {stream!r} keeps no Pulsar schema"
+            else:
+                response.schema.CopyFrom(found)
+                response.schema_version = schemas.VERSION
+        except Exception as error:
+            response.error_code = server_error(error)  # type: ignore[assignment]
+            response.error_message = str(error)
+        self._write(answer)
+
+    def _on_get_or_create_schema(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._get_or_create_schema(command.getOrCreateSchema))
+
+    async def _get_or_create_schema(self, request: Any) -> None:
+        answer = _command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, "getOrCreateSchemaResponse",
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.getOrCreateSchemaResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.PRODUCE, stream)
+            response.schema_version = await schemas.offer(
+                self.broker.client.streams, stream, request.schema
+            )
+        except Exception as error:
+            response.error_code = server_error(error)  # type: ignore[assignment]
+            response.error_message = str(error)
+        self._write(answer)
+
+    # -- producers ----------------------------------------------------------------------
+
+    def _on_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.producer
+        try:
+            self._take_session(("producer", request.producer_id))
+        except Exception as error:
+            self._error(request.request_id, error)
+            return
+        self._opening.add(("producer", request.producer_id))
+        self._spawn(self._open_producer(request))
+
+    async def _open_producer(self, request: Any) -> None:
+        producer_id = request.producer_id
+        session: ProducerSession | None = None
+        owned = None
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.PRODUCE, stream)
+            access_mode = ACCESS_MODES.get(request.producer_access_mode, "")
+            name = request.producer_name if request.HasField("producer_name") else ""
+            OwnedStream.check_producer(name, access_mode)
+            _not_partitioned(stream, await self.core.exists(self._caller(), stream))
+            owned = await self.broker.own(stream)
+            version = b""
+            if request.HasField("schema") and not schemas.is_bytes(request.schema):
+                version = await schemas.offer(self.broker.client.streams, stream, request.schema)
+            await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
+            if access_mode == "wait_for_exclusive" and owned.producers:
+                # (Pulsar's answer while it waits: created, not ready.)
+                self._write(_command(Type.PRODUCER_SUCCESS, "producer_success",
+                                     request_id=request.request_id, producer_name=name,
+                                     last_sequence_id=-1, producer_ready=False))  # fmt: skip
+            # A name the broker gave before (not the user's): the same producer again,
+            # after its connection broke.
+            resume = bool(name) and not request.user_provided_producer_name
+            session = await owned.add_producer(
+                name, access_mode, resume=resume, principal=self._caller().principal
+            )
+            try:
+                await self.core.still_owner(owned)
+            except BaseException:
+                await owned.remove_producer(session)
+                raise
+        except BaseException as error:
+            self._opening.discard(("producer", producer_id))
+            self._give_back_session()
+            if isinstance(error, Exception):
+                self._error(request.request_id, error)
+            raise_if_cancelled(error)
+            return
+        self._opening.discard(("producer", producer_id))
+        producer = _Producer(self, producer_id, owned, session)
+        if self._closed:
+            await producer.close()
+            return
+        self.producers[producer_id] = producer
+        self._write(
+            _command(
+                Type.PRODUCER_SUCCESS,
+                "producer_success",
+                request_id=request.request_id,
+                producer_name=session.name,
+                last_sequence_id=owned.dedup.last(session.name),
+                producer_ready=True,
+                schema_version=version,
+            )
+        )
+        producer.start()
+
+    async def _on_send(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        send = command.send
+        producer = self.producers.get(send.producer_id)
+        if producer is None:
+            self._write(_command(Type.SEND_ERROR, "send_error", producer_id=send.producer_id,
+                                 sequence_id=send.sequence_id, error=api.NotAllowedError,
+                                 message="no such producer on this connection"))  # fmt: skip
+            return
+        await producer.send(send, frame)
+
+    def _on_close_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.close_producer
+        producer = self.producers.pop(request.producer_id, None)
+
+        async def close() -> None:
+            if producer is not None:
+                await producer.close()
+            self._success(request.request_id)
+
+        self._spawn(close())
+
+    # -- consumers ----------------------------------------------------------------------
+
+    def _on_subscribe(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.subscribe
+        try:
+            self._take_session(("consumer", request.consumer_id))
+        except Exception as error:
+            self._error(request.request_id, error)
+            return
+        self._opening.add(("consumer", request.consumer_id))
+        self._spawn(self._subscribe(request))
+
+    async def _subscribe(self, request: Any) -> None:
+        consumer_id = request.consumer_id
+        try:
+            stream = stream_of(request.topic)
+            if request.durable:
+                consumer: _Consumer | _Reader = await self._durable(stream, request)
+            else:
+                consumer = await self._non_durable(stream, request)
+        except BaseException as error:
+            self._opening.discard(("consumer", consumer_id))
+            self._give_back_session()
+            if isinstance(error, Exception):
+                self._error(request.request_id, error)
+            raise_if_cancelled(error)
+            return
+        self._opening.discard(("consumer", consumer_id))
+        if self._closed:
+            await consumer.close()
+            return
+        self.consumers[consumer_id] = consumer
+        self._success(request.request_id)
+        consumer.start()
+
+    async def _durable(self, stream: str, request: Any) -> _Consumer:
+        subscription = request.subscription
+        self._check(Operation.CONSUME, stream, subscription)
+        kind = KINDS[parse_consumer_type(SUB_TYPES[request.subType], service=True).value]
+        # (Pulsar's clients subscribe before anything is produced: the topic is made,
+        # where the cluster and the caller's roles allow it.)
+        _not_partitioned(stream, await self.core.exists(self._caller(), stream))
+        owned = await self.broker.own(stream)
+        initial = (
+            "earliest" if request.initialPosition == api.CommandSubscribe.Earliest else "latest"
+        )
+        dispatcher, session = await owned.add_consumer(
+            subscription,
+            kind,
+            request.consumer_name,
+            initial,
+            0,  # (the client waits its own negative-ack delay, then asks)
+            100,
+            principal=self._caller().principal,
+        )
+        try:
+            await self.core.still_owner(owned)
+        except BaseException:
+            await owned.remove_consumer(subscription, dispatcher, session)
+            raise
+        return _Consumer(self, request.consumer_id, owned, subscription, dispatcher, session,
+                         request.consumer_epoch)  # fmt: skip
+
+    async def _non_durable(self, stream: str, request: Any) -> _Reader:
+        self._check(Operation.READ, stream)
+        start: MessageId | str
+        inclusive = False
+        if request.HasField("start_message_id"):
+            wanted = request.start_message_id
+            ledger_id, entry_id = where = _position(wanted)
+            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
+                start = EARLIEST
+            elif where == LATEST_ID:
+                start = LATEST
+            else:
+                # From that entry, whole, as Pulsar's broker starts a non-durable cursor:
+                # the client drops what comes before its start (or at it, when not
+                # inclusive).
+                start, inclusive = MessageId(ledger_id, entry_id, 0), True
+        else:
+            start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
+        reader = await self.broker.client.create_reader(
+            stream, start, start_message_id_inclusive=inclusive
+        )
+        return _Reader(self, request.consumer_id, reader)
+
+    def _consumer(self, consumer_id: int) -> _Consumer | _Reader | None:
+        return self.consumers.get(consumer_id)
+
+    def _on_flow(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        flow = command.flow
+        consumer = self._consumer(flow.consumer_id)
+        if consumer is not None:
+            consumer.flow(flow.messagePermits)
+
+    def _on_ack(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        ack = command.ack
+        consumer = self._consumer(ack.consumer_id)
+        if isinstance(consumer, _Consumer):
+            consumer.ack(ack)
+        if ack.HasField("request_id"):
+            self._write(_command(Type.ACK_RESPONSE, "ackResponse",
+                                 consumer_id=ack.consumer_id, request_id=ack.request_id))  # fmt: skip
+
+    def _on_redeliver(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.redeliverUnacknowledgedMessages
+        consumer = self._consumer(request.consumer_id)
+        if isinstance(consumer, _Consumer):
+            consumer.redeliver(request)
+
+    def _on_close_consumer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.close_consumer
+        consumer = self.consumers.pop(request.consumer_id, None)
+
+        async def close() -> None:
+            if consumer is not None:
+                await consumer.close()
+            self._success(request.request_id)
+
+        self._spawn(close())
+
+    def _on_unsubscribe(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.unsubscribe
+        consumer = self._consumer(request.consumer_id)
+        if not isinstance(consumer, _Consumer):
+            self._error(request.request_id, BadRequestError("no such durable consumer"))
+            return
+        try:
+            self._check(Operation.MANAGE_SUBSCRIPTION, consumer.owned.stream, consumer.subscription)
+        except Exception as error:
+            self._error(request.request_id, error)
+            return
+        consumer.asked["unsubscribe"] = request.request_id
+        self._spawn(consumer.owned.unsubscribe(consumer.subscription, consumer.dispatcher,
+                                               consumer.session.cid))  # fmt: skip
+
+    def _on_seek(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.seek
+        consumer = self._consumer(request.consumer_id)
+        if consumer is None:
+            self._error(request.request_id, BadRequestError("no such consumer"))
+            return
+        target: MessageId | int
+        if request.HasField("message_publish_time"):
+            target = int(request.message_publish_time)
+        elif request.HasField("message_id"):
+            ledger_id, entry_id = where = _position(request.message_id)
+            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
+                target = EARLIEST
+            elif where == LATEST_ID:
+                target = LATEST
+            else:
+                # That message comes next (Pulsar resets the cursor to it; a batch's
+                # earlier messages are dropped by the client).
+                target = MessageId(ledger_id, entry_id, 0)
+        else:
+            self._error(request.request_id, BadRequestError("a seek names a message or a time"))
+            return
+        if isinstance(consumer, _Reader):
+            # A reader starts again there: it is closed (its client reconnects from the
+            # position it sought), then answered, in this order, as by Pulsar's broker.
+            consumer.end()
+            self._success(request.request_id)
+            return
+        try:
+            self._check(Operation.MANAGE_SUBSCRIPTION, consumer.owned.stream, consumer.subscription)
+        except Exception as error:
+            self._error(request.request_id, error)
+            return
+        consumer.asked["seek"] = request.request_id
+        self._spawn(consumer.owned.seek(consumer.subscription, consumer.dispatcher,
+                                        consumer.session.cid, target))  # fmt: skip
+
+    def _on_last_message_id(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.getLastMessageId
+        consumer = self._consumer(request.consumer_id)
+        if consumer is None:
+            self._error(request.request_id, BadRequestError("no such consumer"))
+            return
+        self._spawn(self._last_message_id(request, consumer.stream))
+
+    async def _last_message_id(self, request: Any, stream: str) -> None:
+        client = self.broker.client
+        scanner = StreamScanner(client.ledgers, client.streams.registry, stream, EARLIEST)
+        try:
+            last = await scanner.last_entry()
+            index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
+        except Exception as error:
+            self._error(request.request_id, error)
+            return
+        answer = _command(Type.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse",
+                          request_id=request.request_id)  # fmt: skip
+        found = answer.getLastMessageIdResponse.last_message_id
+        if last is None:
+            found.ledgerId, found.entryId = NONE_ID, NONE_ID
+        else:
+            found.ledgerId, found.entryId = last[0], last[1]
+            found.batch_index = index
+        self._write(answer)
+
+    def _on_consumer_stats(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        request = command.consumerStats
+        consumer = self._consumer(request.consumer_id)
+        answer = _command(Type.CONSUMER_STATS_RESPONSE, "consumerStatsResponse",
+                          request_id=request.request_id)  # fmt: skip
+        stats = answer.consumerStatsResponse
+        if consumer is None:
+            stats.error_code = api.ConsumerNotFound
+            stats.error_message = "no such consumer"
+        else:
+            stats.consumerName = consumer.name
+            stats.type = consumer.type_name
+        self._write(answer)
+
+
+def _failing_ends(task: asyncio.Task[Any], end: Callable[[], None], what: str) -> None:
+    """A producer's or consumer's task that fails (a read no bookie serves, ...) ends it:
+    its client is told, and reconnects."""
+
+    def ended(done: asyncio.Task[Any]) -> None:
+        if done.cancelled() or done.exception() is None:
+            return
+        log.warning("pulsar %s failed: %r", what, done.exception())
+        end()
+
+    task.add_done_callback(ended)
+
+
+def raise_if_cancelled(error: BaseException) -> None:
+    if not isinstance(error, Exception):
+        raise error
+
+
+class _Producer:
+    """A Pulsar producer: its sends appended in order, answered in order once durable."""
+
+    def __init__(self, connection: Connection, producer_id: int, owned: Any,
+                 session: ProducerSession) -> None:  # fmt: skip
+        self.connection = connection
+        self.producer_id = producer_id
+        self.owned = owned
+        self.session = session
+        self.held = HeldBytes(connection.broker.publish_buffer)
+        self._pending: asyncio.Queue[tuple[int, int, Any, int] | None] = asyncio.Queue(
+            PENDING_SENDS
+        )
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._ended = False
+        self._closed = False
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._settle()), loop.create_task(self._fenced())]
+        for task in self._tasks:
+            _failing_ends(task, self._end, f"producer {self.session.name}")
+
+    async def send(self, send: Any, frame: frames.Frame) -> None:
+        sequence_id = send.sequence_id
+        messages = max(1, send.num_messages)
+        # A batch's last sequence id: as the client states it, else the run's end.
+        highest = (
+            send.highest_sequence_id
+            if send.highest_sequence_id > sequence_id
+            else sequence_id + (0 if send.is_chunk else messages - 1)
+        )
+        if self._ended:
+            return
+        block = frame.payload
+        if block is None:
+            await self._pending.put((sequence_id, highest,
+                                     BadRequestError("a SEND carries a message"), 0))  # fmt: skip
+            return
+        try:
+            checked = frame.checksum_ok()
+            if checked is None:  # (an old client's frame: stored with its checksum added)
+                block = frames.headers_and_payload(frame.metadata(), frame.payload_body())
+            elif frame.broker_entry_metadata() is not None:
+                raise frames.PayloadError("a SEND carries no broker entry metadata")
+        except frames.PayloadError as error:
+            await self._pending.put((sequence_id, highest, error, 0))
+            return
+        if checked is False:
+            await self._pending.put((sequence_id, highest, _ChecksumError(), 0))
+            return
+        size = len(block)
+        await self.held.take(size)
+        outcome: Any
+        try:
+            await self.owned.room()
+            entry = _EntrySend(block, sequence_id, highest, messages)
+            outcome = self.owned.publish(self.session, entry)
+        except (BadRequestError, TooLargeError, MessageDecodeError) as error:
+            outcome = error
+        except Exception as error:  # (gone, fenced: the producer is closed, it reconnects)
+            outcome = StreamGone(str(error))
+        await self._pending.put((sequence_id, highest, outcome, size))
+
+    async def _settle(self) -> None:
+        connection = self.connection
+        while (taken := await self._pending.get()) is not None:
+            sequence_id, highest, outcome, size = taken
+            if isinstance(outcome, asyncio.Future):
+                try:
+                    outcome = await outcome
+                except Exception as failed:
+                    outcome = StreamGone(f"the stream's writer failed: {failed}")
+            self.held.give_back(size)
+            if isinstance(outcome, StreamGone):
+                self._end()
+                return
+            if isinstance(outcome, BaseException):
+                code = (
+                    api.ChecksumError
+                    if isinstance(outcome, _ChecksumError)
+                    else server_error(outcome)
+                )
+                connection._write(_command(Type.SEND_ERROR, "send_error",
+                                           producer_id=self.producer_id, sequence_id=sequence_id,
+                                           error=code, message=str(outcome)))  # fmt: skip
+                continue
+            receipt = _command(Type.SEND_RECEIPT, "send_receipt", producer_id=self.producer_id,
+                               sequence_id=sequence_id, highest_sequence_id=highest)  # fmt: skip
+            where = receipt.send_receipt.message_id
+            if outcome == EARLIEST:  # (a duplicate too old to know where it went)
+                where.ledgerId, where.entryId = NONE_ID, NONE_ID
+            else:
+                where.ledgerId, where.entryId = outcome.ledger_id, outcome.entry_id
+            connection._write(receipt)
+
+    async def _fenced(self) -> None:
+        await self.session.fenced.wait()
+        self._end()
+
+    def _end(self) -> None:
+        """The broker ends this producer (the stream moved, or another fenced it): the
+        client is told (CloseProducer), and reconnects."""
+        if self._ended:
+            return
+        self._ended = True
+        connection = self.connection
+        if connection.producers.get(self.producer_id) is self:
+            del connection.producers[self.producer_id]
+            connection._write(_command(Type.CLOSE_PRODUCER, "close_producer",
+                                       producer_id=self.producer_id, request_id=0))  # fmt: skip
+        asyncio.get_running_loop().create_task(self.close())
+
+    async def close(self) -> None:
+        """Stop: its session leaves the stream, and its limits are given back (once)."""
+        self._ended = True
+        if self._closed:
+            return
+        self._closed = True
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+
+        async def run() -> None:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.held.give_back_all()
+            await self.owned.remove_producer(self.session)
+            self.connection._give_back_session()
+
+        await asyncio.shield(to_its_end(run(), "closing a Pulsar producer"))
+
+
+class _ChecksumError(Exception):
+    def __str__(self) -> str:
+        return "the frame's checksum does not match its contents: nothing was stored"
+
+
+@dataclass
+class _EntrySend:
+    """One SEND as the broker core takes an entry (streamlib/broker/owned.py)."""
+
+    entry: bytes
+    first_sequence_id: int
+    last_sequence_id: int
+    messages: int
+
+
+class _Consumer:
+    """A durable subscription's Pulsar consumer: a session of its dispatcher."""
+
+    type_name = "consumer"
+
+    def __init__(self, connection: Connection, consumer_id: int, owned: Any, subscription: str,
+                 dispatcher: SubscriptionDispatcher, session: ConsumerSession,
+                 epoch: int) -> None:  # fmt: skip
+        self.connection = connection
+        self.consumer_id = consumer_id
+        self.owned = owned
+        self.stream = owned.stream
+        self.subscription = subscription
+        self.dispatcher = dispatcher
+        self.session = session
+        self.name = session.name
+        self.epoch = epoch
+        self.asked: dict[str, int] = {}  # seek / unsubscribe: their request ids
+        self._task: asyncio.Task[Any] | None = None
+        self._ended = False
+        self._closed = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._deliver())
+        _failing_ends(self._task, self._end, f"consumer {self.name} of {self.subscription}")
+
+    def flow(self, permits: int) -> None:
+        self.dispatcher.flow(self.session.cid, min(max(permits, 0), 1_000_000))
+
+    def ack(self, ack: Any) -> None:
+        cid = self.session.cid
+        if ack.ack_type == api.CommandAck.Cumulative:
+            for one in ack.message_id[-1:]:
+                if one.ack_set:  # (batch-index ack: those before the first unset one)
+                    acked = _unset_bits(one.ack_set, one.batch_size or 0)
+                    index = max(acked) if acked else -1
+                elif one.HasField("batch_index") and one.batch_index >= 0:
+                    index = one.batch_index
+                else:
+                    index = 2**31  # the whole entry
+                if index >= 0:
+                    self.dispatcher.ack_cumulative(cid, MessageId(one.ledgerId, one.entryId, index))
+                elif one.entryId > 0:
+                    self.dispatcher.ack_cumulative(
+                        cid, MessageId(one.ledgerId, one.entryId - 1, 2**31)
+                    )
+            return
+        self.dispatcher.ack(cid, [_acked(one) for one in ack.message_id])
+
+    def redeliver(self, request: Any) -> None:
+        if request.HasField("consumer_epoch"):
+            self.epoch = max(self.epoch, request.consumer_epoch)
+        entries = [(one.ledgerId, one.entryId, None) for one in request.message_ids] or None
+        self.dispatcher.redeliver_now(self.session.cid, entries)
+
+    async def _deliver(self) -> None:
+        """Hand the client what the dispatcher hands this consumer; answer its seek and
+        unsubscribe; close it when the broker ends the session."""
+        connection = self.connection
+        kind = self.session.kind
+        active = None
+        while True:
+            item = await self.session.outbox.get()
+            if isinstance(item, Done):
+                request_id = self.asked.pop(item.what, None)
+                if request_id is None:
+                    continue
+                if item.error is not None:
+                    connection._error(request_id, item.error)
+                    continue
+                # Done: this consumer is closed first (its client reconnects, from the
+                # position it sought), then answered -- in this order, as by Pulsar's
+                # broker: the client takes a seek answered while it reconnects as its
+                # new start.
+                self._end()
+                connection._success(request_id)
+                return
+            if isinstance(item, BaseException):
+                self._end()
+                return
+            if kind is Kind.FAILOVER and self.session.active != active:
+                active = self.session.active
+                connection._write(_command(Type.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
+                                           consumer_id=self.consumer_id, is_active=active))  # fmt: skip
+            for handed in item:
+                connection._write(*message_frame(self.consumer_id, handed, self.epoch))
+            await connection._drained()
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        connection = self.connection
+        if connection.consumers.get(self.consumer_id) is self:
+            del connection.consumers[self.consumer_id]
+            connection._write(_command(Type.CLOSE_CONSUMER, "close_consumer",
+                                       consumer_id=self.consumer_id, request_id=0))  # fmt: skip
+        asyncio.get_running_loop().create_task(self.close())
+
+    async def close(self) -> None:
+        """Stop: its session leaves the dispatcher, and its limits are given back (once)."""
+        self._ended = True
+        if self._closed:
+            return
+        self._closed = True
+        task, self._task = self._task, None
+        current = asyncio.current_task()
+
+        async def run() -> None:
+            if task is not None and task is not current:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await self.owned.remove_consumer(self.subscription, self.dispatcher, self.session)
+            self.connection._give_back_session()
+
+        await asyncio.shield(to_its_end(run(), "closing a Pulsar consumer"))
+
+
+class _Reader:
+    """A non-durable subscription (pulsar-client's Reader): entries whole, as stored,
+    while the client's permits last."""
+
+    type_name = "reader"
+
+    def __init__(self, connection: Connection, consumer_id: int, reader: Any) -> None:
+        self.connection = connection
+        self.consumer_id = consumer_id
+        self.reader = reader
+        self.stream = reader.stream
+        self.name = f"reader-{consumer_id}"
+        self.permits = 0
+        self._given = asyncio.Event()
+        self._task: asyncio.Task[Any] | None = None
+        self._ended = False
+        self._closed = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._deliver())
+        _failing_ends(self._task, self.end, f"reader of {self.stream}")
+
+    def flow(self, permits: int) -> None:
+        self.permits = min(self.permits + max(permits, 0), 1_000_000)
+        self._given.set()
+
+    async def _deliver(self) -> None:
+        feed = self.reader._feed
+        assert isinstance(feed, ScannerFeed)
+        feed.keep_entries()
+        connection = self.connection
+        while True:
+            if self.permits <= 0:
+                self._given.clear()
+                await self._given.wait()
+                continue
+            entry = await feed.take_entry(None)
+            while True:
+                indexes = list(range(entry.start, len(entry.payloads)))
+                connection._write(*message_frame(self.consumer_id, Handed(entry, indexes), 0))
+                self.permits -= len(indexes)
+                if self.permits <= 0 or (entry := feed.take_entry_nowait()) is None:  # type: ignore[assignment]
+                    break
+            await connection._drained()
+
+    def end(self) -> None:
+        """Reconnect the client (after a seek: it subscribes again from there)."""
+        if self._ended:
+            return
+        self._ended = True
+        connection = self.connection
+        if connection.consumers.get(self.consumer_id) is self:
+            del connection.consumers[self.consumer_id]
+            connection._write(_command(Type.CLOSE_CONSUMER, "close_consumer",
+                                       consumer_id=self.consumer_id, request_id=0))  # fmt: skip
+        asyncio.get_running_loop().create_task(self.close())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        task, self._task = self._task, None
+        current = asyncio.current_task()
+
+        async def run() -> None:
+            if task is not None and task is not current:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await self.reader.close()
+            self.connection._give_back_session()
+
+        await asyncio.shield(to_its_end(run(), "closing a Pulsar reader"))
+
+
+def message_frame(consumer_id: int, handed: Handed, epoch: int) -> tuple[api.BaseCommand, bytes]:
+    """A MESSAGE of one entry as Pulsar's clients read it: the entry in Pulsar's format
+    (made once per entry), and -- when only some of its messages are this consumer's --
+    those as ack_set (the bits of the indexes to deliver)."""
+    entry = handed.entry
+    block = pulsar_block(entry)
+    command = _command(Type.MESSAGE, "message", consumer_id=consumer_id,
+                       redelivery_count=handed.redeliveries, consumer_epoch=epoch)  # fmt: skip
+    message = command.message
+    message.message_id.ledgerId = entry.ledger_id
+    message.message_id.entryId = entry.entry_id
+    if not handed.whole:
+        message.ack_set.extend(_bits(handed.indexes))
+    return command, block
+
+
+def last_index(entry: bytes, where: str) -> int:
+    """The batch index of an entry's last message as Pulsar's clients number it: -1 for
+    a Pulsar producer's lone message (not batched), else the batch's last."""
+    if is_pulsar_entry(entry):
+        metadata, _ = parse(entry, where, verify=False)
+        if not metadata.HasField("num_messages_in_batch"):
+            return -1
+        return max(metadata.num_messages_in_batch - 1, 0)
+    return max(len(decode_batch(entry, where, payloads=False).payloads) - 1, 0)
+
+
+def pulsar_block(entry: EntryMessages) -> bytes:
+    """The entry's headers and payload in Pulsar's format, made once and kept with it."""
+    cached = entry.pulsar
+    if cached is None:
+        cached = entry.pulsar = to_pulsar(
+            entry.stored(), f"entry {entry.ledger_id}:{entry.entry_id}"
+        )
+    return cached
+
+
+def _position(message_id: Any) -> tuple[int, int]:
+    """A MessageIdData's ledger and entry, signed (uint64 on the wire: pulsar-client's
+    MessageId.earliest is -1, -1)."""
+    return _signed(message_id.ledgerId), _signed(message_id.entryId)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _bits(indexes: list[int]) -> list[int]:
+    """Indexes as a java.util.BitSet's words (signed 64-bit, little end first)."""
+    words = [0] * (max(indexes) // 64 + 1)
+    for i in indexes:
+        words[i // 64] |= 1 << (i % 64)
+    return [w - (1 << 64) if w >= 1 << 63 else w for w in words]
+
+
+def _unset_bits(words: Any, size: int) -> list[int]:
+    """The indexes below size whose bit is clear (acknowledged, in an ack's ack_set)."""
+    out = []
+    for i in range(size or len(words) * 64):
+        word = words[i // 64] if i // 64 < len(words) else 0
+        if not (word >> (i % 64)) & 1:
+            out.append(i)
+    return out
+
+
+def _acked(one: Any) -> tuple[int, int, list[int] | None]:
+    """An individual ack: an entry's messages (None: all of them)."""
+    if one.ack_set:
+        return one.ledgerId, one.entryId, _unset_bits(one.ack_set, one.batch_size)
+    if one.HasField("batch_index") and one.batch_index >= 0:
+        return one.ledgerId, one.entryId, [one.batch_index]
+    return one.ledgerId, one.entryId, None
