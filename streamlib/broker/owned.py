@@ -36,7 +36,7 @@ from streamlib.protocol.errors import (
 )
 from streamlib.pulsar import entries as pulsar_entries
 from streamlib.pulsar.entries import is_pulsar_entry
-from streamlib.stream.batch import DecodedBatch, decode_batch
+from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, DecodedBatch, decode_batch
 from streamlib.stream.positions import MessageId
 from streamlib.stream.producer import (
     ACCESS_MODES,
@@ -297,9 +297,10 @@ class OwnedStream:
             )
         # (A producer never builds more: a compressed entry claiming more is a bomb. The
         # payloads are not needed: the entry is stored as it came.)
-        if is_pulsar_entry(send.entry):  # (a Pulsar producer's: checked whole, checksum too)
+        pulsar = is_pulsar_entry(send.entry)
+        if pulsar:  # (a Pulsar producer's: checked whole; its front end checked its CRC)
             decoded = pulsar_entries.check(
-                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20)
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), verify=False
             )
         else:
             decoded = decode_batch(
@@ -308,7 +309,15 @@ class OwnedStream:
         ids, names = decoded.sequence_ids, decoded.producers
         count = len(decoded.payloads)
         chunk = decoded.chunk
-        if chunk is not None and not (
+        if pulsar and chunk is not None:
+            # (A Pulsar client cuts its pieces as large as its broker allows, or smaller:
+            # what bounds them is the whole's size, which a reader puts together.)
+            if not chunk.count <= max(1, chunk.total_size) <= MAX_CHUNKED_MESSAGE_BYTES:
+                raise BadRequestError(
+                    f"a chunked message is at most {MAX_CHUNKED_MESSAGE_BYTES} bytes, in "
+                    "pieces of a byte or more"
+                )
+        elif chunk is not None and not (
             chunk.count <= MAX_CHUNKS
             and len(decoded.payloads[0]) <= CHUNK_BYTES
             and (chunk.count - 1) * CHUNK_BYTES < chunk.total_size <= chunk.count * CHUNK_BYTES

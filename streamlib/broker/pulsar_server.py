@@ -68,6 +68,7 @@ from streamlib.pulsar.topics import stream_of, topic_of
 from streamlib.stream.batch import MessageDecodeError, decode_batch
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
+from streamlib.stream.producer import MAX_ENTRY_BYTES
 from streamlib.stream.reader import ScannerFeed, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
 
@@ -82,7 +83,10 @@ KEEPALIVE_S = 30.0  # idle this long: a PING; idle twice as long: the connection
 MAX_SESSIONS_PER_CONNECTION = 10_000  # producers and consumers of one connection
 PENDING_SENDS = 1000  # a producer's sends not yet answered (then the connection waits)
 WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wait
-MAX_REQUESTS_IN_FLIGHT = 1000  # a connection's lookups, creations, seeks at once
+MAX_REQUESTS_IN_FLIGHT = 1000
+# What a client may send in one message: an entry's limit, less what a client adds to a
+# chunk's piece after it sized it by this (its chunk fields, its headers).
+MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - 16 * 1024  # a connection's lookups, creations, seeks at once
 EARLIEST_ID = (-1, -1)  # pulsar-client's MessageId.earliest
 LATEST_ID = (2**63 - 1, 2**63 - 1)  # ... and MessageId.latest
 NONE_ID = (1 << 64) - 1  # -1 as a MessageIdData's uint64: no such message
@@ -309,7 +313,7 @@ class Connection:
                 "connected",
                 server_version=SERVER_VERSION,
                 protocol_version=self.protocol_version,
-                max_message_size=frames.MAX_MESSAGE_SIZE,
+                max_message_size=MAX_MESSAGE_BYTES,
             )
         )
 
