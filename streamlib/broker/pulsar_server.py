@@ -63,9 +63,10 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.service_access import Caller, Operation
 from streamlib.pulsar import PulsarApi_pb2 as api
 from streamlib.pulsar import frames, schemas
+from streamlib.pulsar.entries import encode as encode_pulsar
 from streamlib.pulsar.entries import is_pulsar_entry, parse, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
-from streamlib.stream.batch import MessageDecodeError, decode_batch
+from streamlib.stream.batch import DecodedBatch, MessageDecodeError, decode_batch
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import MAX_ENTRY_BYTES
@@ -84,6 +85,10 @@ MAX_SESSIONS_PER_CONNECTION = 10_000  # producers and consumers of one connectio
 PENDING_SENDS = 1000  # a producer's sends not yet answered (then the connection waits)
 WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wait
 MAX_REQUESTS_IN_FLIGHT = 1000
+MAX_DELIVERED_KEPT = 100_000  # entries a consumer's acks are read against, at most
+WHOLE_ENTRY = 2**31  # a batch index past any entry's last
+SOUGHT_KEPT_S = 60.0  # a reader's seek by time waits this long for it to subscribe again
+MAX_SOUGHT = 10_000
 # What a client may send in one message: an entry's limit, less what a client adds to a
 # chunk's piece after it sized it by this (its chunk fields, its headers).
 MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - 16 * 1024  # a connection's lookups, creations, seeks at once
@@ -169,6 +174,22 @@ class PulsarFrontEnd:
         self.broker = core.broker
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
+        # Readers' seeks by time, by subscription name, until it subscribes again.
+        self._sought: dict[str, tuple[float, int]] = {}
+
+    def sought(self, subscription: str, at_time: int) -> None:
+        now = asyncio.get_running_loop().time()
+        for name, (when, _) in list(self._sought.items()):
+            if when < now - SOUGHT_KEPT_S or len(self._sought) >= MAX_SOUGHT:
+                del self._sought[name]
+        self._sought[subscription] = (now, at_time)
+
+    def sought_time(self, subscription: str) -> int | None:
+        """Where a reader of this subscription sought by time (None: it did not, lately)."""
+        found = self._sought.pop(subscription, None)
+        if found is None or found[0] < asyncio.get_running_loop().time() - SOUGHT_KEPT_S:
+            return None
+        return found[1]
 
     async def bind(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen (TLS with ssl_context: the pulsar+ssl:// port); the bound port."""
@@ -678,10 +699,19 @@ class Connection:
                 start, inclusive = MessageId(ledger_id, entry_id, 0), True
         else:
             start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
+        at_time = self.front.sought_time(request.subscription)
+        if at_time is not None:
+            start, inclusive = EARLIEST, False
         reader = await self.broker.client.create_reader(
             stream, start, start_message_id_inclusive=inclusive
         )
-        return _Reader(self, request.consumer_id, reader)
+        try:
+            if at_time is not None:
+                await reader.seek(at_time)
+        except BaseException:
+            await reader.close()
+            raise
+        return _Reader(self, request.consumer_id, reader, request.subscription)
 
     def _consumer(self, consumer_id: int) -> _Consumer | _Reader | None:
         return self.consumers.get(consumer_id)
@@ -758,6 +788,10 @@ class Connection:
         if isinstance(consumer, _Reader):
             # A reader starts again there: it is closed (its client reconnects from the
             # position it sought), then answered, in this order, as by Pulsar's broker.
+            # A time is not in what the client subscribes with again: it is kept here,
+            # for the subscription's next subscribe, as Pulsar keeps the cursor it reset.
+            if isinstance(target, int):
+                self.front.sought(consumer.subscription, target)
             consumer.end()
             self._success(request.request_id)
             return
@@ -996,6 +1030,9 @@ class _Consumer:
         self.name = session.name
         self.epoch = epoch
         self.asked: dict[str, int] = {}  # seek / unsubscribe: their request ids
+        # What went to the client, by entry: (messages, the entry's indexes of them or
+        # None: all) -- how its acks' batch indexes are read.
+        self.delivered: dict[tuple[int, int], tuple[int, list[int] | None]] = {}
         self._task: asyncio.Task[Any] | None = None
         self._ended = False
         self._closed = False
@@ -1011,21 +1048,52 @@ class _Consumer:
         cid = self.session.cid
         if ack.ack_type == api.CommandAck.Cumulative:
             for one in ack.message_id[-1:]:
-                if one.ack_set:  # (batch-index ack: those before the first unset one)
-                    acked = _unset_bits(one.ack_set, one.batch_size or 0)
-                    index = max(acked) if acked else -1
-                elif one.HasField("batch_index") and one.batch_index >= 0:
-                    index = one.batch_index
-                else:
-                    index = 2**31  # the whole entry
-                if index >= 0:
-                    self.dispatcher.ack_cumulative(cid, MessageId(one.ledgerId, one.entryId, index))
-                elif one.entryId > 0:
-                    self.dispatcher.ack_cumulative(
-                        cid, MessageId(one.ledgerId, one.entryId - 1, 2**31)
-                    )
+                self._cumulative(one)
             return
-        self.dispatcher.ack(cid, [_acked(one) for one in ack.message_id])
+        acks = []
+        for one in ack.message_id:
+            indexes = self._indexes(one)
+            if indexes is None:
+                self.delivered.pop((one.ledgerId, one.entryId), None)
+            acks.append((one.ledgerId, one.entryId, indexes))
+        self.dispatcher.ack(cid, acks)
+
+    def _indexes(self, one: Any) -> list[int] | None:
+        """The entry's messages an individual ack names (None: all this consumer holds
+        of it), numbered as the entry numbers them."""
+        sent = self.delivered.get((one.ledgerId, one.entryId))
+        if one.ack_set:  # (batch-index acks: the bits still set are not acknowledged)
+            count = sent[0] if sent is not None else len(one.ack_set) * 64
+            local = [i for i in range(count) if not _bit(one.ack_set, i)]
+        elif one.HasField("batch_index") and one.batch_index >= 0:
+            local = [one.batch_index]
+        else:
+            return None
+        if sent is not None and sent[1] is not None:
+            originals = sent[1]
+            return [originals[i] for i in local if i < len(originals)]
+        return local
+
+    def _cumulative(self, one: Any) -> None:
+        """Everything up to a message (of those this consumer holds)."""
+        where = (one.ledgerId, one.entryId)
+        sent = self.delivered.get(where)
+        if one.ack_set:  # (those before the first still set)
+            count = sent[0] if sent is not None else len(one.ack_set) * 64
+            upto = next((i for i in range(count) if _bit(one.ack_set, i)), count) - 1
+        elif one.HasField("batch_index") and one.batch_index >= 0:
+            upto = one.batch_index
+        else:
+            upto = WHOLE_ENTRY
+        if upto >= 0 and upto != WHOLE_ENTRY and sent is not None and sent[1] is not None:
+            upto = sent[1][min(upto, len(sent[1]) - 1)]
+        if upto < 0:  # (none of this entry: the ones before it)
+            if one.entryId == 0:
+                return
+            where, upto = (one.ledgerId, one.entryId - 1), WHOLE_ENTRY
+        for done in [w for w in self.delivered if w <= where]:
+            del self.delivered[done]
+        self.dispatcher.ack_cumulative(self.session.cid, MessageId(*where, upto))
 
     def redeliver(self, request: Any) -> None:
         if request.HasField("consumer_epoch"):
@@ -1063,7 +1131,9 @@ class _Consumer:
                 connection._write(_command(Type.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
                                            consumer_id=self.consumer_id, is_active=active))  # fmt: skip
             for handed in item:
-                connection._write(*message_frame(self.consumer_id, handed, self.epoch))
+                connection._write(
+                    *message_frame(self.consumer_id, handed, self.epoch, self.delivered)
+                )
             await connection._drained()
 
     def _end(self) -> None:
@@ -1102,12 +1172,16 @@ class _Reader:
 
     type_name = "reader"
 
-    def __init__(self, connection: Connection, consumer_id: int, reader: Any) -> None:
+    def __init__(
+        self, connection: Connection, consumer_id: int, reader: Any, subscription: str
+    ) -> None:
         self.connection = connection
+        self.subscription = subscription
         self.consumer_id = consumer_id
         self.reader = reader
         self.stream = reader.stream
         self.name = f"reader-{consumer_id}"
+        self._sent: dict[tuple[int, int], Any] = {}  # (a reader's acks are not read)
         self.permits = 0
         self._given = asyncio.Event()
         self._task: asyncio.Task[Any] | None = None
@@ -1134,8 +1208,13 @@ class _Reader:
                 continue
             entry = await feed.take_entry(None)
             while True:
-                indexes = list(range(entry.start, len(entry.payloads)))
-                connection._write(*message_frame(self.consumer_id, Handed(entry, indexes), 0))
+                # (Whole, from a seek by time too: Pulsar resets to an entry; a seek by id's
+                # client drops what is before it.)
+                indexes = list(range(len(entry.payloads)))
+                connection._write(
+                    *message_frame(self.consumer_id, Handed(entry, indexes), 0, self._sent)
+                )
+                self._sent.clear()
                 self.permits -= len(indexes)
                 if self.permits <= 0 or (entry := feed.take_entry_nowait()) is None:  # type: ignore[assignment]
                     break
@@ -1170,20 +1249,42 @@ class _Reader:
         await asyncio.shield(to_its_end(run(), "closing a Pulsar reader"))
 
 
-def message_frame(consumer_id: int, handed: Handed, epoch: int) -> tuple[api.BaseCommand, bytes]:
+def message_frame(
+    consumer_id: int, handed: Handed, epoch: int, delivered: dict[tuple[int, int], Any]
+) -> tuple[api.BaseCommand, bytes]:
     """A MESSAGE of one entry as Pulsar's clients read it: the entry in Pulsar's format
-    (made once per entry), and -- when only some of its messages are this consumer's --
-    those as ack_set (the bits of the indexes to deliver)."""
+    (made once per entry) or -- when only some of its messages are this consumer's (a
+    key_shared split, what is left of a batch to deliver again) -- a batch of just those.
+    (Not the whole entry with an ack_set: pulsar-client then skips the others, but, with
+    its default configuration, never acknowledges the entry.) What went is kept in
+    `delivered`, by entry: how many messages, and which of the entry's (None: all)."""
     entry = handed.entry
-    block = pulsar_block(entry)
+    where = (entry.ledger_id, entry.entry_id)
+    if handed.whole:
+        block = pulsar_block(entry)
+        delivered[where] = (len(handed.indexes), None)
+    else:
+        block = partial_block(entry, handed.indexes)
+        delivered[where] = (len(handed.indexes), list(handed.indexes))
+    if len(delivered) > MAX_DELIVERED_KEPT:  # (the oldest: long since acknowledged)
+        del delivered[next(iter(delivered))]
     command = _command(Type.MESSAGE, "message", consumer_id=consumer_id,
                        redelivery_count=handed.redeliveries, consumer_epoch=epoch)  # fmt: skip
     message = command.message
     message.message_id.ledgerId = entry.ledger_id
     message.message_id.entryId = entry.entry_id
-    if not handed.whole:
-        message.ack_set.extend(_bits(handed.indexes))
     return command, block
+
+
+def partial_block(entry: EntryMessages, indexes: list[int]) -> bytes:
+    """Some messages of an entry as a Pulsar batch of their own (numbered 0.. in it)."""
+    where = f"entry {entry.ledger_id}:{entry.entry_id}"
+    whole = decode_batch(entry.stored(), where)
+    columns: dict[str, Any] = {
+        name: value if value is None or name == "chunk" else [value[i] for i in indexes]
+        for name, value in whole._asdict().items()
+    }
+    return encode_pulsar(DecodedBatch(**columns), where=where)
 
 
 def last_index(entry: bytes, where: str) -> int:
@@ -1217,12 +1318,10 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _bits(indexes: list[int]) -> list[int]:
-    """Indexes as a java.util.BitSet's words (signed 64-bit, little end first)."""
-    words = [0] * (max(indexes) // 64 + 1)
-    for i in indexes:
-        words[i // 64] |= 1 << (i % 64)
-    return [w - (1 << 64) if w >= 1 << 63 else w for w in words]
+def _bit(words: Any, index: int) -> bool:
+    """Bit `index` of a java.util.BitSet's words (an ack's ack_set: set, not acknowledged)."""
+    word = index // 64
+    return word < len(words) and bool((words[word] >> (index % 64)) & 1)
 
 
 def _unset_bits(words: Any, size: int) -> list[int]:
@@ -1233,12 +1332,3 @@ def _unset_bits(words: Any, size: int) -> list[int]:
         if not (word >> (i % 64)) & 1:
             out.append(i)
     return out
-
-
-def _acked(one: Any) -> tuple[int, int, list[int] | None]:
-    """An individual ack: an entry's messages (None: all of them)."""
-    if one.ack_set:
-        return one.ledgerId, one.entryId, _unset_bits(one.ack_set, one.batch_size)
-    if one.HasField("batch_index") and one.batch_index >= 0:
-        return one.ledgerId, one.entryId, [one.batch_index]
-    return one.ledgerId, one.entryId, None
