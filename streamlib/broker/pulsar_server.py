@@ -81,6 +81,7 @@ SERVER_VERSION = "streamlib"
 PROTOCOL_VERSION = max(api.ProtocolVersion.values())
 CONNECT_WITHIN_S = 10.0  # a connection's CONNECT comes within this, or it is closed
 KEEPALIVE_S = 30.0  # idle this long: a PING; idle twice as long: the connection ends
+MAX_CONNECTIONS = 10_000  # a broker's Pulsar connections at once (then one more is closed)
 MAX_SESSIONS_PER_CONNECTION = 10_000  # producers and consumers of one connection
 PENDING_SENDS = 1000  # a producer's sends not yet answered (then the connection waits)
 WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wait
@@ -200,6 +201,10 @@ class PulsarFrontEnd:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= MAX_CONNECTIONS:
+            log.warning("pulsar port: %d connections, its limit: one more refused", MAX_CONNECTIONS)
+            writer.close()
+            return
         self._connections.add(task)
         connection = Connection(self, reader, writer)
         try:
@@ -231,6 +236,7 @@ class Connection:
         self.writer = writer
         self.tls = writer.get_extra_info("ssl_object") is not None
         self.caller: Caller | None = None
+        self.context = _Context(None, None)  # its credentials, from its CONNECT
         self.protocol_version = 0
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer | _Reader] = {}
@@ -293,6 +299,7 @@ class Connection:
             if not data:
                 return
             idle = 0
+            await self._drained()  # (a client that does not read its answers is not read)
             try:
                 decoded = decoder.feed(data)
             except frames.FrameError as error:  # (what came whole before the junk counts)
@@ -320,7 +327,7 @@ class Connection:
         token = None
         if connect.auth_method_name == "token" or connect.auth_method == api.AuthMethodNone:
             token = connect.auth_data.decode(errors="replace") if connect.auth_data else None
-        context = _Context(token, peer_common_name(self.writer))
+        self.context = context = _Context(token, peer_common_name(self.writer))
         try:
             self.caller = self.core.access.caller(context)
         except BookieUnauthenticated as error:
@@ -386,7 +393,10 @@ class Connection:
             await self.writer.wait_closed()
 
     def _check(self, operation: Operation, stream: str, subscription: str | None = None) -> None:
-        assert self.caller is not None
+        # (Who calls, as of now: a token that expired since CONNECT is refused, and the
+        # principal's roles and grants are read again, as the gRPC front end reads them
+        # on every call.)
+        self.caller = self.core.access.caller(self.context)
         self.core.access.check(self.caller, operation, stream, subscription)
 
     def _take_session(self, key: tuple[str, int]) -> None:
