@@ -35,7 +35,7 @@ url, topic, count, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.ar
 log = pulsar.FileLogger(pulsar.LoggerLevel.Warn, "/dev/stderr")  # (stdout: the figures)
 client = pulsar.Client(url, operation_timeout_seconds=60, logger=log)
 producer = client.create_producer(topic, batching_enabled=True, block_if_queue_full=True,
-                                  max_pending_messages=10000)
+                                  max_pending_messages=20000)
 payload = b"x" * size
 print("ready", flush=True)
 sys.stdin.readline()
