@@ -34,6 +34,7 @@ from bookie.auth import AccessControl
 from bookie.errors import BadRequestError, RequestError, TooLargeError, TooManyRequestsError
 from bookie.metrics import BookieMetrics
 from bookie.service import BookieService, Malformed, _bad_add, _safe_parse
+from bookie.tls import peer_common_name
 from bookie.wire import bookie_pb2 as pb
 from bookie.wire.framing import (
     FRAMED_VERSION,
@@ -85,17 +86,6 @@ async def framed_requests(
     parse = _safe_parse(pb.AddRequest)
     while (data := await read_frame(reader, max_bytes)) is not None:
         yield parse(data)
-
-
-def peer_common_name(writer: asyncio.StreamWriter) -> str | None:
-    """The common name of the client certificate the TLS handshake verified, if any."""
-    sslobj = writer.get_extra_info("ssl_object")
-    cert = sslobj.getpeercert() if sslobj is not None else None
-    for rdn in (cert or {}).get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None
 
 
 class FramedAddServer:

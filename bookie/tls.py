@@ -19,6 +19,7 @@ import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -162,3 +163,14 @@ class TlsFiles:
 
         first.sni_callback = pick  # type: ignore[assignment]
         return first
+
+
+def peer_common_name(writer: Any) -> str | None:
+    """The common name of the client certificate the TLS handshake verified, if any."""
+    sslobj = writer.get_extra_info("ssl_object")
+    cert = sslobj.getpeercert() if sslobj is not None else None
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

@@ -37,6 +37,7 @@ DEFAULT_BROKER_PORT = 6650  # Pulsar's broker port (the gRPC front end's)
 # Pulsar's binary protocol, beside it (6650 is taken by the gRPC port: pulsar-client is
 # given the pulsar_url the sandbox prints).
 DEFAULT_PULSAR_PORT = 6660
+DEFAULT_PULSAR_ADMIN_PORT = 8080  # Pulsar's admin REST port
 
 
 def make_private_dir(path: Path) -> Path:
@@ -105,6 +106,7 @@ class Sandbox:
         ]
         for i, broker in enumerate(self.brokers):  # (0: free ports, as the broker port)
             broker.pulsar_port = DEFAULT_PULSAR_PORT + i if broker_port else 0
+            broker.pulsar_admin_port = DEFAULT_PULSAR_ADMIN_PORT + i if broker_port else 0
 
     def start(self, timeout_s: float = 60.0) -> Sandbox:
         make_private_dir(self.data_dir)
@@ -178,9 +180,10 @@ class Sandbox:
         if self.brokers:
             info["service_url"] = self.service_url
             info["pulsar_url"] = self.brokers[0].pulsar_url
+            info["pulsar_admin_url"] = self.brokers[0].pulsar_admin_url
             info["brokers"] = [
                 {"id": b.broker_id, "address": b.address, "pid": b.pid,
-                 "pulsar_url": b.pulsar_url}
+                 "pulsar_url": b.pulsar_url, "pulsar_admin_url": b.pulsar_admin_url}
                 for b in self.brokers
             ]  # fmt: skip
         if self.security is not None:
@@ -330,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
             if sandbox.brokers:
                 print(f"  service   {info['service_url']}")
                 print(f"  pulsar    {info['pulsar_url']}  (pulsar-client)")
+                print(f"  admin     {info['pulsar_admin_url']}  (Pulsar's admin REST API)")
             if sandbox.security is not None:
                 where = sandbox.security.directory
                 print(f"  tls_ca    {info['tls_ca']}")
@@ -380,7 +384,7 @@ def add_parser(commands: Any) -> None:
         "--broker-port",
         type=int,
         help=f"broker i listens on BROKER_PORT + i (default {DEFAULT_BROKER_PORT}; its Pulsar "
-        f"port on {DEFAULT_PULSAR_PORT} + i); 0: every broker port is any free one",
+        f"ports on {DEFAULT_PULSAR_PORT} + i and {DEFAULT_PULSAR_ADMIN_PORT} + i); 0: every broker port is any free one",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line once ready")
     parser.add_argument(

@@ -26,6 +26,7 @@ from streamlib.commands.common import positive_float, token_source
 
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
+PULSAR_ADMIN_PORT = 8080  # Pulsar's webServicePort
 PULSAR_PORT = 6650  # Pulsar's own (take --port elsewhere then: it is the gRPC port's default)
 
 
@@ -114,9 +115,16 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
             help=f"{text} (default {default})",
         )
     _pulsar_arguments(serve)
+    _pulsar_admin_arguments(serve)
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
+
+    admin = admin_commands.add_parser("broker", help="the stream service's brokers")
+    admin.add_argument("action", choices=["list", "unload", "owner"])
+    admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
+    admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
+    admin.set_defaults(run=_run_admin)
 
 
 def _pulsar_arguments(serve: argparse.ArgumentParser) -> None:
@@ -131,11 +139,21 @@ def _pulsar_arguments(serve: argparse.ArgumentParser) -> None:
         "(pulsar://, or pulsar+ssl:// when the broker has --tls-cert)",
     )
 
-    admin = admin_commands.add_parser("broker", help="the stream service's brokers")
-    admin.add_argument("action", choices=["list", "unload", "owner"])
-    admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
-    admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
-    admin.set_defaults(run=_run_admin)
+
+def _pulsar_admin_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--pulsar-admin-port",
+        type=int,
+        nargs="?",
+        const=PULSAR_ADMIN_PORT,
+        metavar="Q",
+        help="serve the Pulsar admin REST API pulsar-admin and Pulsar's clients use on this "
+        f"port too (the bare flag: {PULSAR_ADMIN_PORT}; 0: any free one): HTTPS when the "
+        "broker has --tls-cert (docs/pulsar-admin.md)",
+    )
+    serve.add_argument(
+        "--pulsar-admin-host", metavar="H", help="address the admin port binds (default: --host)"
+    )
 
 
 def _positive(text: str) -> int:
@@ -217,18 +235,25 @@ async def _serve(args: argparse.Namespace) -> int:
 
     service = BrokerService(broker, access, limits)
     stop = stop_event(args.exit_with_stdin)
-    pulsar = None
+    pulsar = admin_http = None
     try:
         if args.pulsar_port is not None:
             pulsar = await _serve_pulsar(args, service, address, tls)
+        admin_http = await _bind_pulsar_admin(args, broker, access, tls)
         await broker.start(args.session_timeout)
+        if admin_http is not None:
+            await admin_http.serve()
         pb_grpc.add_BrokerServicer_to_server(service, server)
         await server.start()
         print(f"broker {broker.broker_id} listening on {address}", flush=True)
         if pulsar is not None:
             print(f"pulsar listening on {broker.pulsar_url or broker.pulsar_url_tls}", flush=True)
+        if admin_http is not None:
+            print(f"pulsar admin listening on {broker.http_url}", flush=True)
         await stop.wait()
     finally:
+        if admin_http is not None:
+            await admin_http.close()
         if pulsar is not None:
             await pulsar.close()
         await broker.close()
@@ -238,22 +263,42 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tls: Any) -> Any:
-    """The Pulsar port (streamlib/pulsar/server.py), bound before the broker registers:
+    """The Pulsar port (streamlib/broker/pulsar_server.py), bound before the broker registers:
     its URL is in the registration lookups answer with. TLS when the broker has it."""
-    from streamlib.pulsar.server import PulsarFrontEnd
+    from streamlib.broker.pulsar_server import PulsarFrontEnd
 
     if args.pulsar_port == args.port and args.port != 0:
         raise ValueError(
             f"--pulsar-port {args.pulsar_port} is the gRPC port (--port): give either another"
         )
     front = PulsarFrontEnd(service)
-    port = await front.bind(args.host, args.pulsar_port, tls.ssl_context() if tls else None)
+    port = await front.bind(
+        args.host, args.pulsar_port, tls.reloading_ssl_context() if tls else None
+    )
     host = address.rsplit(":", 1)[0]
     if tls:
         service.broker.pulsar_url_tls = f"pulsar+ssl://{host}:{port}"
     else:
         service.broker.pulsar_url = f"pulsar://{host}:{port}"
     return front
+
+
+async def _bind_pulsar_admin(args: argparse.Namespace, broker: Any, access: Any, tls: Any) -> Any:
+    """The Pulsar admin REST port (streamlib/broker/pulsar_admin.py), bound before the
+    broker registers (its http_url is in the registration) and serving after; None
+    without --pulsar-admin-port. Advertised as the gRPC port is (its host, this port)."""
+    if args.pulsar_admin_port is None:
+        return None
+    from bookie.addresses import advertised_address, split_host_port
+    from streamlib.broker.pulsar_admin import serve_admin
+
+    host = args.host if args.pulsar_admin_host is None else args.pulsar_admin_host
+    ssl_context = tls.reloading_ssl_context() if tls else None
+    server, port = await serve_admin(broker, access, host, args.pulsar_admin_port, ssl_context)
+    given = split_host_port(args.advertised_address, 0)[0] if args.advertised_address else None
+    where = advertised_address(host, port, given, args.metadata)
+    broker.http_url = f"{'https' if tls else 'http'}://{where}"
+    return server
 
 
 async def _access_control(args: argparse.Namespace, client: Any) -> BrokerAccess:

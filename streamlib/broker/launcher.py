@@ -2,23 +2,27 @@
 
 The child prints ``broker ID listening on HOST:PORT`` when it serves; start() waits for
 that line with a bounded timeout and fails with the child's stderr if it exits first.
-With ``pulsar=True`` it serves Pulsar's binary protocol too, and prints ``pulsar
-listening on URL`` next (restarted, on the same port).
+With ``pulsar=True`` it serves Pulsar's binary protocol and admin REST API too, and
+prints ``pulsar listening on URL`` and ``pulsar admin listening on URL`` next
+(restarted, on the same ports).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from bookie.launcher import BookieProcess, open_private_log
+from bookie.launcher import open_private_log
 
 _LISTENING = re.compile(r"^broker (\S+) listening on (\S+)")
 _PULSAR = re.compile(r"^pulsar listening on (\S+)")
+_PULSAR_ADMIN = re.compile(r"^pulsar admin listening on (\S+)")
 
 
 class BrokerStartError(RuntimeError):
@@ -40,6 +44,9 @@ class BrokerProcess:
         self.pulsar = pulsar
         self.pulsar_url = ""  # pulsar://HOST:PORT (pulsar+ssl:// with TLS)
         self.pulsar_port = 0
+        self.pulsar_admin_url = ""  # http(s)://HOST:PORT
+        self.pulsar_admin_port = 0
+        self._buffer = b""  # stdout read and not yet taken as lines
         self.stderr_path = log_dir / f"{name}.stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.broker_id = ""
@@ -50,7 +57,8 @@ class BrokerProcess:
         return [
             sys.executable, "-m", "streamlib", "broker", "--metadata", self.metadata_uri,
             "--port", str(port), *self.extra,
-            *(["--pulsar-port", str(self.pulsar_port)] if self.pulsar else []),
+            *(["--pulsar-port", str(self.pulsar_port),
+               "--pulsar-admin-port", str(self.pulsar_admin_port)] if self.pulsar else []),
         ]  # fmt: skip
 
     def start(self, *, port: int | None = None, timeout_s: float = 60.0) -> BrokerProcess:
@@ -66,7 +74,8 @@ class BrokerProcess:
             )
         finally:
             os.close(stderr)  # the child has its own copy
-        line = BookieProcess._read_line(self, timeout_s)  # type: ignore[arg-type]
+        self._buffer = b""
+        line = self._read_line(timeout_s)
         m = _LISTENING.match(line)
         if m is None:
             self.kill()
@@ -74,14 +83,47 @@ class BrokerProcess:
         self.broker_id, self.address = m.group(1), m.group(2)
         self.port = int(self.address.rsplit(":", 1)[1])
         if self.pulsar:
-            line = BookieProcess._read_line(self, timeout_s)  # type: ignore[arg-type]
+            line = self._read_line(timeout_s)
             found = _PULSAR.match(line)
             if found is None:
                 self.kill()
                 raise BrokerStartError(f"broker's Pulsar port: {line!r}\n{self.stderr_tail()}")
             self.pulsar_url = found.group(1)
             self.pulsar_port = int(self.pulsar_url.rsplit(":", 1)[1])
+            line = self._read_line(timeout_s)
+            found = _PULSAR_ADMIN.match(line)
+            if found is None:
+                self.kill()
+                raise BrokerStartError(
+                    f"broker's Pulsar admin port: {line!r}\n{self.stderr_tail()}"
+                )
+            self.pulsar_admin_url = found.group(1)
+            self.pulsar_admin_port = int(self.pulsar_admin_url.rsplit(":", 1)[1])
         return self
+
+    def _read_line(self, timeout_s: float) -> str:
+        """The child's next line of stdout (what came after it in the same read is kept
+        for the next call); the text so far and why, if it exits or times out first."""
+        assert self.proc is not None and self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return self._buffer.decode(errors="replace") + " (timed out)"
+                if sel.select(remaining):
+                    chunk = os.read(self.proc.stdout.fileno(), 4096)
+                    if not chunk:
+                        return (
+                            self._buffer.decode(errors="replace") + f" (exited {self.proc.wait()})"
+                        )
+                    self._buffer += chunk
+        finally:
+            sel.close()
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
 
     def stderr_tail(self, n: int = 4000) -> str:
         try:

@@ -34,7 +34,9 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
 )
-from streamlib.stream.batch import DecodedBatch, decode_batch
+from streamlib.pulsar import entries as pulsar_entries
+from streamlib.pulsar.entries import is_pulsar_entry
+from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, DecodedBatch, decode_batch
 from streamlib.stream.positions import MessageId
 from streamlib.stream.producer import (
     ACCESS_MODES,
@@ -125,6 +127,9 @@ class OwnedStream:
             dedup.position,
             tail=False,
         )
+        # Names and sequence ids only: the entries are not decoded whole (a Pulsar
+        # producer's encrypted entry reads so too, as opaque messages, not as an error).
+        scanner.keep_raw = True
         scanned = 0
         async for batch in scanner.batches():
             if batch.producers is None or batch.sequence_ids is None:
@@ -292,13 +297,27 @@ class OwnedStream:
             )
         # (A producer never builds more: a compressed entry claiming more is a bomb. The
         # payloads are not needed: the entry is stored as it came.)
-        decoded = decode_batch(
-            send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), payloads=False
-        )
+        pulsar = is_pulsar_entry(send.entry)
+        if pulsar:  # (a Pulsar producer's: checked whole; its front end checked its CRC)
+            decoded = pulsar_entries.check(
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), verify=False
+            )
+        else:
+            decoded = decode_batch(
+                send.entry, "the entry sent", MAX_ENTRY_BYTES + (1 << 20), payloads=False
+            )
         ids, names = decoded.sequence_ids, decoded.producers
         count = len(decoded.payloads)
         chunk = decoded.chunk
-        if chunk is not None and not (
+        if pulsar and chunk is not None:
+            # (A Pulsar client cuts its pieces as large as its broker allows, or smaller:
+            # what bounds them is the whole's size, which a reader puts together.)
+            if not chunk.count <= max(1, chunk.total_size) <= MAX_CHUNKED_MESSAGE_BYTES:
+                raise BadRequestError(
+                    f"a chunked message is at most {MAX_CHUNKED_MESSAGE_BYTES} bytes, in "
+                    "pieces of a byte or more"
+                )
+        elif chunk is not None and not (
             chunk.count <= MAX_CHUNKS
             and len(decoded.payloads[0]) <= CHUNK_BYTES
             and (chunk.count - 1) * CHUNK_BYTES < chunk.total_size <= chunk.count * CHUNK_BYTES

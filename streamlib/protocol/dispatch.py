@@ -38,6 +38,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import mmh3
+
 SLOTS = 1 << 16
 POINTS_PER_CONSUMER = 64
 
@@ -53,11 +55,16 @@ def key_slot(key: str | None, message_id: Hashable, ordering_key: bytes | None =
     """The hash slot of a message: by its ordering key when it has one, else by its key
     (Pulsar's Key_Shared order); a message with neither hashes by its id, as Pulsar's
     Key_Shared spreads them. An ordering key and a key of the same UTF-8 bytes share a
-    slot."""
+    slot. The hash is Pulsar's broker's: Murmur3_32Hash (murmur3 x86 32-bit, seed 0, sign
+    bit cleared) modulo its 65,536 slots."""
     if ordering_key is not None:
-        return zlib.crc32(ordering_key) % SLOTS
+        return _murmur3(ordering_key) % SLOTS
     text = key if key is not None else repr(message_id)
-    return zlib.crc32(text.encode()) % SLOTS
+    return _murmur3(text.encode()) % SLOTS
+
+
+def _murmur3(data: bytes) -> int:
+    return int(mmh3.hash(data, 0, signed=False)) & 0x7FFFFFFF
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from metadata.errors import NodeExistsError, StreamExistsError
 from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
-from metadata.errors import StreamExistsError
 from metadata.schemas import (
     LedgerConfig,
     StreamMetadata,
@@ -407,9 +407,40 @@ class StreamManager:
         target = parse_start(position)
         if target not in (EARLIEST, LATEST):
             target = position_before(target)
+        await self._reset_mark(name, subscription, target)
+
+    async def _reset_mark(self, name: str, subscription: str, mark: MessageId) -> None:
         _, version = await self._cursor(name, subscription)
-        state = ranges_to_state(AckRanges(target))
+        state = ranges_to_state(AckRanges(mark))
         await self.registry.write_cursor(name, subscription, state, version)
+        await self.registry.cursor_moved_back(name)  # retention must now see it
+
+    async def reset_cursor_to_time(self, name: str, subscription: str, timestamp_ms: int) -> None:
+        """Move a subscription so the first message published at or after timestamp_ms
+        is delivered next (none yet: only what comes after now), as Consumer.seek(ms)."""
+        await self._cursor(name, subscription)  # (NoSuchSubscriptionError before the scan)
+        scanner = StreamScanner(self._ledgers, self.registry, name, EARLIEST, tail=False)
+        mark = await scanner.position_before_time(timestamp_ms)
+        await self._reset_mark(
+            name, subscription, mark if mark != LATEST else await scanner.end_position()
+        )
+
+    async def create_subscription(
+        self, name: str, subscription: str, position: Any = LATEST
+    ) -> None:
+        """Create a subscription no consumer holds yet (Pulsar's create-subscription):
+        the message AT position comes first (LATEST: those published from now on).
+        NodeExistsError when the stream has that subscription already."""
+        target = parse_start(position)
+        if target == LATEST:
+            scanner = StreamScanner(self._ledgers, self.registry, name, EARLIEST, tail=False)
+            target = await scanner.end_position()  # (NoSuchStreamError: none to scan)
+        elif target != EARLIEST:
+            target = position_before(target)
+        try:
+            await self.registry.write_cursor(name, subscription, ranges_to_state(AckRanges(target)))
+        except NodeExistsError:
+            raise NodeExistsError(f"stream {name!r} has a subscription {subscription!r}") from None
         await self.registry.cursor_moved_back(name)  # retention must now see it
 
     # -- stats --------------------------------------------------------------------------

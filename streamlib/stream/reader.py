@@ -107,7 +107,18 @@ class StreamScanner:
         return EARLIEST if end is None else MessageId(*end, LATEST.batch_index)
 
     async def _last_entry(self) -> tuple[int, int, DecodedBatch] | None:
-        """The last entry with messages confirmed now, decoded (None if none). The
+        """The last entry with messages confirmed now, decoded (None if none)."""
+        last = await self.last_entry()
+        if last is None:
+            return None
+        ledger_id, entry_id, payload = last
+        # (Its ids and sequence ids only: a Pulsar producer's encrypted entry reads so too,
+        # as opaque messages.)
+        where = f"ledger {ledger_id} entry {entry_id}"
+        return ledger_id, entry_id, decode_batch(payload, where, payloads=False)
+
+    async def last_entry(self) -> tuple[int, int, bytes] | None:
+        """The last entry with messages confirmed now, as stored (None if none). The
         entries at the end of an unbounded stream's ledger may be no-ops (every takeover
         ends with one): it looks back past them, a few at a time."""
         md, _ = await self._registry.read(self.name)
@@ -124,9 +135,7 @@ class StreamScanner:
                 low = max(first, last - LOOK_BACK_ENTRIES + 1)
                 found = [e for e in await handle.read_entries(low, last) if not is_noop(e.flags)]
                 if found:
-                    entry = found[-1]
-                    where = f"ledger {ledger_id} entry {entry.entry_id}"
-                    return ledger_id, entry.entry_id, decode_batch(entry.payload, where)
+                    return ledger_id, found[-1].entry_id, found[-1].payload
                 last = low - 1
         finally:
             await handle.close()

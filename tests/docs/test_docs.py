@@ -53,6 +53,9 @@ def test_every_example_runs_as_written(cluster, capsys, where: str, code: str) -
     if where.endswith("@service"):  # the same example through the stream service
         cluster.start_brokers(1)
         module.URI = cluster.service_url  # type: ignore[attr-defined]
+    if "PULSAR_URL" in code:  # pulsar-client's own: a broker's Pulsar port
+        cluster.start_brokers(1, pulsar=True)
+        module.PULSAR_URL = cluster.pulsar_url  # type: ignore[attr-defined]
     if "SERVICE_URL" in code:  # an example of the stream service: a broker too
         cluster.start_brokers(1)
         module.SERVICE_URL = cluster.service_url  # type: ignore[attr-defined]

@@ -10,9 +10,17 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from streamlib.pulsar.entries import to_pulsar
 from streamlib.spark.plan import LedgerRange, share_partitions, split
 from streamlib.spark.rows import ARROW_SCHEMA, entry_columns, record_batch
-from streamlib.stream.batch import BatchBuilder, MessageDecodeError, decode_batch, metadata_of
+from streamlib.stream.batch import (
+    BatchBuilder,
+    Compression,
+    MessageDecodeError,
+    compress,
+    decode_batch,
+    metadata_of,
+)
 from streamlib.stream.positions import EARLIEST, LATEST
 from tests.spark.conftest import create_stream, publish_each
 
@@ -93,6 +101,17 @@ def test_entries_that_are_no_message_batch_are_refused_or_empty() -> None:
     with pytest.raises(MessageDecodeError, match="ledger 1 entry 2"):
         entry_columns(1, 2, b"\xff\xff\xff", "ledger 1 entry 2")
     assert entry_columns(1, 2, BatchBuilder().encode(), "e").hi == 0  # no messages
+
+
+def test_a_pulsar_producer_s_entry_gives_the_same_columns() -> None:
+    pulsar_entry = to_pulsar(compress(_entry(MIXED, 2), Compression.ZSTD), "e")
+    batch = record_batch("s", [entry_columns(4, 1, pulsar_entry, "e")])
+    assert _rows(batch) == _rows_as_decode_batch_sees_them(pulsar_entry, 4, 1)
+    assert [row["value"] for row in _rows(batch)] == [m[0] for m in MIXED]
+    piece = BatchBuilder()
+    piece.add(b"part", 1)
+    with pytest.raises(MessageDecodeError, match="piece of a chunked message"):
+        entry_columns(4, 2, to_pulsar(piece.encode_chunk("u", 0, 2, 8), "e"), "e")
 
 
 def test_a_read_is_cut_into_contiguous_segments_of_even_size() -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
-from bookie.framed import peer_common_name
+from bookie.tls import peer_common_name
 from metadata.errors import InvalidNameError
 from streamlib.broker.access import HeldBytes
 from streamlib.broker.dispatcher import Handed, SubscriptionDispatcher
@@ -62,12 +62,14 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.service_access import Caller, Operation
 from streamlib.pulsar import PulsarApi_pb2 as api
-from streamlib.pulsar import frames
-from streamlib.pulsar.entries import to_pulsar
+from streamlib.pulsar import frames, schemas
+from streamlib.pulsar.entries import encode as encode_pulsar
+from streamlib.pulsar.entries import is_pulsar_entry, parse, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
-from streamlib.stream.batch import MessageDecodeError
+from streamlib.stream.batch import DecodedBatch, MessageDecodeError, decode_batch
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
+from streamlib.stream.producer import MAX_ENTRY_BYTES
 from streamlib.stream.reader import ScannerFeed, StreamScanner
 from streamlib.stream.subscription import parse_consumer_type
 
@@ -79,12 +81,21 @@ SERVER_VERSION = "streamlib"
 PROTOCOL_VERSION = max(api.ProtocolVersion.values())
 CONNECT_WITHIN_S = 10.0  # a connection's CONNECT comes within this, or it is closed
 KEEPALIVE_S = 30.0  # idle this long: a PING; idle twice as long: the connection ends
+MAX_CONNECTIONS = 10_000  # a broker's Pulsar connections at once (then one more is closed)
 MAX_SESSIONS_PER_CONNECTION = 10_000  # producers and consumers of one connection
 PENDING_SENDS = 1000  # a producer's sends not yet answered (then the connection waits)
 WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wait
-MAX_REQUESTS_IN_FLIGHT = 1000  # a connection's lookups, creations, seeks at once
+MAX_REQUESTS_IN_FLIGHT = 1000
+MAX_DELIVERED_KEPT = 100_000  # entries a consumer's acks are read against, at most
+WHOLE_ENTRY = 2**31  # a batch index past any entry's last
+SOUGHT_KEPT_S = 60.0  # a reader's seek by time waits this long for it to subscribe again
+MAX_SOUGHT = 10_000
+# What a client may send in one message: an entry's limit, less what a client adds to a
+# chunk's piece after it sized it by this (its chunk fields, its headers).
+MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - 16 * 1024  # a connection's lookups, creations, seeks at once
 EARLIEST_ID = (-1, -1)  # pulsar-client's MessageId.earliest
 LATEST_ID = (2**63 - 1, 2**63 - 1)  # ... and MessageId.latest
+NONE_ID = (1 << 64) - 1  # -1 as a MessageIdData's uint64: no such message
 ACCESS_MODES = {
     api.Shared: "shared",
     api.Exclusive: "exclusive",
@@ -120,6 +131,8 @@ def server_error(error: BaseException) -> int:
         return api.TopicNotFound
     if isinstance(error, InvalidNameError):
         return api.InvalidTopicName
+    if isinstance(error, schemas.IncompatibleSchemaError):
+        return api.IncompatibleSchema
     if isinstance(error, TooManySessionsError):
         return api.TooManyRequests
     if isinstance(error, MessageDecodeError | BadRequestError | TooLargeError):
@@ -137,10 +150,6 @@ def _command(kind: int, field: str, **values: Any) -> api.BaseCommand:
     for name, value in values.items():
         setattr(getattr(command, field), name, value)
     return command
-
-
-def _id_pb(where: MessageId | tuple[int, int], out: Any) -> None:
-    out.ledgerId, out.entryId = (where[0], where[1])
 
 
 @dataclass
@@ -166,6 +175,22 @@ class PulsarFrontEnd:
         self.broker = core.broker
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
+        # Readers' seeks by time, by subscription name, until it subscribes again.
+        self._sought: dict[str, tuple[float, int]] = {}
+
+    def sought(self, subscription: str, at_time: int) -> None:
+        now = asyncio.get_running_loop().time()
+        for name, (when, _) in list(self._sought.items()):
+            if when < now - SOUGHT_KEPT_S or len(self._sought) >= MAX_SOUGHT:
+                del self._sought[name]
+        self._sought[subscription] = (now, at_time)
+
+    def sought_time(self, subscription: str) -> int | None:
+        """Where a reader of this subscription sought by time (None: it did not, lately)."""
+        found = self._sought.pop(subscription, None)
+        if found is None or found[0] < asyncio.get_running_loop().time() - SOUGHT_KEPT_S:
+            return None
+        return found[1]
 
     async def bind(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Listen (TLS with ssl_context: the pulsar+ssl:// port); the bound port."""
@@ -176,6 +201,10 @@ class PulsarFrontEnd:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= MAX_CONNECTIONS:
+            log.warning("pulsar port: %d connections, its limit: one more refused", MAX_CONNECTIONS)
+            writer.close()
+            return
         self._connections.add(task)
         connection = Connection(self, reader, writer)
         try:
@@ -207,10 +236,11 @@ class Connection:
         self.writer = writer
         self.tls = writer.get_extra_info("ssl_object") is not None
         self.caller: Caller | None = None
+        self.context = _Context(None, None)  # its credentials, from its CONNECT
         self.protocol_version = 0
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer | _Reader] = {}
-        self._opening: set[int] = set()  # producer or consumer ids being created
+        self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
         self._requests: set[asyncio.Task[Any]] = set()
         self._room = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
         self._closed = False
@@ -233,6 +263,7 @@ class Connection:
             Type.CONSUMER_STATS: self._on_consumer_stats,
             Type.GET_TOPICS_OF_NAMESPACE: self._on_topics_of_namespace,
             Type.GET_SCHEMA: self._on_get_schema,
+            Type.GET_OR_CREATE_SCHEMA: self._on_get_or_create_schema,
         }
 
     # -- the connection -----------------------------------------------------------------
@@ -268,6 +299,7 @@ class Connection:
             if not data:
                 return
             idle = 0
+            await self._drained()  # (a client that does not read its answers is not read)
             try:
                 decoded = decoder.feed(data)
             except frames.FrameError as error:  # (what came whole before the junk counts)
@@ -295,7 +327,7 @@ class Connection:
         token = None
         if connect.auth_method_name == "token" or connect.auth_method == api.AuthMethodNone:
             token = connect.auth_data.decode(errors="replace") if connect.auth_data else None
-        context = _Context(token, peer_common_name(self.writer))
+        self.context = context = _Context(token, peer_common_name(self.writer))
         try:
             self.caller = self.core.access.caller(context)
         except BookieUnauthenticated as error:
@@ -309,7 +341,7 @@ class Connection:
                 "connected",
                 server_version=SERVER_VERSION,
                 protocol_version=self.protocol_version,
-                max_message_size=frames.MAX_MESSAGE_SIZE,
+                max_message_size=MAX_MESSAGE_BYTES,
             )
         )
 
@@ -361,14 +393,19 @@ class Connection:
             await self.writer.wait_closed()
 
     def _check(self, operation: Operation, stream: str, subscription: str | None = None) -> None:
-        assert self.caller is not None
+        # (Who calls, as of now: a token that expired since CONNECT is refused, and the
+        # principal's roles and grants are read again, as the gRPC front end reads them
+        # on every call.)
+        self.caller = self.core.access.caller(self.context)
         self.core.access.check(self.caller, operation, stream, subscription)
 
-    def _take_session(self, some_id: int) -> None:
-        """Count a producer or consumer against the caller's and the connection's
-        limits (give it back with _give_back_session)."""
-        if some_id in self._opening or some_id in self.producers or some_id in self.consumers:
-            raise BadRequestError(f"id {some_id} is in use on this connection")
+    def _take_session(self, key: tuple[str, int]) -> None:
+        """Count a producer or consumer (("producer" or "consumer", its id)) against the
+        caller's and the connection's limits (give it back with _give_back_session)."""
+        kind, some_id = key
+        known = self.producers if kind == "producer" else self.consumers
+        if key in self._opening or some_id in known:
+            raise BadRequestError(f"{kind} id {some_id} is in use on this connection")
         if len(self.producers) + len(self.consumers) + len(self._opening) >= (
             MAX_SESSIONS_PER_CONNECTION
         ):
@@ -461,10 +498,43 @@ class Connection:
             self._error(request.request_id, error)
 
     def _on_get_schema(self, command: api.BaseCommand, frame: frames.Frame) -> None:
-        request = command.getSchema
+        self._spawn(self._get_schema(command.getSchema))
+
+    async def _get_schema(self, request: Any) -> None:
         answer = _command(Type.GET_SCHEMA_RESPONSE, "getSchemaResponse",
-                          request_id=request.request_id, error_code=api.TopicNotFound,
-                          error_message="streamlib's Pulsar port serves no schema registry")  # fmt: skip
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.getSchemaResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.READ, stream)
+            found = await schemas.kept(self.broker.client.streams, stream)
+            if found is None:
+                response.error_code = api.TopicNotFound
+                response.error_message = f"stream {stream!r} keeps no Pulsar schema"
+            else:
+                response.schema.CopyFrom(found)
+                response.schema_version = schemas.VERSION
+        except Exception as error:
+            response.error_code = server_error(error)  # type: ignore[assignment]
+            response.error_message = str(error)
+        self._write(answer)
+
+    def _on_get_or_create_schema(self, command: api.BaseCommand, frame: frames.Frame) -> None:
+        self._spawn(self._get_or_create_schema(command.getOrCreateSchema))
+
+    async def _get_or_create_schema(self, request: Any) -> None:
+        answer = _command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, "getOrCreateSchemaResponse",
+                          request_id=request.request_id)  # fmt: skip
+        response = answer.getOrCreateSchemaResponse
+        try:
+            stream = stream_of(request.topic)
+            self._check(Operation.PRODUCE, stream)
+            response.schema_version = await schemas.offer(
+                self.broker.client.streams, stream, request.schema
+            )
+        except Exception as error:
+            response.error_code = server_error(error)  # type: ignore[assignment]
+            response.error_message = str(error)
         self._write(answer)
 
     # -- producers ----------------------------------------------------------------------
@@ -472,11 +542,11 @@ class Connection:
     def _on_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.producer
         try:
-            self._take_session(request.producer_id)
+            self._take_session(("producer", request.producer_id))
         except Exception as error:
             self._error(request.request_id, error)
             return
-        self._opening.add(request.producer_id)
+        self._opening.add(("producer", request.producer_id))
         self._spawn(self._open_producer(request))
 
     async def _open_producer(self, request: Any) -> None:
@@ -491,7 +561,10 @@ class Connection:
             OwnedStream.check_producer(name, access_mode)
             _not_partitioned(stream, await self.core.exists(self._caller(), stream))
             owned = await self.broker.own(stream)
-            await owned.ensure_writer()
+            version = b""
+            if request.HasField("schema") and not schemas.is_bytes(request.schema):
+                version = await schemas.offer(self.broker.client.streams, stream, request.schema)
+            await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
             if access_mode == "wait_for_exclusive" and owned.producers:
                 # (Pulsar's answer while it waits: created, not ready.)
                 self._write(_command(Type.PRODUCER_SUCCESS, "producer_success",
@@ -509,13 +582,13 @@ class Connection:
                 await owned.remove_producer(session)
                 raise
         except BaseException as error:
-            self._opening.discard(producer_id)
+            self._opening.discard(("producer", producer_id))
             self._give_back_session()
             if isinstance(error, Exception):
                 self._error(request.request_id, error)
             raise_if_cancelled(error)
             return
-        self._opening.discard(producer_id)
+        self._opening.discard(("producer", producer_id))
         producer = _Producer(self, producer_id, owned, session)
         if self._closed:
             await producer.close()
@@ -529,6 +602,7 @@ class Connection:
                 producer_name=session.name,
                 last_sequence_id=owned.dedup.last(session.name),
                 producer_ready=True,
+                schema_version=version,
             )
         )
         producer.start()
@@ -559,11 +633,11 @@ class Connection:
     def _on_subscribe(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.subscribe
         try:
-            self._take_session(request.consumer_id)
+            self._take_session(("consumer", request.consumer_id))
         except Exception as error:
             self._error(request.request_id, error)
             return
-        self._opening.add(request.consumer_id)
+        self._opening.add(("consumer", request.consumer_id))
         self._spawn(self._subscribe(request))
 
     async def _subscribe(self, request: Any) -> None:
@@ -575,13 +649,13 @@ class Connection:
             else:
                 consumer = await self._non_durable(stream, request)
         except BaseException as error:
-            self._opening.discard(consumer_id)
+            self._opening.discard(("consumer", consumer_id))
             self._give_back_session()
             if isinstance(error, Exception):
                 self._error(request.request_id, error)
             raise_if_cancelled(error)
             return
-        self._opening.discard(consumer_id)
+        self._opening.discard(("consumer", consumer_id))
         if self._closed:
             await consumer.close()
             return
@@ -623,24 +697,31 @@ class Connection:
         inclusive = False
         if request.HasField("start_message_id"):
             wanted = request.start_message_id
-            where = (wanted.ledgerId, wanted.entryId)
-            if where == EARLIEST_ID or wanted.ledgerId < 0:
+            ledger_id, entry_id = where = _position(wanted)
+            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
                 start = EARLIEST
             elif where == LATEST_ID:
                 start = LATEST
-            elif wanted.HasField("batch_index") and wanted.batch_index >= 0:
-                # (Within a batch: from its entry; the client drops what is before.)
-                start, inclusive = MessageId(wanted.ledgerId, wanted.entryId, 0), True
             else:
-                # Pulsar's non-durable cursor starts after the entry it names (the
-                # client asks for the entry before to read one inclusively).
-                start, inclusive = MessageId(wanted.ledgerId, wanted.entryId + 1, 0), True
+                # From that entry, whole, as Pulsar's broker starts a non-durable cursor:
+                # the client drops what comes before its start (or at it, when not
+                # inclusive).
+                start, inclusive = MessageId(ledger_id, entry_id, 0), True
         else:
             start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
+        at_time = self.front.sought_time(request.subscription)
+        if at_time is not None:
+            start, inclusive = EARLIEST, False
         reader = await self.broker.client.create_reader(
             stream, start, start_message_id_inclusive=inclusive
         )
-        return _Reader(self, request.consumer_id, reader)
+        try:
+            if at_time is not None:
+                await reader.seek(at_time)
+        except BaseException:
+            await reader.close()
+            raise
+        return _Reader(self, request.consumer_id, reader, request.subscription)
 
     def _consumer(self, consumer_id: int) -> _Consumer | _Reader | None:
         return self.consumers.get(consumer_id)
@@ -702,22 +783,27 @@ class Connection:
         if request.HasField("message_publish_time"):
             target = int(request.message_publish_time)
         elif request.HasField("message_id"):
-            wanted = request.message_id
-            if (wanted.ledgerId, wanted.entryId) == EARLIEST_ID or wanted.ledgerId < 0:
+            ledger_id, entry_id = where = _position(request.message_id)
+            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
                 target = EARLIEST
-            elif (wanted.ledgerId, wanted.entryId) == LATEST_ID:
+            elif where == LATEST_ID:
                 target = LATEST
             else:
                 # That message comes next (Pulsar resets the cursor to it; a batch's
                 # earlier messages are dropped by the client).
-                target = MessageId(wanted.ledgerId, wanted.entryId, 0)
+                target = MessageId(ledger_id, entry_id, 0)
         else:
             self._error(request.request_id, BadRequestError("a seek names a message or a time"))
             return
         if isinstance(consumer, _Reader):
-            # A reader starts again there: it reconnects (CloseConsumer), as from Pulsar.
-            self._success(request.request_id)
+            # A reader starts again there: it is closed (its client reconnects from the
+            # position it sought), then answered, in this order, as by Pulsar's broker.
+            # A time is not in what the client subscribes with again: it is kept here,
+            # for the subscription's next subscribe, as Pulsar keeps the cursor it reset.
+            if isinstance(target, int):
+                self.front.sought(consumer.subscription, target)
             consumer.end()
+            self._success(request.request_id)
             return
         try:
             self._check(Operation.MANAGE_SUBSCRIPTION, consumer.owned.stream, consumer.subscription)
@@ -740,7 +826,8 @@ class Connection:
         client = self.broker.client
         scanner = StreamScanner(client.ledgers, client.streams.registry, stream, EARLIEST)
         try:
-            last = await scanner.last_message()
+            last = await scanner.last_entry()
+            index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
         except Exception as error:
             self._error(request.request_id, error)
             return
@@ -748,10 +835,10 @@ class Connection:
                           request_id=request.request_id)  # fmt: skip
         found = answer.getLastMessageIdResponse.last_message_id
         if last is None:
-            found.ledgerId, found.entryId = -1, -1
+            found.ledgerId, found.entryId = NONE_ID, NONE_ID
         else:
-            found.ledgerId, found.entryId = last.ledger_id, last.entry_id
-            found.batch_index = last.batch_index
+            found.ledgerId, found.entryId = last[0], last[1]
+            found.batch_index = index
         self._write(answer)
 
     def _on_consumer_stats(self, command: api.BaseCommand, frame: frames.Frame) -> None:
@@ -767,6 +854,19 @@ class Connection:
             stats.consumerName = consumer.name
             stats.type = consumer.type_name
         self._write(answer)
+
+
+def _failing_ends(task: asyncio.Task[Any], end: Callable[[], None], what: str) -> None:
+    """A producer's or consumer's task that fails (a read no bookie serves, ...) ends it:
+    its client is told, and reconnects."""
+
+    def ended(done: asyncio.Task[Any]) -> None:
+        if done.cancelled() or done.exception() is None:
+            return
+        log.warning("pulsar %s failed: %r", what, done.exception())
+        end()
+
+    task.add_done_callback(ended)
 
 
 def raise_if_cancelled(error: BaseException) -> None:
@@ -794,11 +894,17 @@ class _Producer:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._settle()), loop.create_task(self._fenced())]
+        for task in self._tasks:
+            _failing_ends(task, self._end, f"producer {self.session.name}")
 
     async def send(self, send: Any, frame: frames.Frame) -> None:
         sequence_id = send.sequence_id
+        messages = max(1, send.num_messages)
+        # A batch's last sequence id: as the client states it, else the run's end.
         highest = (
-            send.highest_sequence_id if send.highest_sequence_id > sequence_id else sequence_id
+            send.highest_sequence_id
+            if send.highest_sequence_id > sequence_id
+            else sequence_id + (0 if send.is_chunk else messages - 1)
         )
         if self._ended:
             return
@@ -824,7 +930,7 @@ class _Producer:
         outcome: Any
         try:
             await self.owned.room()
-            entry = _EntrySend(block, sequence_id, highest, max(1, send.num_messages))
+            entry = _EntrySend(block, sequence_id, highest, messages)
             outcome = self.owned.publish(self.session, entry)
         except (BadRequestError, TooLargeError, MessageDecodeError) as error:
             outcome = error
@@ -839,27 +945,27 @@ class _Producer:
             if isinstance(outcome, asyncio.Future):
                 try:
                     outcome = await outcome
-                except Exception as error:
-                    outcome = StreamGone(f"the stream's writer failed: {error}")
+                except Exception as failed:
+                    outcome = StreamGone(f"the stream's writer failed: {failed}")
             self.held.give_back(size)
             if isinstance(outcome, StreamGone):
                 self._end()
                 return
             if isinstance(outcome, BaseException):
-                error = (
+                code = (
                     api.ChecksumError
                     if isinstance(outcome, _ChecksumError)
                     else server_error(outcome)
                 )
                 connection._write(_command(Type.SEND_ERROR, "send_error",
                                            producer_id=self.producer_id, sequence_id=sequence_id,
-                                           error=error, message=str(outcome)))  # fmt: skip
+                                           error=code, message=str(outcome)))  # fmt: skip
                 continue
             receipt = _command(Type.SEND_RECEIPT, "send_receipt", producer_id=self.producer_id,
                                sequence_id=sequence_id, highest_sequence_id=highest)  # fmt: skip
             where = receipt.send_receipt.message_id
             if outcome == EARLIEST:  # (a duplicate too old to know where it went)
-                where.ledgerId, where.entryId = -1, -1
+                where.ledgerId, where.entryId = NONE_ID, NONE_ID
             else:
                 where.ledgerId, where.entryId = outcome.ledger_id, outcome.entry_id
             connection._write(receipt)
@@ -934,12 +1040,16 @@ class _Consumer:
         self.name = session.name
         self.epoch = epoch
         self.asked: dict[str, int] = {}  # seek / unsubscribe: their request ids
+        # What went to the client, by entry: (messages, the entry's indexes of them or
+        # None: all) -- how its acks' batch indexes are read.
+        self.delivered: dict[tuple[int, int], tuple[int, list[int] | None]] = {}
         self._task: asyncio.Task[Any] | None = None
         self._ended = False
         self._closed = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._deliver())
+        _failing_ends(self._task, self._end, f"consumer {self.name} of {self.subscription}")
 
     def flow(self, permits: int) -> None:
         self.dispatcher.flow(self.session.cid, min(max(permits, 0), 1_000_000))
@@ -948,21 +1058,52 @@ class _Consumer:
         cid = self.session.cid
         if ack.ack_type == api.CommandAck.Cumulative:
             for one in ack.message_id[-1:]:
-                if one.ack_set:  # (batch-index ack: those before the first unset one)
-                    acked = _unset_bits(one.ack_set, one.batch_size or 0)
-                    index = max(acked) if acked else -1
-                elif one.HasField("batch_index") and one.batch_index >= 0:
-                    index = one.batch_index
-                else:
-                    index = 2**31  # the whole entry
-                if index >= 0:
-                    self.dispatcher.ack_cumulative(cid, MessageId(one.ledgerId, one.entryId, index))
-                elif one.entryId > 0:
-                    self.dispatcher.ack_cumulative(
-                        cid, MessageId(one.ledgerId, one.entryId - 1, 2**31)
-                    )
+                self._cumulative(one)
             return
-        self.dispatcher.ack(cid, [_acked(one) for one in ack.message_id])
+        acks = []
+        for one in ack.message_id:
+            indexes = self._indexes(one)
+            if indexes is None:
+                self.delivered.pop((one.ledgerId, one.entryId), None)
+            acks.append((one.ledgerId, one.entryId, indexes))
+        self.dispatcher.ack(cid, acks)
+
+    def _indexes(self, one: Any) -> list[int] | None:
+        """The entry's messages an individual ack names (None: all this consumer holds
+        of it), numbered as the entry numbers them."""
+        sent = self.delivered.get((one.ledgerId, one.entryId))
+        if one.ack_set:  # (batch-index acks: the bits still set are not acknowledged)
+            count = sent[0] if sent is not None else len(one.ack_set) * 64
+            local = [i for i in range(count) if not _bit(one.ack_set, i)]
+        elif one.HasField("batch_index") and one.batch_index >= 0:
+            local = [one.batch_index]
+        else:
+            return None
+        if sent is not None and sent[1] is not None:
+            originals = sent[1]
+            return [originals[i] for i in local if i < len(originals)]
+        return local
+
+    def _cumulative(self, one: Any) -> None:
+        """Everything up to a message (of those this consumer holds)."""
+        where = (one.ledgerId, one.entryId)
+        sent = self.delivered.get(where)
+        if one.ack_set:  # (those before the first still set)
+            count = sent[0] if sent is not None else len(one.ack_set) * 64
+            upto = next((i for i in range(count) if _bit(one.ack_set, i)), count) - 1
+        elif one.HasField("batch_index") and one.batch_index >= 0:
+            upto = one.batch_index
+        else:
+            upto = WHOLE_ENTRY
+        if upto >= 0 and upto != WHOLE_ENTRY and sent is not None and sent[1] is not None:
+            upto = sent[1][min(upto, len(sent[1]) - 1)]
+        if upto < 0:  # (none of this entry: the ones before it)
+            if one.entryId == 0:
+                return
+            where, upto = (one.ledgerId, one.entryId - 1), WHOLE_ENTRY
+        for done in [w for w in self.delivered if w <= where]:
+            del self.delivered[done]
+        self.dispatcher.ack_cumulative(self.session.cid, MessageId(*where, upto))
 
     def redeliver(self, request: Any) -> None:
         if request.HasField("consumer_epoch"):
@@ -980,12 +1121,18 @@ class _Consumer:
             item = await self.session.outbox.get()
             if isinstance(item, Done):
                 request_id = self.asked.pop(item.what, None)
-                if request_id is not None:
-                    if item.error is None:
-                        connection._success(request_id)
-                    else:
-                        connection._error(request_id, item.error)
-                continue
+                if request_id is None:
+                    continue
+                if item.error is not None:
+                    connection._error(request_id, item.error)
+                    continue
+                # Done: this consumer is closed first (its client reconnects, from the
+                # position it sought), then answered -- in this order, as by Pulsar's
+                # broker: the client takes a seek answered while it reconnects as its
+                # new start.
+                self._end()
+                connection._success(request_id)
+                return
             if isinstance(item, BaseException):
                 self._end()
                 return
@@ -994,7 +1141,9 @@ class _Consumer:
                 connection._write(_command(Type.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
                                            consumer_id=self.consumer_id, is_active=active))  # fmt: skip
             for handed in item:
-                connection._write(*message_frame(self.consumer_id, handed, self.epoch))
+                connection._write(
+                    *message_frame(self.consumer_id, handed, self.epoch, self.delivered)
+                )
             await connection._drained()
 
     def _end(self) -> None:
@@ -1033,12 +1182,16 @@ class _Reader:
 
     type_name = "reader"
 
-    def __init__(self, connection: Connection, consumer_id: int, reader: Any) -> None:
+    def __init__(
+        self, connection: Connection, consumer_id: int, reader: Any, subscription: str
+    ) -> None:
         self.connection = connection
+        self.subscription = subscription
         self.consumer_id = consumer_id
         self.reader = reader
         self.stream = reader.stream
         self.name = f"reader-{consumer_id}"
+        self._sent: dict[tuple[int, int], Any] = {}  # (a reader's acks are not read)
         self.permits = 0
         self._given = asyncio.Event()
         self._task: asyncio.Task[Any] | None = None
@@ -1047,6 +1200,7 @@ class _Reader:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._deliver())
+        _failing_ends(self._task, self.end, f"reader of {self.stream}")
 
     def flow(self, permits: int) -> None:
         self.permits = min(self.permits + max(permits, 0), 1_000_000)
@@ -1062,10 +1216,15 @@ class _Reader:
                 self._given.clear()
                 await self._given.wait()
                 continue
-            entry = await feed.take_entry()
+            entry = await feed.take_entry(None)
             while True:
-                indexes = list(range(entry.start, len(entry.payloads)))
-                connection._write(*message_frame(self.consumer_id, Handed(entry, indexes), 0))
+                # (Whole, from a seek by time too: Pulsar resets to an entry; a seek by id's
+                # client drops what is before it.)
+                indexes = list(range(len(entry.payloads)))
+                connection._write(
+                    *message_frame(self.consumer_id, Handed(entry, indexes), 0, self._sent)
+                )
+                self._sent.clear()
                 self.permits -= len(indexes)
                 if self.permits <= 0 or (entry := feed.take_entry_nowait()) is None:  # type: ignore[assignment]
                     break
@@ -1100,20 +1259,53 @@ class _Reader:
         await asyncio.shield(to_its_end(run(), "closing a Pulsar reader"))
 
 
-def message_frame(consumer_id: int, handed: Handed, epoch: int) -> tuple[api.BaseCommand, bytes]:
+def message_frame(
+    consumer_id: int, handed: Handed, epoch: int, delivered: dict[tuple[int, int], Any]
+) -> tuple[api.BaseCommand, bytes]:
     """A MESSAGE of one entry as Pulsar's clients read it: the entry in Pulsar's format
-    (made once per entry), and -- when only some of its messages are this consumer's --
-    those as ack_set (the bits of the indexes to deliver)."""
+    (made once per entry) or -- when only some of its messages are this consumer's (a
+    key_shared split, what is left of a batch to deliver again) -- a batch of just those.
+    (Not the whole entry with an ack_set: pulsar-client then skips the others, but, with
+    its default configuration, never acknowledges the entry.) What went is kept in
+    `delivered`, by entry: how many messages, and which of the entry's (None: all)."""
     entry = handed.entry
-    block = pulsar_block(entry)
+    where = (entry.ledger_id, entry.entry_id)
+    if handed.whole:
+        block = pulsar_block(entry)
+        delivered[where] = (len(handed.indexes), None)
+    else:
+        block = partial_block(entry, handed.indexes)
+        delivered[where] = (len(handed.indexes), list(handed.indexes))
+    if len(delivered) > MAX_DELIVERED_KEPT:  # (the oldest: long since acknowledged)
+        del delivered[next(iter(delivered))]
     command = _command(Type.MESSAGE, "message", consumer_id=consumer_id,
                        redelivery_count=handed.redeliveries, consumer_epoch=epoch)  # fmt: skip
     message = command.message
     message.message_id.ledgerId = entry.ledger_id
     message.message_id.entryId = entry.entry_id
-    if not handed.whole:
-        message.ack_set.extend(_bits(handed.indexes))
     return command, block
+
+
+def partial_block(entry: EntryMessages, indexes: list[int]) -> bytes:
+    """Some messages of an entry as a Pulsar batch of their own (numbered 0.. in it)."""
+    where = f"entry {entry.ledger_id}:{entry.entry_id}"
+    whole = decode_batch(entry.stored(), where)
+    columns: dict[str, Any] = {
+        name: value if value is None or name == "chunk" else [value[i] for i in indexes]
+        for name, value in whole._asdict().items()
+    }
+    return encode_pulsar(DecodedBatch(**columns), where=where)
+
+
+def last_index(entry: bytes, where: str) -> int:
+    """The batch index of an entry's last message as Pulsar's clients number it: -1 for
+    a Pulsar producer's lone message (not batched), else the batch's last."""
+    if is_pulsar_entry(entry):
+        metadata, _ = parse(entry, where, verify=False)
+        if not metadata.HasField("num_messages_in_batch"):
+            return -1
+        return max(metadata.num_messages_in_batch - 1, 0)
+    return max(len(decode_batch(entry, where, payloads=False).payloads) - 1, 0)
 
 
 def pulsar_block(entry: EntryMessages) -> bytes:
@@ -1126,12 +1318,20 @@ def pulsar_block(entry: EntryMessages) -> bytes:
     return cached
 
 
-def _bits(indexes: list[int]) -> list[int]:
-    """Indexes as a java.util.BitSet's words (signed 64-bit, little end first)."""
-    words = [0] * (max(indexes) // 64 + 1)
-    for i in indexes:
-        words[i // 64] |= 1 << (i % 64)
-    return [w - (1 << 64) if w >= 1 << 63 else w for w in words]
+def _position(message_id: Any) -> tuple[int, int]:
+    """A MessageIdData's ledger and entry, signed (uint64 on the wire: pulsar-client's
+    MessageId.earliest is -1, -1)."""
+    return _signed(message_id.ledgerId), _signed(message_id.entryId)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _bit(words: Any, index: int) -> bool:
+    """Bit `index` of a java.util.BitSet's words (an ack's ack_set: set, not acknowledged)."""
+    word = index // 64
+    return word < len(words) and bool((words[word] >> (index % 64)) & 1)
 
 
 def _unset_bits(words: Any, size: int) -> list[int]:
@@ -1142,12 +1342,3 @@ def _unset_bits(words: Any, size: int) -> list[int]:
         if not (word >> (i % 64)) & 1:
             out.append(i)
     return out
-
-
-def _acked(one: Any) -> tuple[int, int, list[int] | None]:
-    """An individual ack: an entry's messages (None: all of them)."""
-    if one.ack_set:
-        return one.ledgerId, one.entryId, _unset_bits(one.ack_set, one.batch_size)
-    if one.HasField("batch_index") and one.batch_index >= 0:
-        return one.ledgerId, one.entryId, [one.batch_index]
-    return one.ledgerId, one.entryId, None
