@@ -633,16 +633,22 @@ async def test_exclusive_producers_refuse_fence_and_wait(cluster, programs):
     assert info["producer_name"] == "next"
     await b.send(second, [{"data": "from the next"}])
 
-    # ExclusiveWithFencing: takes the topic over; the one it fenced can send no more.
+    # ExclusiveWithFencing: takes the topic over; the Exclusive one it fenced can send no
+    # more (its reconnection is refused). (A fenced WaitForExclusive producer would wait
+    # in line again instead, in Pulsar too.)
+    await b.close(second)
+    exclusive, _ = await b.producer(b_client, topic(name), access_mode="Exclusive",
+                                    send_timeout_millis=15_000)  # fmt: skip
+    await b.send(exclusive, [{"data": "from the exclusive one"}])
     third, _ = await a.producer(a_client, topic(name), access_mode="ExclusiveWithFencing")
     await a.send(third, [{"data": "from the fencing one"}])
-    fenced = await b.attempt("send", producer=second, messages=[{"data": "fenced"}])
+    fenced = await b.attempt("send", producer=exclusive, messages=[{"data": "fenced"}])
     assert fenced.get("error") == "ProducerFenced", fenced
     direct = await cluster.client()
     reader = await direct.create_reader(name, EARLIEST)
-    stored = [(await reader.read_next(timeout=30)).data for _ in range(4)]
+    stored = [(await reader.read_next(timeout=30)).data for _ in range(5)]
     assert stored == [b"from the first", b"still the first's", b"from the next",
-                      b"from the fencing one"]  # fmt: skip
+                      b"from the exclusive one", b"from the fencing one"]  # fmt: skip
     assert not await reader.has_message_available()
 
 
