@@ -607,6 +607,16 @@ async def test_schema_values_round_trip(cluster, programs, schema, values):
     assert [m["value"] for m in await program.receive(consumer, len(values))] == values
 
 
+async def test_a_topic_keeps_its_first_schema(cluster, programs):
+    name = "schema-kept"
+    program, client = await connect(programs, cluster)
+    producer, _ = await program.producer(client, topic(name), schema="avro")
+    await program.send(producer, [{"value": {"sensor": "a", "value": 1}}])
+    with pytest.raises(ProgramError) as incompatible:
+        await program.producer(client, topic(name), schema="string")
+    assert incompatible.value.error == "IncompatibleSchema"
+
+
 # -- 6. producers ---------------------------------------------------------------------------
 
 

@@ -74,7 +74,8 @@ async def test_a_broker_killed_under_a_pulsar_client_producer_and_consumer(
                         explicit_sequence_ids=sequence_ids == "explicit", interval_ms=5)  # fmt: skip
     everything = {f"m-{i}" for i in range(COUNT)}
     consuming_task = asyncio.ensure_future(consume_until(consuming, consumer, everything, 150))
-    await settled(producing, COUNT // 4)
+    before = await settled(producing, COUNT // 4)
+    assert before["settled"] < COUNT, "the broker is killed while the producer sends"
     owner = await BrokerRegistry((await cluster.client()).store).owner(NAME)
     assert owner is not None
     [lost] = [b for b in brokers if b.broker_id == owner.broker_id]
