@@ -275,6 +275,8 @@ class Connection:
             log.info("pulsar connection %s closed: %s", self._peer(), error)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
+        except Exception as error:  # (a fault of this broker's: this connection only ends)
+            log.warning("pulsar connection %s failed: %r", self._peer(), error)
         finally:
             await to_its_end(self._close_all(), "closing a Pulsar connection")
 
@@ -318,10 +320,22 @@ class Connection:
             return
         handler = self._handlers.get(command.type)
         if handler is None:
-            raise ConnectionClosed(f"{Type.Name(command.type)} is not served here")
+            self._not_served(command)
+            return
         result = handler(command, frame)
         if asyncio.iscoroutine(result):
             await result
+
+    def _not_served(self, command: api.BaseCommand) -> None:
+        """A command this broker does not serve (transactions, topic-list watchers, a
+        second CONNECT, ...): a request is answered NotAllowedError, and the connection
+        goes on; anything else ends it (a client that sends what only a broker sends)."""
+        name = Type.Name(command.type)
+        inner = frames.inner_command(command)
+        request_id = getattr(inner, "request_id", None)
+        if request_id is None or command.type in (Type.CONNECT, Type.CONNECTED):
+            raise ConnectionClosed(f"{name} is not served here")
+        self._error(request_id, BadRequestError(f"this broker does not serve {name}"))
 
     def _connect(self, connect: Any) -> None:
         token = None
