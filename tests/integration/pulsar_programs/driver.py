@@ -28,7 +28,8 @@ ack), data (or data_b64; size and sha256 always), value (with a schema), propert
 partition_key, ordering_key, event_timestamp, publish_timestamp, id, redelivery_count,
 topic, producer_name, received_at_ms (this program's clock). send mode=async answers
 callbacks ([index, result, id] in the order they were called) and after_flush (how many
-had been called when flush returned). An error is answered {"error": its class name, "message": ...}.
+had been called when flush returned). An error is answered {"error": its class name,
+"message": ...}.
 
 pulsar-client's C++ core may print to stdout: the answers go to the stdout this
 program started with, and fd 1 is pointed at stderr."""
@@ -137,7 +138,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def to_send(message: dict[str, Any], schema: str | None) -> tuple[Any, dict[str, Any]]:
+def to_send(message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     message = dict(message)
     if "value" in message:
         content = message.pop("value")
@@ -207,11 +208,10 @@ class Driver:
 
     def send(self, producer: str, messages: list[dict[str, Any]], mode: str = "sync") -> dict:
         target = self.objects[producer]
-        schema = self.schemas.get(producer)
         if mode == "sync":
             ids = []
             for message in messages:
-                content, given = to_send(message, schema)
+                content, given = to_send(message)
                 ids.append(id_of(target.send(content, **given)))
             return {"ids": ids}
         # send_async: each callback says its result and id, in the order they came.
@@ -227,7 +227,7 @@ class Driver:
             return called
 
         for index, message in enumerate(messages):
-            content, given = to_send(message, schema)
+            content, given = to_send(message)
             target.send_async(content, callback(index), **given)
         target.flush()
         after_flush = len(callbacks)
