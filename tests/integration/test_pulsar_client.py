@@ -215,15 +215,17 @@ async def test_key_shared_consumers_never_share_a_key(cluster, programs):
     ]
     producer, _ = await a.producer(a_client, topic("keyshared"))
     sent = messages("keyshared", 60, keys=12)
-    for m in sent:  # (key_shared orders by ordering key when one is given: here the key)
-        m.pop("ordering_key")
+    for m in sent:  # (key_shared splits by the ordering key when one is given)
+        m["ordering_key"] = m["partition_key"]
     await a.send(producer, sent)
     got = await asyncio.gather(*(p.drain(c, timeout_ms=2000) for p, c in consumers))
     together = [m["data"] for g in got for m in g]
     assert sorted(together) == sorted(datas(sent)) and len(together) == len(set(together))
     keys = [{m["partition_key"] for m in g} for g in got]
     assert keys[0] and keys[1] and not keys[0] & keys[1], keys
-    for g in got:  # each key's messages in the order produced
+    by_data = {m["data"]: m for m in sent}
+    for g in got:  # each message as sent, each key's in the order produced
+        assert as_sent(g) == [by_data[m["data"]] for m in g]
         for key in {m["partition_key"] for m in g}:
             mine = [m["data"] for m in g if m["partition_key"] == key]
             assert mine == [m["data"] for m in sent if m["partition_key"] == key]
