@@ -201,9 +201,10 @@ class OwnedStream:
                     if access_mode == "wait_for_exclusive":
                         await self._producers_changed.wait()
                         continue
-                    raise _exclusive(ProducerBusyError(
+                    busy = ProducerBusyError(
                         f"stream {self.stream!r} has an exclusive producer ({exclusive[0].name})"
-                    ))  # fmt: skip
+                    )
+                    raise _exclusive(busy) if access_mode == "exclusive" else busy
                 if access_mode == "exclusive" and self.producers:
                     raise _exclusive(ProducerBusyError(
                         f"stream {self.stream!r} has {len(self.producers)} producers: "
@@ -508,7 +509,7 @@ class OwnedStream:
 
 
 def _exclusive(error: ProducerBusyError) -> ProducerBusyError:
-    """Marked as a conflict of access modes (Pulsar answers those ProducerFenced, a
-    name in use ProducerBusy)."""
+    """Marked as an exclusive producer's conflict (Pulsar answers it ProducerFenced; a
+    shared producer's, or a name in use, ProducerBusy)."""
     error.exclusive = True  # type: ignore[attr-defined]
     return error

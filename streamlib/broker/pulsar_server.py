@@ -1297,7 +1297,16 @@ def message_frame(
     message = command.message
     message.message_id.ledgerId = entry.ledger_id
     message.message_id.entryId = entry.entry_id
+    message.message_id.partition = partition_index(entry.stream)
     return command, block
+
+
+def partition_index(stream: str) -> int:
+    """A partition's index in its partitioned topic (NAME-partition-I: I), -1 for a
+    stream that is none: what Pulsar's broker puts in a MESSAGE's id, and its clients in
+    the message's."""
+    _, marker, index = stream.rpartition("-partition-")
+    return int(index) if marker and index.isdigit() else -1
 
 
 def partial_block(entry: EntryMessages, indexes: list[int]) -> bytes:
