@@ -32,7 +32,7 @@ import builtins
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,6 +241,7 @@ class Connection:
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer | _Reader] = {}
         self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
+        self._abandoned: set[tuple[str, int]] = set()  # ... and closed by their client meanwhile
         self._requests: set[asyncio.Task[Any]] = set()
         self._room = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
         self._closed = False
@@ -555,71 +556,77 @@ class Connection:
 
     def _on_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.producer
-        try:
-            self._take_session(("producer", request.producer_id))
-        except Exception as error:
-            self._error(request.request_id, error)
-            return
-        self._opening.add(("producer", request.producer_id))
-        self._spawn(self._open_producer(request))
+        self._open(("producer", request.producer_id), request.request_id,
+                   lambda: self._open_producer(request))  # fmt: skip
 
-    async def _open_producer(self, request: Any) -> None:
-        producer_id = request.producer_id
-        session: ProducerSession | None = None
-        owned = None
+    def _open(
+        self,
+        key: tuple[str, int],
+        request_id: int,
+        make: Callable[[], Awaitable[_Session]],
+    ) -> None:
+        """Make a producer or consumer (("producer" or "consumer", its id)) in a task of
+        its own: counted against the limits first, and answered -- its ready answer, or
+        the error that refused it -- when made."""
         try:
-            stream = stream_of(request.topic)
-            self._check(Operation.PRODUCE, stream)
-            access_mode = ACCESS_MODES.get(request.producer_access_mode, "")
-            name = request.producer_name if request.HasField("producer_name") else ""
-            OwnedStream.check_producer(name, access_mode)
-            _not_partitioned(stream, await self.core.exists(self._caller(), stream))
-            owned = await self.broker.own(stream)
-            version = b""
-            if request.HasField("schema") and not schemas.is_bytes(request.schema):
-                version = await schemas.offer(self.broker.client.streams, stream, request.schema)
-            await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
-            if access_mode == "wait_for_exclusive" and owned.producers:
-                # (Pulsar's answer while it waits: created, not ready.)
-                self._write(_command(Type.PRODUCER_SUCCESS, "producer_success",
-                                     request_id=request.request_id, producer_name=name,
-                                     last_sequence_id=-1, producer_ready=False))  # fmt: skip
-            # A name the broker gave before (not the user's): the same producer again,
-            # after its connection broke.
-            resume = bool(name) and not request.user_provided_producer_name
-            session = await owned.add_producer(
-                name, access_mode, resume=resume, principal=self._caller().principal
-            )
+            self._take_session(key)
+        except Exception as error:
+            self._error(request_id, error)
+            return
+        self._opening.add(key)
+
+        async def run() -> None:
             try:
-                await self.core.still_owner(owned)
-            except BaseException:
-                await owned.remove_producer(session)
-                raise
-        except BaseException as error:
-            self._opening.discard(("producer", producer_id))
-            self._give_back_session()
-            if isinstance(error, Exception):
-                self._error(request.request_id, error)
-            raise_if_cancelled(error)
-            return
-        self._opening.discard(("producer", producer_id))
-        producer = _Producer(self, producer_id, owned, session)
-        if self._closed:
-            await producer.close()
-            return
-        self.producers[producer_id] = producer
-        self._write(
-            _command(
-                Type.PRODUCER_SUCCESS,
-                "producer_success",
-                request_id=request.request_id,
-                producer_name=session.name,
-                last_sequence_id=owned.dedup.last(session.name),
-                producer_ready=True,
-                schema_version=version,
-            )
+                session = await make()
+            except BaseException as error:
+                self._opening.discard(key)
+                self._give_back_session()
+                if isinstance(error, Exception):
+                    self._error(request_id, error)
+                raise_if_cancelled(error)
+                return
+            self._opening.discard(key)
+            if self._closed or key in self._abandoned:  # (closed by its client meanwhile)
+                self._abandoned.discard(key)
+                await session.close()
+                return
+            known: dict[int, Any] = self.producers if key[0] == "producer" else self.consumers
+            known[key[1]] = session
+            session.ready(request_id)
+            session.start()
+
+        self._spawn(run())
+
+    async def _open_producer(self, request: Any) -> _Producer:
+        producer_id = request.producer_id
+        stream = stream_of(request.topic)
+        self._check(Operation.PRODUCE, stream)
+        access_mode = ACCESS_MODES.get(request.producer_access_mode, "")
+        name = request.producer_name if request.HasField("producer_name") else ""
+        OwnedStream.check_producer(name, access_mode)
+        _not_partitioned(stream, await self.core.exists(self._caller(), stream))
+        owned = await self.broker.own(stream)
+        version = b""
+        if request.HasField("schema") and not schemas.is_bytes(request.schema):
+            version = await schemas.offer(self.broker.client.streams, stream, request.schema)
+        await owned.ensure_writer()  # (after the schema: a refused one fences nothing)
+        if access_mode == "wait_for_exclusive" and owned.producers:
+            # (Pulsar's answer while it waits: created, not ready.)
+            self._write(_command(Type.PRODUCER_SUCCESS, "producer_success",
+                                 request_id=request.request_id, producer_name=name,
+                                 last_sequence_id=-1, producer_ready=False))  # fmt: skip
+        # A name the broker gave before (not the user's): the same producer again,
+        # after its connection broke.
+        resume = bool(name) and not request.user_provided_producer_name
+        session = await owned.add_producer(
+            name, access_mode, resume=resume, principal=self._caller().principal
         )
-        producer.start()
+        try:
+            await self.core.still_owner(owned)
+        except BaseException:
+            await owned.remove_producer(session)
+            raise
+        return _Producer(self, producer_id, owned, session, version)
 
     async def _on_send(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         send = command.send
@@ -633,12 +640,20 @@ class Connection:
 
     def _on_close_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.close_producer
-        producer = self.producers.pop(request.producer_id, None)
+        self._close(("producer", request.producer_id), request.request_id)
+
+    def _close(self, key: tuple[str, int], request_id: int) -> None:
+        """A client's close of its producer or consumer: answered once it is closed (one
+        still being made is closed when it is)."""
+        known: dict[int, Any] = self.producers if key[0] == "producer" else self.consumers
+        session = known.pop(key[1], None)
+        if key in self._opening:
+            self._abandoned.add(key)
 
         async def close() -> None:
-            if producer is not None:
-                await producer.close()
-            self._success(request.request_id)
+            if session is not None:
+                await session.close()
+            self._success(request_id)
 
         self._spawn(close())
 
@@ -646,36 +661,14 @@ class Connection:
 
     def _on_subscribe(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.subscribe
-        try:
-            self._take_session(("consumer", request.consumer_id))
-        except Exception as error:
-            self._error(request.request_id, error)
-            return
-        self._opening.add(("consumer", request.consumer_id))
-        self._spawn(self._subscribe(request))
+        self._open(("consumer", request.consumer_id), request.request_id,
+                   lambda: self._subscribe(request))  # fmt: skip
 
-    async def _subscribe(self, request: Any) -> None:
-        consumer_id = request.consumer_id
-        try:
-            stream = stream_of(request.topic)
-            if request.durable:
-                consumer: _Consumer | _Reader = await self._durable(stream, request)
-            else:
-                consumer = await self._non_durable(stream, request)
-        except BaseException as error:
-            self._opening.discard(("consumer", consumer_id))
-            self._give_back_session()
-            if isinstance(error, Exception):
-                self._error(request.request_id, error)
-            raise_if_cancelled(error)
-            return
-        self._opening.discard(("consumer", consumer_id))
-        if self._closed:
-            await consumer.close()
-            return
-        self.consumers[consumer_id] = consumer
-        self._success(request.request_id)
-        consumer.start()
+    async def _subscribe(self, request: Any) -> _Consumer | _Reader:
+        stream = stream_of(request.topic)
+        if request.durable:
+            return await self._durable(stream, request)
+        return await self._non_durable(stream, request)
 
     async def _durable(self, stream: str, request: Any) -> _Consumer:
         subscription = request.subscription
@@ -763,14 +756,7 @@ class Connection:
 
     def _on_close_consumer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.close_consumer
-        consumer = self.consumers.pop(request.consumer_id, None)
-
-        async def close() -> None:
-            if consumer is not None:
-                await consumer.close()
-            self._success(request.request_id)
-
-        self._spawn(close())
+        self._close(("consumer", request.consumer_id), request.request_id)
 
     def _on_unsubscribe(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.unsubscribe
@@ -870,46 +856,120 @@ class Connection:
         self._write(answer)
 
 
-def _failing_ends(task: asyncio.Task[Any], end: Callable[[], None], what: str) -> None:
-    """A producer's or consumer's task that fails (a read no bookie serves, ...) ends it:
-    its client is told, and reconnects."""
-
-    def ended(done: asyncio.Task[Any]) -> None:
-        if done.cancelled() or done.exception() is None:
-            return
-        log.warning("pulsar %s failed: %r", what, done.exception())
-        end()
-
-    task.add_done_callback(ended)
-
-
 def raise_if_cancelled(error: BaseException) -> None:
     if not isinstance(error, Exception):
         raise error
 
 
-class _Producer:
-    """A Pulsar producer: its sends appended in order, answered in order once durable."""
+class _Session:
+    """What a Pulsar producer, consumer and reader share: their tasks, how the broker
+    ends one (its client is told -- CloseProducer, CloseConsumer -- and reconnects), and
+    how one is closed, once (its tasks stopped, what it holds given back)."""
 
-    def __init__(self, connection: Connection, producer_id: int, owned: Any,
-                 session: ProducerSession) -> None:  # fmt: skip
+    kind = "producer"  # or "consumer": which of the connection's it is, and how it is closed
+
+    def __init__(self, connection: Connection, session_id: int) -> None:
         self.connection = connection
-        self.producer_id = producer_id
-        self.owned = owned
-        self.session = session
-        self.held = HeldBytes(connection.broker.publish_buffer)
-        self._pending: asyncio.Queue[tuple[int, int, Any, int] | None] = asyncio.Queue(
-            PENDING_SENDS
-        )
+        self.session_id = session_id
         self._tasks: list[asyncio.Task[Any]] = []
         self._ended = False
         self._closed = False
 
+    def _run(self, coro: Any, what: str) -> None:
+        """A task of this session's: one that fails (a read no bookie serves, ...) ends
+        the session, and its client reconnects."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+
+        def ended(done: asyncio.Task[Any]) -> None:
+            if done.cancelled() or done.exception() is None:
+                return
+            log.warning("pulsar %s failed: %r", what, done.exception())
+            self._end()
+
+        task.add_done_callback(ended)
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        connection = self.connection
+        known: dict[int, Any] = (
+            connection.producers if self.kind == "producer" else connection.consumers
+        )
+        if known.get(self.session_id) is self:
+            del known[self.session_id]
+            if self.kind == "producer":
+                closing = _command(Type.CLOSE_PRODUCER, "close_producer",
+                                   producer_id=self.session_id, request_id=0)  # fmt: skip
+            else:
+                closing = _command(Type.CLOSE_CONSUMER, "close_consumer",
+                                   consumer_id=self.session_id, request_id=0)  # fmt: skip
+            connection._write(closing)
+        asyncio.get_running_loop().create_task(self.close())
+
+    async def close(self) -> None:
+        """Stop: its tasks, then what it holds (_release), and its limits given back."""
+        self._ended = True
+        if self._closed:
+            return
+        self._closed = True
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        self._tasks = []
+
+        async def run() -> None:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._release()
+            self.connection._give_back_session()
+
+        await asyncio.shield(to_its_end(run(), f"closing a Pulsar {self.kind}"))
+
+    def ready(self, request_id: int) -> None:
+        """Its client's request to make it is answered: made (a consumer's: Success)."""
+        self.connection._success(request_id)
+
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._settle()), loop.create_task(self._fenced())]
-        for task in self._tasks:
-            _failing_ends(task, self._end, f"producer {self.session.name}")
+        raise NotImplementedError
+
+    async def _release(self) -> None:
+        raise NotImplementedError
+
+
+class _Producer(_Session):
+    """A Pulsar producer: its sends appended in order, answered in order once durable."""
+
+    def __init__(self, connection: Connection, producer_id: int, owned: Any,
+                 session: ProducerSession, schema_version: bytes = b"") -> None:  # fmt: skip
+        super().__init__(connection, producer_id)
+        self.producer_id = producer_id
+        self.owned = owned
+        self.session = session
+        self.schema_version = schema_version
+        self.held = HeldBytes(connection.broker.publish_buffer)
+        self._pending: asyncio.Queue[tuple[int, int, Any, int] | None] = asyncio.Queue(
+            PENDING_SENDS
+        )
+
+    def ready(self, request_id: int) -> None:
+        name = self.session.name
+        self.connection._write(
+            _command(
+                Type.PRODUCER_SUCCESS,
+                "producer_success",
+                request_id=request_id,
+                producer_name=name,
+                last_sequence_id=self.owned.dedup.last(name),
+                producer_ready=True,
+                schema_version=self.schema_version,
+            )
+        )
+
+    def start(self) -> None:
+        self._run(self._settle(), f"producer {self.session.name}")
+        self._run(self._fenced(), f"producer {self.session.name}")
 
     async def send(self, send: Any, frame: frames.Frame) -> None:
         sequence_id = send.sequence_id
@@ -988,37 +1048,9 @@ class _Producer:
         await self.session.fenced.wait()
         self._end()
 
-    def _end(self) -> None:
-        """The broker ends this producer (the stream moved, or another fenced it): the
-        client is told (CloseProducer), and reconnects."""
-        if self._ended:
-            return
-        self._ended = True
-        connection = self.connection
-        if connection.producers.get(self.producer_id) is self:
-            del connection.producers[self.producer_id]
-            connection._write(_command(Type.CLOSE_PRODUCER, "close_producer",
-                                       producer_id=self.producer_id, request_id=0))  # fmt: skip
-        asyncio.get_running_loop().create_task(self.close())
-
-    async def close(self) -> None:
-        """Stop: its session leaves the stream, and its limits are given back (once)."""
-        self._ended = True
-        if self._closed:
-            return
-        self._closed = True
-        current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
-
-        async def run() -> None:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.held.give_back_all()
-            await self.owned.remove_producer(self.session)
-            self.connection._give_back_session()
-
-        await asyncio.shield(to_its_end(run(), "closing a Pulsar producer"))
+    async def _release(self) -> None:
+        self.held.give_back_all()
+        await self.owned.remove_producer(self.session)
 
 
 class _ChecksumError(Exception):
@@ -1036,15 +1068,16 @@ class _EntrySend:
     messages: int
 
 
-class _Consumer:
+class _Consumer(_Session):
     """A durable subscription's Pulsar consumer: a session of its dispatcher."""
 
+    kind = "consumer"
     type_name = "consumer"
 
     def __init__(self, connection: Connection, consumer_id: int, owned: Any, subscription: str,
                  dispatcher: SubscriptionDispatcher, session: ConsumerSession,
                  epoch: int) -> None:  # fmt: skip
-        self.connection = connection
+        super().__init__(connection, consumer_id)
         self.consumer_id = consumer_id
         self.owned = owned
         self.stream = owned.stream
@@ -1057,13 +1090,9 @@ class _Consumer:
         # What went to the client, by entry: (messages, the entry's indexes of them or
         # None: all) -- how its acks' batch indexes are read.
         self.delivered: dict[tuple[int, int], tuple[int, list[int] | None]] = {}
-        self._task: asyncio.Task[Any] | None = None
-        self._ended = False
-        self._closed = False
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._deliver())
-        _failing_ends(self._task, self._end, f"consumer {self.name} of {self.subscription}")
+        self._run(self._deliver(), f"consumer {self.name} of {self.subscription}")
 
     def flow(self, permits: int) -> None:
         self.dispatcher.flow(self.session.cid, min(max(permits, 0), 1_000_000))
@@ -1160,46 +1189,21 @@ class _Consumer:
                 )
             await connection._drained()
 
-    def _end(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        connection = self.connection
-        if connection.consumers.get(self.consumer_id) is self:
-            del connection.consumers[self.consumer_id]
-            connection._write(_command(Type.CLOSE_CONSUMER, "close_consumer",
-                                       consumer_id=self.consumer_id, request_id=0))  # fmt: skip
-        asyncio.get_running_loop().create_task(self.close())
-
-    async def close(self) -> None:
-        """Stop: its session leaves the dispatcher, and its limits are given back (once)."""
-        self._ended = True
-        if self._closed:
-            return
-        self._closed = True
-        task, self._task = self._task, None
-        current = asyncio.current_task()
-
-        async def run() -> None:
-            if task is not None and task is not current:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            await self.owned.remove_consumer(self.subscription, self.dispatcher, self.session)
-            self.connection._give_back_session()
-
-        await asyncio.shield(to_its_end(run(), "closing a Pulsar consumer"))
+    async def _release(self) -> None:
+        await self.owned.remove_consumer(self.subscription, self.dispatcher, self.session)
 
 
-class _Reader:
+class _Reader(_Session):
     """A non-durable subscription (pulsar-client's Reader): entries whole, as stored,
     while the client's permits last."""
 
+    kind = "consumer"
     type_name = "reader"
 
     def __init__(
         self, connection: Connection, consumer_id: int, reader: Any, subscription: str
     ) -> None:
-        self.connection = connection
+        super().__init__(connection, consumer_id)
         self.subscription = subscription
         self.consumer_id = consumer_id
         self.reader = reader
@@ -1208,13 +1212,9 @@ class _Reader:
         self._sent: dict[tuple[int, int], Any] = {}  # (a reader's acks are not read)
         self.permits = 0
         self._given = asyncio.Event()
-        self._task: asyncio.Task[Any] | None = None
-        self._ended = False
-        self._closed = False
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._deliver())
-        _failing_ends(self._task, self.end, f"reader of {self.stream}")
+        self._run(self._deliver(), f"reader of {self.stream}")
 
     def flow(self, permits: int) -> None:
         self.permits = min(self.permits + max(permits, 0), 1_000_000)
@@ -1246,31 +1246,10 @@ class _Reader:
 
     def end(self) -> None:
         """Reconnect the client (after a seek: it subscribes again from there)."""
-        if self._ended:
-            return
-        self._ended = True
-        connection = self.connection
-        if connection.consumers.get(self.consumer_id) is self:
-            del connection.consumers[self.consumer_id]
-            connection._write(_command(Type.CLOSE_CONSUMER, "close_consumer",
-                                       consumer_id=self.consumer_id, request_id=0))  # fmt: skip
-        asyncio.get_running_loop().create_task(self.close())
+        self._end()
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        task, self._task = self._task, None
-        current = asyncio.current_task()
-
-        async def run() -> None:
-            if task is not None and task is not current:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            await self.reader.close()
-            self.connection._give_back_session()
-
-        await asyncio.shield(to_its_end(run(), "closing a Pulsar reader"))
+    async def _release(self) -> None:
+        await self.reader.close()
 
 
 def message_frame(

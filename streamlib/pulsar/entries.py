@@ -186,33 +186,9 @@ def _check_batch(
         raise MessageDecodeError(
             f"{where}: a batch of {count} messages in {room} bytes (at most {max_bytes})"
         )
-    data = bytes(_uncompressed(metadata, body, where, max_bytes))
-    parse_single = checked.SingleMessageMetadata.FromString
-    size_at = _SIZE.unpack_from
-    first = _signed(metadata.sequence_id)
-    ids: list[int] = []
-    end = len(data)
-    at = 0
-    for index in range(count):
-        if at + 4 > end:
-            raise MessageDecodeError(f"{where}: its batch ends before message {index}")
-        (size,) = size_at(data, at)
-        at += 4
-        if at + size > end:
-            raise MessageDecodeError(f"{where}: its batch ends inside message {index}")
-        try:
-            single = parse_single(data[at : at + size])
-        except DecodeError as error:
-            raise MessageDecodeError(
-                f"{where}: message {index} of its batch has no SingleMessageMetadata "
-                "(or a text field of it is not UTF-8)"
-            ) from error
-        at += size + single.payload_size
-        if single.payload_size < 0 or at > end:
-            raise MessageDecodeError(f"{where}: its batch ends inside message {index}")
-        ids.append(_signed(single.sequence_id) if single.HasField("sequence_id") else first + index)
-    if at != end:
-        raise MessageDecodeError(f"{where}: {end - at} bytes follow the {count} messages it holds")
+    data = _uncompressed(metadata, body, where, max_bytes)
+    _, singles = _walk(data, count, where, False, checked.SingleMessageMetadata.FromString)
+    ids = _sequence_ids(metadata, singles)
     return DecodedBatch(
         [b""] * count,
         [_signed(metadata.publish_time)] * count,
@@ -357,13 +333,17 @@ _SIZE = struct.Struct(">I")
 
 
 def _walk(
-    data: bytes | memoryview, count: int, where: str, keep: bool
-) -> tuple[list[bytes], list[pulsar_api.SingleMessageMetadata]]:
-    """A batch's messages: their payloads (if keep) and SingleMessageMetadata."""
+    data: bytes | memoryview,
+    count: int,
+    where: str,
+    keep: bool,
+    parse_single: Callable[[bytes], Any] = pulsar_api.SingleMessageMetadata.FromString,
+) -> tuple[list[bytes], list[Any]]:
+    """A batch's messages: their payloads (if keep) and SingleMessageMetadata (parsed by
+    parse_single: Pulsar's proto2, or checked.proto's proto3, which checks its text)."""
     data = bytes(data)  # (one copy; slicing it is then cheaper than a memoryview's)
     payloads: list[bytes] = []
     singles: list[pulsar_api.SingleMessageMetadata] = []
-    parse_single = pulsar_api.SingleMessageMetadata.FromString
     size_at = _SIZE.unpack_from
     end = len(data)
     at = 0
@@ -378,7 +358,8 @@ def _walk(
             single = parse_single(data[at : at + size])
         except DecodeError as error:
             raise MessageDecodeError(
-                f"{where}: message {index} of its batch has no SingleMessageMetadata"
+                f"{where}: message {index} of its batch has no SingleMessageMetadata (or "
+                "a text field of it is not UTF-8)"
             ) from error
         at += size
         length = single.payload_size
@@ -411,11 +392,7 @@ def _columns(
     keyed = [_metadata(single) for single in singles]
     events = [_signed(single.event_time) for single in singles]
     nulls = [single.null_value for single in singles]
-    first = _signed(metadata.sequence_id)
-    ids = [
-        _signed(single.sequence_id) if single.HasField("sequence_id") else first + index
-        for index, single in enumerate(singles)
-    ]
+    ids = _sequence_ids(metadata, singles)
     return _Columns(
         [_NO_METADATA if m is None else m for m in keyed]
         if any(m is not None for m in keyed)
@@ -424,6 +401,15 @@ def _columns(
         range(ids[0], ids[0] + len(ids)) if _consecutive(ids) else ids,
         nulls if any(nulls) else None,
     )
+
+
+def _sequence_ids(metadata: pulsar_api.MessageMetadata, singles: Sequence[Any]) -> list[int]:
+    """Each message's sequence id: its own, else the batch's first plus its index."""
+    first = _signed(metadata.sequence_id)
+    return [
+        _signed(single.sequence_id) if single.HasField("sequence_id") else first + index
+        for index, single in enumerate(singles)
+    ]
 
 
 def _consecutive(ids: list[int]) -> bool:
