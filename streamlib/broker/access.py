@@ -117,22 +117,31 @@ class ByteBudget:
 
 
 class HeldBytes:
-    """One session's share of a ByteBudget, so its end gives back what it still holds."""
+    """One session's share of a ByteBudget, so its end gives back what it still holds:
+    after give_back_all, nothing more is held (a take that ends later gives its bytes
+    back at once, and giving back is done)."""
 
     def __init__(self, budget: ByteBudget) -> None:
         self.budget = budget
         self.held = 0
+        self.ended = False
 
     async def take(self, size: int) -> None:
         await self.budget.take(size)
-        self.held += size
+        if self.ended:
+            self.budget.give_back(size)
+        else:
+            self.held += size
 
     def give_back(self, size: int) -> None:
+        if self.ended:
+            return
         self.held -= size
         self.budget.give_back(size)
 
     def give_back_all(self) -> None:
         self.give_back(self.held)
+        self.ended = True
 
 
 class SessionLimits:

@@ -484,7 +484,9 @@ class OwnedStream:
             try:
                 await dispatcher.unsubscribe(cid)
             except Exception as error:
-                dispatcher.sessions[cid].outbox.put_nowait(Done("unsubscribe", error))
+                asker = dispatcher.sessions.get(cid)  # (it may have left meanwhile)
+                if asker is not None:
+                    asker.outbox.put_nowait(Done("unsubscribe", error))
                 return
             if self.subscriptions.get(subscription) is dispatcher:
                 del self.subscriptions[subscription]

@@ -243,7 +243,6 @@ class Connection:
         self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
         self._abandoned: set[tuple[str, int]] = set()  # ... and closed by their client meanwhile
         self._requests: set[asyncio.Task[Any]] = set()
-        self._room = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
         self._closed = False
         self._handlers: dict[int, Callable[[api.BaseCommand, frames.Frame], Any]] = {
             Type.PING: self._on_ping,
@@ -313,6 +312,8 @@ class Connection:
                 await self._handle(frame)
 
     async def _handle(self, frame: frames.Frame) -> None:
+        while len(self._requests) >= MAX_REQUESTS_IN_FLIGHT:  # (a flood of lookups, ...)
+            await asyncio.wait(set(self._requests), return_when=asyncio.FIRST_COMPLETED)
         command = frame.command
         if self.caller is None:
             if command.type != Type.CONNECT:
@@ -339,9 +340,9 @@ class Connection:
         self._error(request_id, BadRequestError(f"this broker does not serve {name}"))
 
     def _connect(self, connect: Any) -> None:
-        token = None
-        if connect.auth_method_name == "token" or connect.auth_method == api.AuthMethodNone:
-            token = connect.auth_data.decode(errors="replace") if connect.auth_data else None
+        token = None  # (a token only when the client says it is one: "token")
+        if connect.auth_method_name == "token" and connect.auth_data:
+            token = connect.auth_data.decode(errors="replace")
         self.context = context = _Context(token, peer_common_name(self.writer))
         try:
             self.caller = self.core.access.caller(context)
@@ -369,19 +370,21 @@ class Connection:
             self.writer.write(frames.encode_with_headers(command, payload))
 
     async def _drained(self) -> None:
-        """Wait while the client has not read what was written to it."""
+        """Wait while the client has not read what was written to it; a client that
+        reads nothing for 2 x KEEPALIVE_S (stopped, cut off) loses its connection (and
+        with it its seat in an exclusive or failover subscription, its unacked messages)."""
         transport = self.writer.transport
         if transport.get_write_buffer_size() > WRITE_HIGH_WATER and not self._closed:
-            await self.writer.drain()
+            try:
+                await asyncio.wait_for(self.writer.drain(), 2 * KEEPALIVE_S)
+            except builtins.TimeoutError:
+                transport.abort()
+                raise ConnectionClosed("the client reads nothing") from None
 
     def _spawn(self, coro: Any) -> None:
-        """A request answered in a task of its own (the next frames are read meanwhile)."""
-
-        async def run() -> None:
-            async with self._room:
-                await coro
-
-        task = asyncio.get_running_loop().create_task(run())
+        """A request answered in a task of its own (the next frames are read meanwhile;
+        at most MAX_REQUESTS_IN_FLIGHT at once: then the reading waits, _handle)."""
+        task = asyncio.get_running_loop().create_task(coro)
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
 
@@ -580,6 +583,7 @@ class Connection:
                 session = await make()
             except BaseException as error:
                 self._opening.discard(key)
+                self._abandoned.discard(key)
                 self._give_back_session()
                 if isinstance(error, Exception):
                     self._error(request_id, error)
@@ -631,11 +635,8 @@ class Connection:
     async def _on_send(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         send = command.send
         producer = self.producers.get(send.producer_id)
-        if producer is None:
-            self._write(_command(Type.SEND_ERROR, "send_error", producer_id=send.producer_id,
-                                 sequence_id=send.sequence_id, error=api.NotAllowedError,
-                                 message="no such producer on this connection"))  # fmt: skip
-            return
+        if producer is None:  # (closed since, by the broker or its client: as Pulsar's,
+            return  # ignored -- pulsar-client drops the connection on a SendError)
         await producer.send(send, frame)
 
     def _on_close_producer(self, command: api.BaseCommand, frame: frames.Frame) -> None:
@@ -770,8 +771,10 @@ class Connection:
             self._error(request.request_id, error)
             return
         consumer.asked["unsubscribe"] = request.request_id
-        self._spawn(consumer.owned.unsubscribe(consumer.subscription, consumer.dispatcher,
-                                               consumer.session.cid))  # fmt: skip
+        # (To its end even if the connection drops meanwhile: a cursor half moved, or a
+        # dispatcher half stopped, would leave the subscription's other consumers waiting.)
+        self._spawn(to_its_end(consumer.owned.unsubscribe(
+            consumer.subscription, consumer.dispatcher, consumer.session.cid), "an unsubscribe"))  # fmt: skip
 
     def _on_seek(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.seek
@@ -811,8 +814,8 @@ class Connection:
             self._error(request.request_id, error)
             return
         consumer.asked["seek"] = request.request_id
-        self._spawn(consumer.owned.seek(consumer.subscription, consumer.dispatcher,
-                                        consumer.session.cid, target))  # fmt: skip
+        self._spawn(to_its_end(consumer.owned.seek(
+            consumer.subscription, consumer.dispatcher, consumer.session.cid, target), "a seek"))  # fmt: skip
 
     def _on_last_message_id(self, command: api.BaseCommand, frame: frames.Frame) -> None:
         request = command.getLastMessageId
@@ -889,7 +892,10 @@ class _Session:
 
         task.add_done_callback(ended)
 
-    def _end(self) -> None:
+    def _end(self, tell: bool = True) -> None:
+        """The broker ends it (the stream moved, another fenced it, a seek): its client
+        is told -- unless `tell` is False: it asked for the end (an unsubscribe) --
+        and reconnects."""
         if self._ended:
             return
         self._ended = True
@@ -897,16 +903,18 @@ class _Session:
         known: dict[int, Any] = (
             connection.producers if self.kind == "producer" else connection.consumers
         )
-        if known.get(self.session_id) is self:
+        if known.get(self.session_id) is self:  # (its client has not closed it)
             del known[self.session_id]
-            if self.kind == "producer":
-                closing = _command(Type.CLOSE_PRODUCER, "close_producer",
-                                   producer_id=self.session_id, request_id=0)  # fmt: skip
-            else:
-                closing = _command(Type.CLOSE_CONSUMER, "close_consumer",
-                                   consumer_id=self.session_id, request_id=0)  # fmt: skip
-            connection._write(closing)
+            if tell:
+                connection._write(self._closing())
         asyncio.get_running_loop().create_task(self.close())
+
+    def _closing(self) -> api.BaseCommand:
+        if self.kind == "producer":
+            return _command(Type.CLOSE_PRODUCER, "close_producer",
+                            producer_id=self.session_id, request_id=0)  # fmt: skip
+        return _command(Type.CLOSE_CONSUMER, "close_consumer",
+                        consumer_id=self.session_id, request_id=0)  # fmt: skip
 
     async def close(self) -> None:
         """Stop: its tasks, then what it holds (_release), and its limits given back."""
@@ -972,6 +980,11 @@ class _Producer(_Session):
         self._run(self._fenced(), f"producer {self.session.name}")
 
     async def send(self, send: Any, frame: frames.Frame) -> None:
+        """One SEND: checked, appended, and queued for _settle to answer in order (the
+        connection's reading waits while PENDING_SENDS are unanswered, or for room in the
+        stream's writer and the broker's publish buffer)."""
+        if self._ended:
+            return
         sequence_id = send.sequence_id
         messages = max(1, send.num_messages)
         # A batch's last sequence id: as the client states it, else the run's end.
@@ -980,37 +993,41 @@ class _Producer(_Session):
             if send.highest_sequence_id > sequence_id
             else sequence_id + (0 if send.is_chunk else messages - 1)
         )
-        if self._ended:
-            return
         block = frame.payload
-        if block is None:
-            await self._pending.put((sequence_id, highest,
-                                     BadRequestError("a SEND carries a message"), 0))  # fmt: skip
-            return
         try:
+            if block is None:
+                raise frames.PayloadError("a SEND carries a message")
             checked = frame.checksum_ok()
+            if checked is False:
+                raise _ChecksumError()
             if checked is None:  # (an old client's frame: stored with its checksum added)
                 block = frames.headers_and_payload(frame.metadata(), frame.payload_body())
             elif frame.broker_entry_metadata() is not None:
                 raise frames.PayloadError("a SEND carries no broker entry metadata")
-        except frames.PayloadError as error:
-            await self._pending.put((sequence_id, highest, error, 0))
-            return
-        if checked is False:
-            await self._pending.put((sequence_id, highest, _ChecksumError(), 0))
+        except (frames.PayloadError, _ChecksumError) as refused:
+            await self._put((sequence_id, highest, refused, 0))
             return
         size = len(block)
-        await self.held.take(size)
+        await self.held.take(size)  # (ended meanwhile: given back, see HeldBytes)
         outcome: Any
         try:
             await self.owned.room()
+            if self._ended:
+                return
             entry = _EntrySend(block, sequence_id, highest, messages)
             outcome = self.owned.publish(self.session, entry)
         except (BadRequestError, TooLargeError, MessageDecodeError) as error:
             outcome = error
         except Exception as error:  # (gone, fenced: the producer is closed, it reconnects)
             outcome = StreamGone(str(error))
-        await self._pending.put((sequence_id, highest, outcome, size))
+        await self._put((sequence_id, highest, outcome, size))
+
+    async def _put(self, answer: tuple[int, int, Any, int]) -> None:
+        """Queue an answer for _settle; none once the producer ended (close() empties
+        the queue, so a put waiting on a full one goes on, and its bytes are given back
+        with the rest)."""
+        if not self._ended:
+            await self._pending.put(answer)
 
     async def _settle(self) -> None:
         connection = self.connection
@@ -1026,14 +1043,12 @@ class _Producer(_Session):
                 self._end()
                 return
             if isinstance(outcome, BaseException):
-                code = (
-                    api.ChecksumError
-                    if isinstance(outcome, _ChecksumError)
-                    else server_error(outcome)
-                )
+                # (ChecksumError whatever refused it: pulsar-client fails that message
+                # alone on it, and drops the whole connection on any other code.)
                 connection._write(_command(Type.SEND_ERROR, "send_error",
                                            producer_id=self.producer_id, sequence_id=sequence_id,
-                                           error=code, message=str(outcome)))  # fmt: skip
+                                           error=api.ChecksumError,
+                                           message=f"{type(outcome).__name__}: {outcome}"))  # fmt: skip
                 continue
             receipt = _command(Type.SEND_RECEIPT, "send_receipt", producer_id=self.producer_id,
                                sequence_id=sequence_id, highest_sequence_id=highest)  # fmt: skip
@@ -1049,6 +1064,8 @@ class _Producer(_Session):
         self._end()
 
     async def _release(self) -> None:
+        while not self._pending.empty():  # (a send waiting to queue its answer goes on)
+            self._pending.get_nowait()
         self.held.give_back_all()
         await self.owned.remove_producer(self.session)
 
@@ -1090,6 +1107,8 @@ class _Consumer(_Session):
         # What went to the client, by entry: (messages, the entry's indexes of them or
         # None: all) -- how its acks' batch indexes are read.
         self.delivered: dict[tuple[int, int], tuple[int, list[int] | None]] = {}
+        # Parts of entries handed to it that wait for an earlier delivery's ack (_send).
+        self._waiting: dict[tuple[int, int], list[Handed]] = {}
 
     def start(self) -> None:
         self._run(self._deliver(), f"consumer {self.name} of {self.subscription}")
@@ -1098,61 +1117,110 @@ class _Consumer(_Session):
         self.dispatcher.flow(self.session.cid, min(max(permits, 0), 1_000_000))
 
     def ack(self, ack: Any) -> None:
-        cid = self.session.cid
+        """The client's acks, read against what went to it (`delivered`): a whole
+        delivery's ack is its messages; a batch-index ack is read only for a delivery of
+        the whole entry (numbered as the entry is); anything else -- an ack of what is
+        not out to this client now, a part's batch-index ack, which may be of an earlier
+        delivery numbered otherwise -- is not read (the message comes again, or its
+        whole ack follows)."""
         if ack.ack_type == api.CommandAck.Cumulative:
             for one in ack.message_id[-1:]:
                 self._cumulative(one)
             return
         acks = []
+        done = []
         for one in ack.message_id:
-            indexes = self._indexes(one)
-            if indexes is None:
-                self.delivered.pop((one.ledgerId, one.entryId), None)
-            acks.append((one.ledgerId, one.entryId, indexes))
-        self.dispatcher.ack(cid, acks)
-
-    def _indexes(self, one: Any) -> list[int] | None:
-        """The entry's messages an individual ack names (None: all this consumer holds
-        of it), numbered as the entry numbers them."""
-        sent = self.delivered.get((one.ledgerId, one.entryId))
-        if one.ack_set:  # (batch-index acks: the bits still set are not acknowledged)
-            count = sent[0] if sent is not None else len(one.ack_set) * 64
-            local = [i for i in range(count) if not _bit(one.ack_set, i)]
-        elif one.HasField("batch_index") and one.batch_index >= 0:
-            local = [one.batch_index]
-        else:
-            return None
-        if sent is not None and sent[1] is not None:
-            originals = sent[1]
-            return [originals[i] for i in local if i < len(originals)]
-        return local
+            where = (one.ledgerId, one.entryId)
+            sent = self.delivered.get(where)
+            if sent is None:
+                continue
+            count, originals = sent
+            if one.ack_set or (one.HasField("batch_index") and one.batch_index >= 0):
+                if originals is not None:
+                    continue
+                if one.ack_set:  # (the bits still set are not acknowledged)
+                    acks.append((*where, [i for i in range(count) if not _bit(one.ack_set, i)]))
+                elif one.batch_index < count:
+                    acks.append((*where, [one.batch_index]))
+                continue
+            del self.delivered[where]
+            done.append(where)
+            acks.append((*where, list(range(count)) if originals is None else originals))
+        self.dispatcher.ack(self.session.cid, acks)
+        for where in done:
+            self._send_waiting(where)
 
     def _cumulative(self, one: Any) -> None:
-        """Everything up to a message (of those this consumer holds)."""
+        """Everything up to a message (of those this consumer holds, and not past a part
+        of an entry that waits to go to it)."""
         where = (one.ledgerId, one.entryId)
         sent = self.delivered.get(where)
-        if one.ack_set:  # (those before the first still set)
-            count = sent[0] if sent is not None else len(one.ack_set) * 64
-            upto = next((i for i in range(count) if _bit(one.ack_set, i)), count) - 1
-        elif one.HasField("batch_index") and one.batch_index >= 0:
-            upto = one.batch_index
-        else:
-            upto = WHOLE_ENTRY
-        if upto >= 0 and upto != WHOLE_ENTRY and sent is not None and sent[1] is not None:
-            upto = sent[1][min(upto, len(sent[1]) - 1)]
+        upto = WHOLE_ENTRY
+        if one.ack_set or (one.HasField("batch_index") and one.batch_index >= 0):
+            if sent is not None and sent[1] is None:  # (numbered as the entry is)
+                if one.ack_set:  # (those before the first still set)
+                    upto = next((i for i in range(sent[0]) if _bit(one.ack_set, i)), sent[0]) - 1
+                else:
+                    upto = one.batch_index
+            else:
+                upto = -1
+        waiting = [w for w in self._waiting if w <= where]
+        if waiting:
+            where, upto = min(waiting), -1
         if upto < 0:  # (none of this entry: the ones before it)
-            if one.entryId == 0:
+            if where[1] == 0:
                 return
-            where, upto = (one.ledgerId, one.entryId - 1), WHOLE_ENTRY
+            where, upto = (where[0], where[1] - 1), WHOLE_ENTRY
         for done in [w for w in self.delivered if w <= where]:
             del self.delivered[done]
         self.dispatcher.ack_cumulative(self.session.cid, MessageId(*where, upto))
 
     def redeliver(self, request: Any) -> None:
+        """Pulsar's RedeliverUnacknowledgedMessages: those entries (none named: all this
+        consumer holds, and what waits in its outbox unwritten) come again."""
         if request.HasField("consumer_epoch"):
             self.epoch = max(self.epoch, request.consumer_epoch)
-        entries = [(one.ledgerId, one.entryId, None) for one in request.message_ids] or None
-        self.dispatcher.redeliver_now(self.session.cid, entries)
+        named = [(one.ledgerId, one.entryId) for one in request.message_ids]
+        if not named:
+            self._drop_unwritten()
+            self.delivered.clear()
+            self._waiting.clear()
+            self.dispatcher.redeliver_now(self.session.cid, None)
+            return
+        for where in named:
+            self.delivered.pop(where, None)
+            self._waiting.pop(where, None)
+        self.dispatcher.redeliver_now(self.session.cid, [(*w, None) for w in named])
+
+    def _drop_unwritten(self) -> None:
+        """Forget the deliveries in the outbox not written yet (the dispatcher takes them
+        back with the rest: written too, they would go twice); keep what else waits."""
+        outbox = self.session.outbox
+        kept = []
+        while not outbox.empty():
+            item = outbox.get_nowait()
+            if not isinstance(item, list):
+                kept.append(item)
+        for item in kept:
+            outbox.put_nowait(item)
+
+    def _send(self, handed: Handed) -> None:
+        """One delivery to the client; a part of an entry that another delivery of it
+        is still out for waits until that one is acknowledged (one delivery of an entry
+        out at a time: the client acks an entry whole, by its id)."""
+        entry = handed.entry
+        where = (entry.ledger_id, entry.entry_id)
+        if where in self.delivered:
+            self._waiting.setdefault(where, []).append(handed)
+            return
+        self.connection._write(*message_frame(self.consumer_id, handed, self.epoch, self.delivered))
+
+    def _send_waiting(self, where: tuple[int, int]) -> None:
+        pieces = self._waiting.pop(where, None)
+        if pieces:
+            indexes = sorted({i for piece in pieces for i in piece.indexes})
+            redeliveries = max(piece.redeliveries for piece in pieces)
+            self._send(Handed(pieces[0].entry, indexes, redeliveries))
 
     async def _deliver(self) -> None:
         """Hand the client what the dispatcher hands this consumer; answer its seek and
@@ -1169,7 +1237,11 @@ class _Consumer(_Session):
                 if item.error is not None:
                     connection._error(request_id, item.error)
                     continue
-                # Done: this consumer is closed first (its client reconnects, from the
+                if item.what == "unsubscribe":  # (answered; it is gone: nothing to reconnect)
+                    connection._success(request_id)
+                    self._end(tell=False)
+                    return
+                # A seek: this consumer is closed first (its client reconnects, from the
                 # position it sought), then answered -- in this order, as by Pulsar's
                 # broker: the client takes a seek answered while it reconnects as its
                 # new start.
@@ -1184,9 +1256,7 @@ class _Consumer(_Session):
                 connection._write(_command(Type.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
                                            consumer_id=self.consumer_id, is_active=active))  # fmt: skip
             for handed in item:
-                connection._write(
-                    *message_frame(self.consumer_id, handed, self.epoch, self.delivered)
-                )
+                self._send(handed)
             await connection._drained()
 
     async def _release(self) -> None:
@@ -1267,8 +1337,13 @@ def message_frame(
         block = pulsar_block(entry)
         delivered[where] = (len(handed.indexes), None)
     else:
-        block = partial_block(entry, handed.indexes)
-        delivered[where] = (len(handed.indexes), list(handed.indexes))
+        try:
+            block = partial_block(entry, handed.indexes)
+            delivered[where] = (len(handed.indexes), list(handed.indexes))
+        except MessageDecodeError as error:  # (encrypted: it goes whole, as it is)
+            log.warning("entry %s:%s goes whole: %s", *where, error)
+            block = pulsar_block(entry)
+            delivered[where] = (len(entry.payloads), None)
     if len(delivered) > MAX_DELIVERED_KEPT:  # (the oldest: long since acknowledged)
         del delivered[next(iter(delivered))]
     command = _command(Type.MESSAGE, "message", consumer_id=consumer_id,
@@ -1334,13 +1409,3 @@ def _bit(words: Any, index: int) -> bool:
     """Bit `index` of a java.util.BitSet's words (an ack's ack_set: set, not acknowledged)."""
     word = index // 64
     return word < len(words) and bool((words[word] >> (index % 64)) & 1)
-
-
-def _unset_bits(words: Any, size: int) -> list[int]:
-    """The indexes below size whose bit is clear (acknowledged, in an ack's ack_set)."""
-    out = []
-    for i in range(size or len(words) * 64):
-        word = words[i // 64] if i // 64 < len(words) else 0
-        if not (word >> (i % 64)) & 1:
-            out.append(i)
-    return out

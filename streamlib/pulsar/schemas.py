@@ -57,9 +57,11 @@ def decode(text: str, name: str) -> api.Schema:
 async def offer(streams: object, stream: str, schema: api.Schema) -> bytes:
     """The version of `schema` once its stream keeps it (it kept none, or the same);
     IncompatibleSchemaError if the stream keeps another."""
-    if len(schema.schema_data) > MAX_SCHEMA_BYTES:
-        raise IncompatibleSchemaError(f"a schema is at most {MAX_SCHEMA_BYTES} bytes")
     wanted = encode(schema)
+    if len(wanted) > MAX_SCHEMA_BYTES:  # (its data and properties: kept in the metadata)
+        raise IncompatibleSchemaError(
+            f"a schema, its properties included, is at most {MAX_SCHEMA_BYTES} bytes"
+        )
 
     async def attempt() -> None:
         md, version = await streams.read(stream)  # type: ignore[attr-defined]

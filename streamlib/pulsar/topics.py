@@ -53,6 +53,14 @@ def stream_of(topic: str) -> str:
     for kind, part in (("tenant", tenant), ("namespace", namespace)):
         if not part or ":" in part:
             raise InvalidTopicError(f"topic {topic!r:.200}: {kind} {part!r:.80} is not a name")
+    # (A name that would read back as another topic: one with ':' outside Pulsar's
+    # default namespace, or of three ':'-parts in it, which is another namespace's.)
+    default = (tenant, namespace) == (DEFAULT_TENANT, DEFAULT_NAMESPACE)
+    if (not default and ":" in name) or (default and _namespaced(name)):
+        raise InvalidTopicError(
+            f"topic {topic!r:.200}: its name would be another namespace's stream (':' "
+            "joins a tenant, a namespace and a name)"
+        )
     stream = (
         name
         if (tenant, namespace) == (DEFAULT_TENANT, DEFAULT_NAMESPACE)
@@ -64,10 +72,16 @@ def stream_of(topic: str) -> str:
         raise InvalidTopicError(f"topic {topic!r:.200}: {error}") from None
 
 
+def _namespaced(stream: str) -> bool:
+    """Whether a stream's name is TENANT:NAMESPACE:NAME (another namespace's topic)."""
+    parts = stream.split(":")
+    return len(parts) == 3 and all(parts)
+
+
 def topic_of(stream: str) -> str:
     """The full topic name of a stream (stream_of's inverse)."""
     parts = stream.split(":")
-    if len(parts) == 3 and all(parts):
+    if _namespaced(stream):
         return f"{PERSISTENT}{parts[0]}/{parts[1]}/{parts[2]}"
     return f"{PERSISTENT}{DEFAULT_TENANT}/{DEFAULT_NAMESPACE}/{stream}"
 
@@ -75,6 +89,6 @@ def topic_of(stream: str) -> str:
 def namespace_of(stream: str) -> tuple[str, str]:
     """The tenant and namespace a stream's topic is in."""
     parts = stream.split(":")
-    if len(parts) == 3 and all(parts):
+    if _namespaced(stream):
         return parts[0], parts[1]
     return DEFAULT_TENANT, DEFAULT_NAMESPACE

@@ -6,6 +6,7 @@ tests/integration/test_pulsar_*.py."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -128,18 +129,28 @@ def test_part_of_an_entry_goes_as_a_batch_of_those_messages() -> None:
     assert [bytes(m.data()) for m in pulsar_messages(block)] == [b"m1", b"m3"]
 
 
-def consumer_with(delivered: dict[tuple[int, int], Any]) -> tuple[_Consumer, list[Any]]:
-    """A consumer whose dispatcher records what it is told."""
+def consumer_with(
+    delivered: dict[tuple[int, int], Any],
+) -> tuple[_Consumer, list[Any], list[Any]]:
+    """A consumer whose dispatcher records what it is told, and whose connection what
+    it writes."""
     told: list[Any] = []
+    written: list[Any] = []
     dispatcher = SimpleNamespace(
         ack=lambda cid, acks: told.append(("ack", list(acks))),
         ack_cumulative=lambda cid, upto: told.append(("cumulative", upto)),
+        redeliver_now=lambda cid, entries: told.append(("redeliver", entries)),
     )
     consumer = _Consumer.__new__(_Consumer)
-    consumer.session = SimpleNamespace(cid=1)  # type: ignore[assignment]
+    consumer.session = SimpleNamespace(cid=1, outbox=asyncio.Queue())  # type: ignore[assignment]
     consumer.dispatcher = dispatcher  # type: ignore[assignment]
+    consumer.connection = SimpleNamespace(  # type: ignore[assignment]
+        _write=lambda command, block=None: written.append(command)
+    )
+    consumer.consumer_id, consumer.epoch = 3, 0
     consumer.delivered = delivered
-    return consumer, told
+    consumer._waiting = {}
+    return consumer, told, written
 
 
 def ack(ack_type: int, *ids: api.MessageIdData) -> api.CommandAck:
@@ -149,37 +160,79 @@ def ack(ack_type: int, *ids: api.MessageIdData) -> api.CommandAck:
 
 
 def test_acks_name_the_entrys_own_indexes() -> None:
-    consumer, told = consumer_with({(5, 9): (2, [1, 3]), (5, 10): (4, None)})
+    consumer, told, _ = consumer_with({(5, 9): (2, [1, 3]), (5, 10): (4, None), (5, 11): (4, None)})
     consumer.ack(
         ack(
             api.CommandAck.Individual,
-            api.MessageIdData(ledgerId=5, entryId=9, batch_index=1),  # the part's second
             api.MessageIdData(ledgerId=5, entryId=10, ack_set=[0b1010]),  # 0 and 2 acked
-            api.MessageIdData(ledgerId=5, entryId=11),  # a whole entry
+            api.MessageIdData(ledgerId=5, entryId=11, batch_index=3),
+            api.MessageIdData(ledgerId=5, entryId=9),  # a part, whole: the entry's 1 and 3
         )
     )
-    assert told == [("ack", [(5, 9, [3]), (5, 10, [0, 2]), (5, 11, None)])]
+    assert told == [("ack", [(5, 10, [0, 2]), (5, 11, [3]), (5, 9, [1, 3])])]
+    assert set(consumer.delivered) == {(5, 10), (5, 11)}  # (only a whole ack ends one)
 
 
-def test_a_whole_entrys_ack_forgets_what_went() -> None:
-    consumer, told = consumer_with({(5, 9): (2, [1, 3])})
+def test_acks_that_cannot_be_told_are_not_read() -> None:
+    """A part's batch-index ack may be of an earlier delivery, numbered otherwise; an
+    entry not out to this client now is none of its to ack; a huge ack_set is read only
+    as far as the entry goes."""
+    consumer, told, _ = consumer_with({(5, 9): (2, [1, 3]), (5, 10): (2, None)})
+    consumer.ack(
+        ack(
+            api.CommandAck.Individual,
+            api.MessageIdData(ledgerId=5, entryId=9, batch_index=0),
+            api.MessageIdData(ledgerId=5, entryId=9, ack_set=[0]),
+            api.MessageIdData(ledgerId=5, entryId=77),
+            api.MessageIdData(ledgerId=5, entryId=10, ack_set=[0] * 100_000),
+        )
+    )
+    assert told == [("ack", [(5, 10, [0, 1])])]
+
+
+def test_a_part_of_an_entry_out_already_waits_for_that_ones_ack() -> None:
+    consumer, told, written = consumer_with({})
+    entry = streamlib_entry(4)
+    consumer._send(Handed(entry, [0, 1]))
+    consumer._send(Handed(entry, [3], 1))  # (a slot moved here, or a redelivery)
+    assert len(written) == 1 and (5, 9) in consumer._waiting
     consumer.ack(ack(api.CommandAck.Individual, api.MessageIdData(ledgerId=5, entryId=9)))
-    assert told == [("ack", [(5, 9, None)])]
-    assert consumer.delivered == {}
+    assert told == [("ack", [(5, 9, [0, 1])])]  # (not 3: it has not gone yet)
+    assert len(written) == 2 and written[1].message.redelivery_count == 1
+    assert consumer.delivered == {(5, 9): (1, [3])}
 
 
 def test_cumulative_acks() -> None:
-    consumer, told = consumer_with({(5, 8): (1, None), (5, 9): (2, [1, 3])})
+    consumer, told, _ = consumer_with({(5, 8): (1, None), (5, 9): (4, None)})
     # pulsar-client, batch-index acks off: the entry before the one it is in
     consumer.ack(ack(api.CommandAck.Cumulative, api.MessageIdData(ledgerId=5, entryId=8)))
     consumer.ack(
-        ack(api.CommandAck.Cumulative, api.MessageIdData(ledgerId=5, entryId=9, batch_index=0))
+        ack(api.CommandAck.Cumulative, api.MessageIdData(ledgerId=5, entryId=9, batch_index=1))
     )
     consumer.ack(ack(api.CommandAck.Cumulative, api.MessageIdData(ledgerId=6, entryId=0)))
     assert told[0] == ("cumulative", MessageId(5, 8, 2**31))
-    assert told[1] == ("cumulative", MessageId(5, 9, 1))  # the part's first: the entry's 1
+    assert told[1] == ("cumulative", MessageId(5, 9, 1))
     assert told[2] == ("cumulative", MessageId(6, 0, 2**31))
     assert consumer.delivered == {}
+
+
+def test_a_cumulative_ack_stops_before_a_part_that_waits() -> None:
+    consumer, told, _ = consumer_with({(5, 9): (2, [0, 1])})
+    consumer._waiting[(5, 9)] = [Handed(streamlib_entry(4), [3])]
+    consumer.ack(ack(api.CommandAck.Cumulative, api.MessageIdData(ledgerId=5, entryId=12)))
+    assert told == [("cumulative", MessageId(5, 8, 2**31))]
+
+
+async def test_redelivering_everything_forgets_what_was_not_written() -> None:
+    consumer, told, _ = consumer_with({(5, 9): (4, None)})
+    outbox = consumer.session.outbox
+    seek_done = object()
+    for item in ([Handed(streamlib_entry(4, entry_id=10), [0])], seek_done):
+        outbox.put_nowait(item)
+    consumer.redeliver(api.CommandRedeliverUnacknowledgedMessages(consumer_id=1, consumer_epoch=2))
+    assert told == [("redeliver", None)]
+    assert consumer.delivered == {} and consumer.epoch == 2
+    assert outbox.qsize() == 1 and outbox.get_nowait() is seek_done
 
 
 def test_the_last_message_id_as_pulsar_numbers_it() -> None:
