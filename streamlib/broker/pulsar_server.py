@@ -32,7 +32,7 @@ import builtins
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -381,7 +381,7 @@ class Connection:
                 transport.abort()
                 raise ConnectionClosed("the client reads nothing") from None
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """A request answered in a task of its own (the next frames are read meanwhile;
         at most MAX_REQUESTS_IN_FLIGHT at once: then the reading waits, _handle)."""
         task = asyncio.get_running_loop().create_task(coro)
@@ -773,7 +773,7 @@ class Connection:
         consumer.asked["unsubscribe"] = request.request_id
         # (To its end even if the connection drops meanwhile: a cursor half moved, or a
         # dispatcher half stopped, would leave the subscription's other consumers waiting.)
-        self._spawn(to_its_end(consumer.owned.unsubscribe(
+        self._spawn(_to_its_end(consumer.owned.unsubscribe(
             consumer.subscription, consumer.dispatcher, consumer.session.cid), "an unsubscribe"))  # fmt: skip
 
     def _on_seek(self, command: api.BaseCommand, frame: frames.Frame) -> None:
@@ -814,7 +814,7 @@ class Connection:
             self._error(request.request_id, error)
             return
         consumer.asked["seek"] = request.request_id
-        self._spawn(to_its_end(consumer.owned.seek(
+        self._spawn(_to_its_end(consumer.owned.seek(
             consumer.subscription, consumer.dispatcher, consumer.session.cid, target), "a seek"))  # fmt: skip
 
     def _on_last_message_id(self, command: api.BaseCommand, frame: frames.Frame) -> None:
@@ -857,6 +857,11 @@ class Connection:
             stats.consumerName = consumer.name
             stats.type = consumer.type_name
         self._write(answer)
+
+
+async def _to_its_end(work: Any, what: str) -> None:
+    """Work that goes on to its end if the one waiting for it is cancelled (closing.py)."""
+    await asyncio.shield(to_its_end(work, what))
 
 
 def raise_if_cancelled(error: BaseException) -> None:
