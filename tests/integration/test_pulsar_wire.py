@@ -7,6 +7,8 @@ connection, and the producer on it, go on."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -96,3 +98,18 @@ async def test_a_bad_checksum_is_refused_and_stores_nothing(cluster: Any) -> Non
     assert [m.data for m in stored] == [b"the first", b"the last"]
     assert not await reader.has_message_available()
     await reader.close()
+
+
+def test_the_bare_flag_is_pulsars_port_which_the_grpc_port_must_leave_to_it(tmp_path) -> None:
+    from streamlib.cli import _build_parser
+
+    parse = _build_parser().parse_args
+    assert parse(["broker", "--metadata", "x", "--pulsar-port"]).pulsar_port == 6650
+    assert parse(["broker", "--metadata", "x"]).pulsar_port is None
+    refused = subprocess.run(
+        [sys.executable, "-m", "streamlib", "broker", "--metadata",
+         f"sqlite:///{tmp_path / 'meta.db'}", "--pulsar-port"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "--pulsar-port 6650 is the gRPC port (--port)" in refused.stderr
