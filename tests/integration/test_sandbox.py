@@ -5,8 +5,10 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
+import pulsar
 import pytest
 
 import streamlib
@@ -89,6 +91,18 @@ def test_sandbox_reports_json_then_stops_cleanly(sandboxes, tmp_path):
         first = client.create_producer("through-the-broker", producer_name="one")
         second = client.create_producer("through-the-broker", producer_name="two")
         assert first.send(b"a").entry_id >= 0 and second.send(b"b").entry_id >= 0
+    # ... and Pulsar's ports: its binary protocol (pulsar_url) and admin REST API.
+    assert info["pulsar_url"] == broker["pulsar_url"]
+    assert info["pulsar_url"].startswith("pulsar://127.0.0.1:")
+    assert info["pulsar_admin_url"].startswith("http://127.0.0.1:")
+    client = pulsar.Client(info["pulsar_url"], operation_timeout_seconds=30)
+    try:
+        reader = client.create_reader("through-the-broker", pulsar.MessageId.earliest)
+        assert {reader.read_next(30_000).data() for _ in range(2)} == {b"a", b"b"}
+    finally:
+        client.close()
+    with urllib.request.urlopen(f"{info['pulsar_admin_url']}/admin/v2/clusters", timeout=30) as r:
+        assert json.load(r) == ["streamlib"]
     assert sandbox.stop() == 0
     assert not any(alive(pid) for pid in [*pids, broker["pid"]])
 
