@@ -167,38 +167,7 @@ def check(
     producer, publish and delivery times -- and no others; about 0.7 us a message."""
     metadata, body = parse(entry, where, verify)
     with _text_checked(where):
-        if (
-            metadata.HasField("num_messages_in_batch")
-            and not metadata.encryption_keys
-            and not metadata.HasField("marker_type")
-        ):
-            return _check_batch(metadata, body, where, max_uncompressed)
-        return _decode(metadata, body, where, max_uncompressed, False, True)
-
-
-def _check_batch(
-    metadata: pulsar_api.MessageMetadata, body: memoryview, where: str, max_bytes: int
-) -> DecodedBatch:
-    count = metadata.num_messages_in_batch
-    compressed = metadata.compression != pulsar_api.NONE
-    room = metadata.uncompressed_size if compressed else len(body)
-    if count < 1 or count * MIN_BATCHED_MESSAGE_BYTES > min(room, max_bytes):
-        raise MessageDecodeError(
-            f"{where}: a batch of {count} messages in {room} bytes (at most {max_bytes})"
-        )
-    data = _uncompressed(metadata, body, where, max_bytes)
-    _, singles = _walk(data, count, where, False, checked.SingleMessageMetadata.FromString)
-    ids = _sequence_ids(metadata, singles)
-    return DecodedBatch(
-        [b""] * count,
-        [_signed(metadata.publish_time)] * count,
-        None,
-        None,
-        [metadata.deliver_at_time] * count if metadata.deliver_at_time > 0 else None,
-        None,
-        range(ids[0], ids[0] + count) if _consecutive(ids) else ids,
-        [metadata.producer_name] * count if metadata.producer_name else None,
-    )
+        return _decode(metadata, body, where, max_uncompressed, False, True, checking=True)
 
 
 @contextlib.contextmanager
@@ -218,6 +187,7 @@ def _decode(
     max_bytes: int,
     payloads: bool,
     eager: bool,
+    checking: bool = False,
 ) -> DecodedBatch:
     if metadata.HasField("marker_type"):
         return DecodedBatch([], [], None, None)  # (a Pulsar broker's own: no message)
@@ -235,12 +205,20 @@ def _decode(
         raise MessageDecodeError(
             f"{where}: a batch of {count} messages in {room} bytes (at most {max_bytes})"
         )
-    publish = [_signed(metadata.publish_time)] * count
+    publish = [signed(metadata.publish_time)] * count
     deliver_at = [metadata.deliver_at_time] * count if metadata.deliver_at_time > 0 else None
     producers = [metadata.producer_name] * count if metadata.producer_name else None
-    if encrypted:
-        first = _signed(metadata.sequence_id)
-        ids = range(first, first + count)
+    if encrypted or (eager and checking):
+        # (Encrypted: opaque messages. The broker's check: the messages' metadata checked,
+        # not made into columns.)
+        ids: Sequence[int]
+        if encrypted:
+            first = signed(metadata.sequence_id)
+            ids = range(first, first + count)
+        else:
+            data = _uncompressed(metadata, body, where, max_bytes)
+            _, singles = _walk(data, count, where, False, checked.SingleMessageMetadata.FromString)
+            ids = _sequence_ids(metadata, singles)
         return DecodedBatch([b""] * count, publish, None, None, deliver_at, None, ids, producers)
     if eager:
         data = _uncompressed(metadata, body, where, max_bytes)
@@ -283,12 +261,12 @@ def _lone(
     one = _metadata(metadata)
     return DecodedBatch(
         [data],
-        [_signed(metadata.publish_time)],
-        [_signed(metadata.event_time)] if metadata.event_time else None,
+        [signed(metadata.publish_time)],
+        [signed(metadata.event_time)] if metadata.event_time else None,
         None if one is None else [one],
         [metadata.deliver_at_time] if metadata.deliver_at_time > 0 else None,
         chunk,
-        [_signed(metadata.sequence_id)],
+        [signed(metadata.sequence_id)],
         [metadata.producer_name] if metadata.producer_name else None,
         [True] if metadata.null_value else None,
     )
@@ -390,26 +368,27 @@ def _columns(
     metadata: pulsar_api.MessageMetadata, singles: Sequence[pulsar_api.SingleMessageMetadata]
 ) -> _Columns:
     keyed = [_metadata(single) for single in singles]
-    events = [_signed(single.event_time) for single in singles]
+    events = [signed(single.event_time) for single in singles]
     nulls = [single.null_value for single in singles]
-    ids = _sequence_ids(metadata, singles)
     return _Columns(
         [_NO_METADATA if m is None else m for m in keyed]
         if any(m is not None for m in keyed)
         else None,
         events if any(events) else None,
-        range(ids[0], ids[0] + len(ids)) if _consecutive(ids) else ids,
+        _sequence_ids(metadata, singles),
         nulls if any(nulls) else None,
     )
 
 
-def _sequence_ids(metadata: pulsar_api.MessageMetadata, singles: Sequence[Any]) -> list[int]:
-    """Each message's sequence id: its own, else the batch's first plus its index."""
-    first = _signed(metadata.sequence_id)
-    return [
-        _signed(single.sequence_id) if single.HasField("sequence_id") else first + index
+def _sequence_ids(metadata: pulsar_api.MessageMetadata, singles: Sequence[Any]) -> Sequence[int]:
+    """Each message's sequence id: its own, else the batch's first plus its index (a
+    range when they are consecutive)."""
+    first = signed(metadata.sequence_id)
+    ids = [
+        signed(single.sequence_id) if single.HasField("sequence_id") else first + index
         for index, single in enumerate(singles)
     ]
+    return range(ids[0], ids[0] + len(ids)) if _consecutive(ids) else ids
 
 
 def _consecutive(ids: list[int]) -> bool:
@@ -434,7 +413,7 @@ def _metadata(message: _AnyMetadata) -> envelope.Metadata | None:
     return found
 
 
-def _signed(value: int) -> int:
+def signed(value: int) -> int:
     """A uint64 as the int64 it is to Java clients (streamlib's columns are int64)."""
     return value - (1 << 64) if value >= 1 << 63 else value
 
