@@ -16,10 +16,11 @@ as frames of BaseCommand (frames.py). What this module decides, and why:
 - **Backpressure by not reading**: a producer's sends wait for room in the stream's
   writer and in the broker's publish buffer; meanwhile the connection is not read (as
   Pulsar's broker stops reading a connection with too many pending sends).
-- **Consumers** are the dispatcher's sessions (permits count messages); a partly
-  acknowledged or key-split entry carries the indexes still to deliver as CommandMessage's
-  ack_set. A seek or an unsubscribe disconnects the subscription's consumers
-  (CloseConsumer), as Pulsar's broker does: the clients reconnect.
+- **Consumers** are the dispatcher's sessions (permits count messages); the part of an
+  entry that is a consumer's (a key-split entry, what is left of one to deliver again)
+  goes as a batch of its own, one delivery of an entry out to it at a time. A seek
+  disconnects the subscription's consumers (CloseConsumer), as Pulsar's broker does: the
+  clients reconnect from there.
 - **Readers** (non-durable subscriptions) read through any broker, as the gRPC ones.
 - **Junk closes that connection only**: a frame over the cap, bytes that are no
   BaseCommand, a command before CONNECT. A client that stops answering pings is dropped.
@@ -64,7 +65,7 @@ from streamlib.protocol.service_access import Caller, Operation
 from streamlib.pulsar import PulsarApi_pb2 as api
 from streamlib.pulsar import frames, schemas
 from streamlib.pulsar.entries import encode as encode_pulsar
-from streamlib.pulsar.entries import is_pulsar_entry, parse, to_pulsar
+from streamlib.pulsar.entries import is_pulsar_entry, parse, signed, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
 from streamlib.stream.batch import DecodedBatch, MessageDecodeError, decode_batch
 from streamlib.stream.message import EntryMessages
@@ -85,16 +86,15 @@ MAX_CONNECTIONS = 10_000  # a broker's Pulsar connections at once (then one more
 MAX_SESSIONS_PER_CONNECTION = 10_000  # producers and consumers of one connection
 PENDING_SENDS = 1000  # a producer's sends not yet answered (then the connection waits)
 WRITE_HIGH_WATER = 4 << 20  # bytes queued to a client before its deliveries wait
-MAX_REQUESTS_IN_FLIGHT = 1000
+MAX_REQUESTS_IN_FLIGHT = 1000  # a connection's lookups, creations, seeks at once
 MAX_DELIVERED_KEPT = 100_000  # entries a consumer's acks are read against, at most
 WHOLE_ENTRY = 2**31  # a batch index past any entry's last
 SOUGHT_KEPT_S = 60.0  # a reader's seek by time waits this long for it to subscribe again
 MAX_SOUGHT = 10_000
 # What a client may send in one message: an entry's limit, less what a client adds to a
 # chunk's piece after it sized it by this (its chunk fields, its headers).
-MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - 16 * 1024  # a connection's lookups, creations, seeks at once
-EARLIEST_ID = (-1, -1)  # pulsar-client's MessageId.earliest
-LATEST_ID = (2**63 - 1, 2**63 - 1)  # ... and MessageId.latest
+MAX_MESSAGE_BYTES = MAX_ENTRY_BYTES - 16 * 1024
+LATEST_ID = (2**63 - 1, 2**63 - 1)  # pulsar-client's MessageId.latest
 NONE_ID = (1 << 64) - 1  # -1 as a MessageIdData's uint64: no such message
 ACCESS_MODES = {
     api.Shared: "shared",
@@ -237,7 +237,6 @@ class Connection:
         self.tls = writer.get_extra_info("ssl_object") is not None
         self.caller: Caller | None = None
         self.context = _Context(None, None)  # its credentials, from its CONNECT
-        self.protocol_version = 0
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer | _Reader] = {}
         self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
@@ -350,13 +349,12 @@ class Connection:
             self._write(_command(Type.ERROR, "error", request_id=0,
                                  error=api.AuthenticationError, message=str(error)))  # fmt: skip
             raise ConnectionClosed(f"unauthenticated: {error}") from None
-        self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION)
         self._write(
             _command(
                 Type.CONNECTED,
                 "connected",
                 server_version=SERVER_VERSION,
-                protocol_version=self.protocol_version,
+                protocol_version=min(connect.protocol_version, PROTOCOL_VERSION),
                 max_message_size=MAX_MESSAGE_BYTES,
             )
         )
@@ -704,17 +702,10 @@ class Connection:
         start: MessageId | str
         inclusive = False
         if request.HasField("start_message_id"):
-            wanted = request.start_message_id
-            ledger_id, entry_id = where = _position(wanted)
-            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
-                start = EARLIEST
-            elif where == LATEST_ID:
-                start = LATEST
-            else:
-                # From that entry, whole, as Pulsar's broker starts a non-durable cursor:
-                # the client drops what comes before its start (or at it, when not
-                # inclusive).
-                start, inclusive = MessageId(ledger_id, entry_id, 0), True
+            # (From that entry, whole, as Pulsar's broker starts a non-durable cursor: the
+            # client drops what comes before its start, or at it when not inclusive.)
+            start = _entry_of(request.start_message_id)
+            inclusive = start not in (EARLIEST, LATEST)
         else:
             start = EARLIEST if request.initialPosition == api.CommandSubscribe.Earliest else LATEST
         at_time = self.front.sought_time(request.subscription)
@@ -786,15 +777,8 @@ class Connection:
         if request.HasField("message_publish_time"):
             target = int(request.message_publish_time)
         elif request.HasField("message_id"):
-            ledger_id, entry_id = where = _position(request.message_id)
-            if where == EARLIEST_ID or ledger_id < 0 or entry_id < 0:
-                target = EARLIEST
-            elif where == LATEST_ID:
-                target = LATEST
-            else:
-                # That message comes next (Pulsar resets the cursor to it; a batch's
-                # earlier messages are dropped by the client).
-                target = MessageId(ledger_id, entry_id, 0)
+            # (Pulsar resets the cursor to that entry; the client drops what is before.)
+            target = _entry_of(request.message_id)
         else:
             self._error(request.request_id, BadRequestError("a seek names a message or a time"))
             return
@@ -893,11 +877,11 @@ class _Session:
             if done.cancelled() or done.exception() is None:
                 return
             log.warning("pulsar %s failed: %r", what, done.exception())
-            self._end()
+            self.end()
 
         task.add_done_callback(ended)
 
-    def _end(self, tell: bool = True) -> None:
+    def end(self, tell: bool = True) -> None:
         """The broker ends it (the stream moved, another fenced it, a seek): its client
         is told -- unless `tell` is False: it asked for the end (an unsubscribe) --
         and reconnects."""
@@ -962,9 +946,7 @@ class _Producer(_Session):
         self.session = session
         self.schema_version = schema_version
         self.held = HeldBytes(connection.broker.publish_buffer)
-        self._pending: asyncio.Queue[tuple[int, int, Any, int] | None] = asyncio.Queue(
-            PENDING_SENDS
-        )
+        self._pending: asyncio.Queue[tuple[int, int, Any, int]] = asyncio.Queue(PENDING_SENDS)
 
     def ready(self, request_id: int) -> None:
         name = self.session.name
@@ -1036,8 +1018,8 @@ class _Producer(_Session):
 
     async def _settle(self) -> None:
         connection = self.connection
-        while (taken := await self._pending.get()) is not None:
-            sequence_id, highest, outcome, size = taken
+        while True:
+            sequence_id, highest, outcome, size = await self._pending.get()
             if isinstance(outcome, asyncio.Future):
                 try:
                     outcome = await outcome
@@ -1045,7 +1027,7 @@ class _Producer(_Session):
                     outcome = StreamGone(f"the stream's writer failed: {failed}")
             self.held.give_back(size)
             if isinstance(outcome, StreamGone):
-                self._end()
+                self.end()
                 return
             if isinstance(outcome, BaseException):
                 # (ChecksumError whatever refused it: pulsar-client fails that message
@@ -1066,7 +1048,7 @@ class _Producer(_Session):
 
     async def _fenced(self) -> None:
         await self.session.fenced.wait()
-        self._end()
+        self.end()
 
     async def _release(self) -> None:
         while not self._pending.empty():  # (a send waiting to queue its answer goes on)
@@ -1140,7 +1122,7 @@ class _Consumer(_Session):
             if sent is None:
                 continue
             count, originals = sent
-            if one.ack_set or (one.HasField("batch_index") and one.batch_index >= 0):
+            if _batch_indexed(one):
                 if originals is not None:
                     continue
                 if one.ack_set:  # (the bits still set are not acknowledged)
@@ -1161,7 +1143,7 @@ class _Consumer(_Session):
         where = (one.ledgerId, one.entryId)
         sent = self.delivered.get(where)
         upto = WHOLE_ENTRY
-        if one.ack_set or (one.HasField("batch_index") and one.batch_index >= 0):
+        if _batch_indexed(one):
             if sent is not None and sent[1] is None:  # (numbered as the entry is)
                 if one.ack_set:  # (those before the first still set)
                     upto = next((i for i in range(sent[0]) if _bit(one.ack_set, i)), sent[0]) - 1
@@ -1244,17 +1226,17 @@ class _Consumer(_Session):
                     continue
                 if item.what == "unsubscribe":  # (answered; it is gone: nothing to reconnect)
                     connection._success(request_id)
-                    self._end(tell=False)
+                    self.end(tell=False)
                     return
                 # A seek: this consumer is closed first (its client reconnects, from the
                 # position it sought), then answered -- in this order, as by Pulsar's
                 # broker: the client takes a seek answered while it reconnects as its
                 # new start.
-                self._end()
+                self.end()
                 connection._success(request_id)
                 return
             if isinstance(item, BaseException):
-                self._end()
+                self.end()
                 return
             if kind is Kind.FAILOVER and self.session.active != active:
                 active = self.session.active
@@ -1284,7 +1266,6 @@ class _Reader(_Session):
         self.reader = reader
         self.stream = reader.stream
         self.name = f"reader-{consumer_id}"
-        self._sent: dict[tuple[int, int], Any] = {}  # (a reader's acks are not read)
         self.permits = 0
         self._given = asyncio.Event()
 
@@ -1310,47 +1291,46 @@ class _Reader(_Session):
                 # (Whole, from a seek by time too: Pulsar resets to an entry; a seek by id's
                 # client drops what is before it.)
                 indexes = list(range(len(entry.payloads)))
-                connection._write(
-                    *message_frame(self.consumer_id, Handed(entry, indexes), 0, self._sent)
-                )
-                self._sent.clear()
+                connection._write(*message_frame(self.consumer_id, Handed(entry, indexes), 0))
                 self.permits -= len(indexes)
                 if self.permits <= 0 or (entry := feed.take_entry_nowait()) is None:  # type: ignore[assignment]
                     break
             await connection._drained()
-
-    def end(self) -> None:
-        """Reconnect the client (after a seek: it subscribes again from there)."""
-        self._end()
 
     async def _release(self) -> None:
         await self.reader.close()
 
 
 def message_frame(
-    consumer_id: int, handed: Handed, epoch: int, delivered: dict[tuple[int, int], Any]
+    consumer_id: int,
+    handed: Handed,
+    epoch: int,
+    delivered: dict[tuple[int, int], Any] | None = None,
 ) -> tuple[api.BaseCommand, bytes]:
     """A MESSAGE of one entry as Pulsar's clients read it: the entry in Pulsar's format
     (made once per entry) or -- when only some of its messages are this consumer's (a
     key_shared split, what is left of a batch to deliver again) -- a batch of just those.
     (Not the whole entry with an ack_set: pulsar-client then skips the others, but, with
     its default configuration, never acknowledges the entry.) What went is kept in
-    `delivered`, by entry: how many messages, and which of the entry's (None: all)."""
+    `delivered` (a consumer's; a reader's acks are not read), by entry: how many
+    messages, and which of the entry's (None: all)."""
     entry = handed.entry
     where = (entry.ledger_id, entry.entry_id)
+    sent: tuple[int, list[int] | None] = (len(handed.indexes), None)
     if handed.whole:
         block = pulsar_block(entry)
-        delivered[where] = (len(handed.indexes), None)
     else:
         try:
             block = partial_block(entry, handed.indexes)
-            delivered[where] = (len(handed.indexes), list(handed.indexes))
+            sent = (len(handed.indexes), list(handed.indexes))
         except MessageDecodeError as error:  # (encrypted: it goes whole, as it is)
             log.warning("entry %s:%s goes whole: %s", *where, error)
             block = pulsar_block(entry)
-            delivered[where] = (len(entry.payloads), None)
-    if len(delivered) > MAX_DELIVERED_KEPT:  # (the oldest: long since acknowledged)
-        del delivered[next(iter(delivered))]
+            sent = (len(entry.payloads), None)
+    if delivered is not None:
+        delivered[where] = sent
+        if len(delivered) > MAX_DELIVERED_KEPT:  # (the oldest: long since acknowledged)
+            del delivered[next(iter(delivered))]
     command = _command(Type.MESSAGE, "message", consumer_id=consumer_id,
                        redelivery_count=handed.redeliveries, consumer_epoch=epoch)  # fmt: skip
     message = command.message
@@ -1400,14 +1380,21 @@ def pulsar_block(entry: EntryMessages) -> bytes:
     return cached
 
 
-def _position(message_id: Any) -> tuple[int, int]:
-    """A MessageIdData's ledger and entry, signed (uint64 on the wire: pulsar-client's
-    MessageId.earliest is -1, -1)."""
-    return _signed(message_id.ledgerId), _signed(message_id.entryId)
+def _entry_of(message_id: Any) -> MessageId:
+    """Where a MessageIdData's entry starts, whole: EARLIEST or LATEST for
+    pulsar-client's MessageId.earliest (-1, -1: uint64s on the wire) and .latest."""
+    where = (signed(message_id.ledgerId), signed(message_id.entryId))
+    if min(where) < 0:
+        return EARLIEST
+    if where == LATEST_ID:
+        return LATEST
+    return MessageId(*where, 0)
 
 
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
+def _batch_indexed(one: Any) -> bool:
+    """Whether an ack's MessageIdData names messages of its entry (a batch index, or an
+    ack_set), not the entry whole."""
+    return bool(one.ack_set) or (one.HasField("batch_index") and one.batch_index >= 0)
 
 
 def _bit(words: Any, index: int) -> bool:

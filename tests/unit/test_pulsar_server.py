@@ -21,7 +21,7 @@ from streamlib.broker.pulsar_server import (
     NONE_ID,
     _bit,
     _Consumer,
-    _position,
+    _entry_of,
     last_index,
     message_frame,
     server_error,
@@ -40,7 +40,7 @@ from streamlib.pulsar import PulsarApi_pb2 as api
 from streamlib.pulsar import entries, schemas
 from streamlib.stream.batch import BatchBuilder, decode_batch, metadata_of
 from streamlib.stream.message import EntryMessages
-from streamlib.stream.positions import EARLIEST, MessageId
+from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 
 
 def exclusive_busy() -> ProducerBusyError:
@@ -74,8 +74,10 @@ def test_refusals_are_answered_as_pulsar_names_them(error: Exception, code: int)
 
 def test_message_ids_are_unsigned_on_the_wire() -> None:
     earliest = api.MessageIdData(ledgerId=NONE_ID, entryId=NONE_ID)
-    assert _position(earliest) == (-1, -1)
-    assert _position(api.MessageIdData(ledgerId=7, entryId=3)) == (7, 3)
+    assert _entry_of(earliest) == EARLIEST
+    latest = api.MessageIdData(ledgerId=2**63 - 1, entryId=2**63 - 1)
+    assert _entry_of(latest) == LATEST
+    assert _entry_of(api.MessageIdData(ledgerId=7, entryId=3)) == MessageId(7, 3, 0)
 
 
 def test_bitset_words_read_as_java_bitsets() -> None:
