@@ -39,6 +39,40 @@ def open_private_log(path: Path) -> int:
     return fd
 
 
+class StdoutLines:
+    """A child's stdout, a line at a time, each within a bounded wait: what a read
+    brought past a line is kept for the next (a child may print two lines at once)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self._buffer = b""
+
+    def next(self, timeout_s: float) -> str:
+        """The next line; the text so far and why, if the child exits or times out first."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return self._buffer.decode(errors="replace") + " (timed out)"
+                if sel.select(remaining):
+                    chunk = os.read(stdout.fileno(), 4096)
+                    if not chunk:
+                        return (
+                            self._buffer.decode(errors="replace") + f" (exited {self.proc.wait()})"
+                        )
+                    self._buffer += chunk
+        finally:
+            sel.close()
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+
 class BookieProcess:
     def __init__(
         self, data_dir: Path, *, metadata_uri: str | None = None, extra: list[str] | None = None
@@ -86,7 +120,7 @@ class BookieProcess:
         finally:
             os.close(stderr)  # the child has its own copy
         assert self.proc.stdout is not None
-        line = self._read_line(timeout_s)
+        line = StdoutLines(self.proc).next(timeout_s)
         m = _LISTENING.match(line)
         if m is None:
             self.kill()
@@ -94,26 +128,6 @@ class BookieProcess:
         self.bookie_id, self.port, self.metrics_port = m.group(1), int(m.group(3)), int(m.group(5))
         self.framed_port = int(m.group(7) or 0)
         return self
-
-    def _read_line(self, timeout_s: float) -> str:
-        assert self.proc is not None and self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        buf = b""
-        try:
-            while b"\n" not in buf:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return buf.decode(errors="replace") + " (timed out)"
-                if sel.select(remaining):
-                    chunk = os.read(self.proc.stdout.fileno(), 4096)
-                    if not chunk:
-                        return buf.decode(errors="replace") + f" (exited {self.proc.wait()})"
-                    buf += chunk
-        finally:
-            sel.close()
-        return buf.split(b"\n", 1)[0].decode(errors="replace")
 
     def run_to_exit(self, timeout_s: float = 30.0) -> tuple[int, str]:
         """Start and expect the child to exit (a refused start); (exit code, stderr)."""

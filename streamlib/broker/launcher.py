@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bookie.launcher import open_private_log
+from bookie.launcher import StdoutLines, open_private_log
 
 _LISTENING = re.compile(r"^broker (\S+) listening on (\S+)")
 _PULSAR = re.compile(r"^pulsar listening on (\S+)")
@@ -46,7 +44,6 @@ class BrokerProcess:
         self.pulsar_port = 0
         self.pulsar_admin_url = ""  # http(s)://HOST:PORT
         self.pulsar_admin_port = 0
-        self._buffer = b""  # stdout read and not yet taken as lines
         self.stderr_path = log_dir / f"{name}.stderr.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.broker_id = ""
@@ -74,8 +71,8 @@ class BrokerProcess:
             )
         finally:
             os.close(stderr)  # the child has its own copy
-        self._buffer = b""
-        line = self._read_line(timeout_s)
+        lines = StdoutLines(self.proc)
+        line = lines.next(timeout_s)
         m = _LISTENING.match(line)
         if m is None:
             self.kill()
@@ -83,47 +80,22 @@ class BrokerProcess:
         self.broker_id, self.address = m.group(1), m.group(2)
         self.port = int(self.address.rsplit(":", 1)[1])
         if self.pulsar:
-            line = self._read_line(timeout_s)
-            found = _PULSAR.match(line)
-            if found is None:
-                self.kill()
-                raise BrokerStartError(f"broker's Pulsar port: {line!r}\n{self.stderr_tail()}")
-            self.pulsar_url = found.group(1)
-            self.pulsar_port = int(self.pulsar_url.rsplit(":", 1)[1])
-            line = self._read_line(timeout_s)
-            found = _PULSAR_ADMIN.match(line)
-            if found is None:
-                self.kill()
-                raise BrokerStartError(
-                    f"broker's Pulsar admin port: {line!r}\n{self.stderr_tail()}"
-                )
-            self.pulsar_admin_url = found.group(1)
-            self.pulsar_admin_port = int(self.pulsar_admin_url.rsplit(":", 1)[1])
+            self.pulsar_url, self.pulsar_port = self._listening(lines, _PULSAR, timeout_s)
+            self.pulsar_admin_url, self.pulsar_admin_port = self._listening(
+                lines, _PULSAR_ADMIN, timeout_s
+            )
         return self
 
-    def _read_line(self, timeout_s: float) -> str:
-        """The child's next line of stdout (what came after it in the same read is kept
-        for the next call); the text so far and why, if it exits or times out first."""
-        assert self.proc is not None and self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while b"\n" not in self._buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return self._buffer.decode(errors="replace") + " (timed out)"
-                if sel.select(remaining):
-                    chunk = os.read(self.proc.stdout.fileno(), 4096)
-                    if not chunk:
-                        return (
-                            self._buffer.decode(errors="replace") + f" (exited {self.proc.wait()})"
-                        )
-                    self._buffer += chunk
-        finally:
-            sel.close()
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode(errors="replace")
+    def _listening(
+        self, lines: StdoutLines, pattern: re.Pattern[str], timeout_s: float
+    ) -> tuple[str, int]:
+        """The URL and port of a "... listening on URL" line it prints next."""
+        line = lines.next(timeout_s)
+        found = pattern.match(line)
+        if found is None:
+            self.kill()
+            raise BrokerStartError(f"broker did not serve Pulsar: {line!r}\n{self.stderr_tail()}")
+        return found.group(1), int(found.group(1).rsplit(":", 1)[1])
 
     def stderr_tail(self, n: int = 4000) -> str:
         try:
