@@ -238,7 +238,7 @@ async def _serve(args: argparse.Namespace) -> int:
     pulsar = admin_http = None
     try:
         if args.pulsar_port is not None:
-            pulsar = await _serve_pulsar(args, service, address, tls)
+            pulsar = await _serve_pulsar(args, service, tls)
         admin_http = await _bind_pulsar_admin(args, broker, access, tls)
         await broker.start(args.session_timeout)
         if admin_http is not None:
@@ -262,7 +262,7 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tls: Any) -> Any:
+async def _serve_pulsar(args: argparse.Namespace, service: Any, tls: Any) -> Any:
     """The Pulsar port (streamlib/broker/pulsar_server.py), bound before the broker registers:
     its URL is in the registration lookups answer with. TLS when the broker has it."""
     from streamlib.broker.pulsar_server import PulsarFrontEnd
@@ -275,12 +275,21 @@ async def _serve_pulsar(args: argparse.Namespace, service: Any, address: str, tl
     port = await front.bind(
         args.host, args.pulsar_port, tls.reloading_ssl_context() if tls else None
     )
-    host = address.rsplit(":", 1)[0]
+    where = _advertised_at(args, args.host, port)
     if tls:
-        service.broker.pulsar_url_tls = f"pulsar+ssl://{host}:{port}"
+        service.broker.pulsar_url_tls = f"pulsar+ssl://{where}"
     else:
-        service.broker.pulsar_url = f"pulsar://{host}:{port}"
+        service.broker.pulsar_url = f"pulsar://{where}"
     return front
+
+
+def _advertised_at(args: argparse.Namespace, host: str, port: int) -> str:
+    """HOST:PORT clients dial for another port of this broker (bound on host): the
+    advertised address's host -- or, without one, as the gRPC port's is found -- and it."""
+    from bookie.addresses import advertised_address, split_host_port
+
+    given = split_host_port(args.advertised_address, 0)[0] if args.advertised_address else None
+    return advertised_address(host, port, given, args.metadata)
 
 
 async def _bind_pulsar_admin(args: argparse.Namespace, broker: Any, access: Any, tls: Any) -> Any:
@@ -289,15 +298,12 @@ async def _bind_pulsar_admin(args: argparse.Namespace, broker: Any, access: Any,
     without --pulsar-admin-port. Advertised as the gRPC port is (its host, this port)."""
     if args.pulsar_admin_port is None:
         return None
-    from bookie.addresses import advertised_address, split_host_port
     from streamlib.broker.pulsar_admin import serve_admin
 
     host = args.host if args.pulsar_admin_host is None else args.pulsar_admin_host
     ssl_context = tls.reloading_ssl_context() if tls else None
     server, port = await serve_admin(broker, access, host, args.pulsar_admin_port, ssl_context)
-    given = split_host_port(args.advertised_address, 0)[0] if args.advertised_address else None
-    where = advertised_address(host, port, given, args.metadata)
-    broker.http_url = f"{'https' if tls else 'http'}://{where}"
+    broker.http_url = f"{'https' if tls else 'http'}://{_advertised_at(args, host, port)}"
     return server
 
 
