@@ -160,6 +160,30 @@ def certificate_principal(auth_context: Mapping[str, Sequence[bytes]]) -> str | 
     return names[0].decode(errors="replace") if names else None
 
 
+class Credentials:
+    """A caller's credentials where AccessControl looks for them in a gRPC call's
+    context, for a call that is not gRPC's (a framed connection, a Pulsar connection):
+    a token as the bearer header, a verified client certificate's common name as the
+    auth context's."""
+
+    __slots__ = ("_auth", "_metadata")
+
+    def __init__(self, token: str | None, common_name: str | None) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._auth = certificate_context(common_name)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+
+def certificate_context(common_name: str | None) -> dict[str, list[bytes]]:
+    """A verified client certificate's common name as gRPC's auth context holds it."""
+    return {"x509_common_name": [common_name.encode()]} if common_name else {}
+
+
 class AccessControl:
     """Authentication and the role check, for every request path of the service."""
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from bookie.auth import AccessControl
+from bookie.auth import AccessControl, Credentials
 from bookie.errors import BadRequestError, RequestError, TooLargeError, TooManyRequestsError
 from bookie.metrics import BookieMetrics
 from bookie.service import BookieService, Malformed, _bad_add, _safe_parse
@@ -52,29 +52,22 @@ log = logging.getLogger(__name__)
 DEFAULT_HELLO_TIMEOUT_S = 5.0
 
 
-class FramedContext:
+class FramedContext(Credentials):
     """What AddStream uses of a gRPC call's context, for one framed connection: write
     an answer, and the caller's credentials where AccessControl looks for them (the
     hello's token as the bearer header; the verified client certificate's name)."""
 
-    __slots__ = ("_auth", "_metadata", "_writer")
+    __slots__ = ("_writer",)
 
     def __init__(self, writer: asyncio.StreamWriter, token: str, common_name: str | None) -> None:
+        super().__init__(token, common_name)
         self._writer = writer
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._auth = {"x509_common_name": [common_name.encode()]} if common_name else {}
 
     async def write(self, data: bytes) -> None:
         """Send one serialized AddResponse; waits while the client does not read (the
         stream's back-pressure then stops reading its requests, as on gRPC)."""
         write_frame(self._writer, data)
         await self._writer.drain()
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return self._auth
 
 
 async def framed_requests(

@@ -35,9 +35,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from bookie.auth import AccessControl
+from bookie.auth import AccessControl, certificate_context
 from bookie.errors import RequestError, UnauthenticatedError
 from bookie.ledger_rules import Access
+from bookie.tls import common_name
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,7 @@ class _Caller:
         return self.headers
 
     def auth_context(self) -> dict[str, list[bytes]]:
-        for rdn in (self.peer_cert or {}).get("subject", ()):  # type: ignore[attr-defined]
-            for key, value in rdn:
-                if key == "commonName":
-                    return {"x509_common_name": [value.encode()]}
-        return {}
+        return certificate_context(common_name(self.peer_cert))
 
 
 def _is_loopback(peer: object) -> bool:

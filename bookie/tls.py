@@ -168,7 +168,11 @@ class TlsFiles:
 def peer_common_name(writer: Any) -> str | None:
     """The common name of the client certificate the TLS handshake verified, if any."""
     sslobj = writer.get_extra_info("ssl_object")
-    cert = sslobj.getpeercert() if sslobj is not None else None
+    return common_name(sslobj.getpeercert() if sslobj is not None else None)
+
+
+def common_name(cert: Any) -> str | None:
+    """The subject's common name of a certificate as ssl's getpeercert() gives it."""
     for rdn in (cert or {}).get("subject", ()):
         for key, value in rdn:
             if key == "commonName":

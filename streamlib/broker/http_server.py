@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from bookie.auth import certificate_context
+from bookie.tls import common_name
+
 log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 32 << 10  # the request line and the headers, together
@@ -74,11 +77,7 @@ class Request:
         return self.headers
 
     def auth_context(self) -> dict[str, list[bytes]]:
-        for rdn in (self.peer_cert or {}).get("subject", ()):
-            for key, value in rdn:
-                if key == "commonName":
-                    return {"x509_common_name": [value.encode()]}
-        return {}
+        return certificate_context(common_name(self.peer_cert))
 
 
 @dataclass

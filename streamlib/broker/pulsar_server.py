@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from bookie.auth import Credentials
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
 from bookie.tls import peer_common_name
@@ -152,20 +153,6 @@ def _command(kind: int, field: str, **values: Any) -> api.BaseCommand:
     return command
 
 
-@dataclass
-class _Context:
-    """A connection's credentials, as AccessControl reads a gRPC call's."""
-
-    token: str | None
-    common_name: str | None
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [] if self.token is None else [("authorization", f"Bearer {self.token}")]
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return {} if self.common_name is None else {"x509_common_name": [self.common_name.encode()]}
-
-
 class PulsarFrontEnd:
     """The Pulsar port(s) of one broker: `core` is its gRPC front end, whose checks
     (exists, still_owner, access, limits) both front ends share."""
@@ -236,7 +223,7 @@ class Connection:
         self.writer = writer
         self.tls = writer.get_extra_info("ssl_object") is not None
         self.caller: Caller | None = None
-        self.context = _Context(None, None)  # its credentials, from its CONNECT
+        self.context = Credentials(None, None)  # its credentials, from its CONNECT
         self.producers: dict[int, _Producer] = {}
         self.consumers: dict[int, _Consumer | _Reader] = {}
         self._opening: set[tuple[str, int]] = set()  # producers and consumers being made
@@ -342,7 +329,7 @@ class Connection:
         token = None  # (a token only when the client says it is one: "token")
         if connect.auth_method_name == "token" and connect.auth_data:
             token = connect.auth_data.decode(errors="replace")
-        self.context = context = _Context(token, peer_common_name(self.writer))
+        self.context = context = Credentials(token, peer_common_name(self.writer))
         try:
             self.caller = self.core.access.caller(context)
         except BookieUnauthenticated as error:

@@ -68,7 +68,9 @@ CLIENT_SIDE = ("bookie.wire", "bookie.launcher", "bookie.bench")
 # of the bookie's -- and nothing of its storage.
 SERVER_TOOLS = ("bookie.auth", "bookie.tls", "bookie.addresses", "bookie.errors",
                 "bookie.ledger_rules")  # fmt: skip
-BROKER_SERVER = ("server.py", "cli.py", "access.py", "pulsar_admin.py", "pulsar_server.py")
+BROKER_SERVER = (
+    "server.py", "cli.py", "access.py", "pulsar_admin.py", "pulsar_server.py", "http_server.py"
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("path", sources("streamlib"), ids=str)
