@@ -13,8 +13,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from metadata.errors import InvalidValueError, NodeExistsError, NoNodeError
+from metadata.errors import (
+    BadVersionError,
+    InvalidValueError,
+    NodeExistsError,
+    NoNodeError,
+    TransactionError,
+)
 from metadata.services._base import Service, validate_name
+from metadata.store import Create, Delete
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,12 @@ class BrokerInfo:
     pulsar_url: str = ""  # pulsar://host:port
     pulsar_url_tls: str = ""  # pulsar+ssl://host:port
     http_url: str = ""  # http(s)://host:port of the admin REST port
+    # Which process this is (streamlib.protocol.ownership.Incarnation): random per
+    # process, its host (boot and pid namespace) and start time -- what evidence that
+    # the process is gone is weighed against.
+    incarnation: str = ""
+    host: str = ""
+    started: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -44,6 +57,9 @@ class BrokerInfo:
                 str(raw.get("pulsar_url", "")),
                 str(raw.get("pulsar_url_tls", "")),
                 str(raw.get("http_url", "")),
+                str(raw.get("incarnation", "")),
+                str(raw.get("host", "")),
+                int(raw.get("started", 0)),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidValueError(f"not a broker registration: {data[:80]!r}") from error
@@ -69,6 +85,23 @@ class BrokerRegistry(Service):
 
     async def update(self, info: BrokerInfo) -> None:
         await self.store.set(self._live_path(info.broker_id), info.encode())
+
+    async def registered(self, broker_id: str) -> tuple[BrokerInfo, int] | None:
+        """The live registration under `broker_id` and its version, if there is one."""
+        try:
+            node = await self.store.get(self._live_path(broker_id))
+        except NoNodeError:
+            return None
+        return BrokerInfo.decode(node.data), node.version
+
+    async def evict(self, info: BrokerInfo, version: int) -> bool:
+        """Delete a registration whose process is gone (streamlib.protocol.ownership):
+        only the one read, at `version` (a restarted broker's own is another)."""
+        try:
+            await self.store.delete(self._live_path(info.broker_id), version=version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
 
     async def unregister(self, broker_id: str) -> None:
         try:
@@ -100,6 +133,35 @@ class BrokerRegistry(Service):
         except NodeExistsError:
             return False
         return True
+
+    async def evict_lease(self, stream: str, owner: BrokerInfo) -> bool:
+        """Delete `stream`'s lease, held by `owner`, whose process is gone. One evictor
+        per lease and dead owner: each first creates a marker of its own session
+        (brokers/evictions/STREAM@INCARNATION), in the same transaction, so two brokers
+        that both read the dead owner's lease cannot both delete -- the second would
+        delete the first one's new lease (a lease is always at version 0). The marker
+        goes with the evictor's session, or when forget_eviction() is called."""
+        await self.ensure(self.path("brokers", "evictions"))
+        try:
+            await self.store.transaction(
+                [
+                    Create(self._eviction_path(stream, owner), ephemeral=True),
+                    Delete(self.owner_path(stream), version=0),
+                ]
+            )
+        except TransactionError:
+            return False  # (another evictor's marker, or the lease changed or went)
+        return True
+
+    async def forget_eviction(self, stream: str, owner: BrokerInfo) -> None:
+        try:
+            await self.store.delete(self._eviction_path(stream, owner))
+        except NoNodeError:
+            pass
+
+    def _eviction_path(self, stream: str, owner: BrokerInfo) -> str:
+        name = f"{validate_name('stream', stream)}@{owner.incarnation or owner.broker_id}"
+        return self.path("brokers", "evictions", name)
 
     async def owner(self, stream: str) -> BrokerInfo | None:
         try:

@@ -11,11 +11,21 @@ from typing import Any
 
 
 def add_parser(commands: Any) -> None:
-    from streamlib.bench import bookie, ledger, metadata, protocol, pulsar, service, spark, stream
+    from streamlib.bench import (
+        bookie,
+        failover,
+        ledger,
+        metadata,
+        protocol,
+        pulsar,
+        service,
+        spark,
+        stream,
+    )
 
     parser = commands.add_parser("bench", help="run a benchmark and print its figures")
     which = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (protocol, metadata, bookie, ledger, stream, service, pulsar, spark):
+    for module in (protocol, metadata, bookie, ledger, stream, service, failover, pulsar, spark):
         module.add_parser(which)
 
 

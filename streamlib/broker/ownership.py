@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+import uuid
 from typing import Any
 
 from metadata.services.brokers import BrokerInfo, BrokerRegistry
+from streamlib import liveness
 from streamlib.broker.access import Budgets, ByteBudget
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S, OwnedStream
@@ -26,10 +27,17 @@ from streamlib.broker.sessions import StreamGone
 from streamlib.protocol.errors import (
     StreamlibError,
 )
+from streamlib.protocol.ownership import Evidence, Incarnation, Probe, owner_gone
 from streamlib.retry import registration
 from streamlib.tasks import HeldTasks
 
 log = logging.getLogger(__name__)
+
+ALIVE_FOR_S = 1.0  # an owner that answered a probe is not probed again for this long
+
+
+def _incarnation(info: BrokerInfo) -> Incarnation:
+    return Incarnation(info.broker_id, info.incarnation, info.host, info.pid, info.started)
 
 
 class NotOwnerError(StreamlibError):
@@ -75,6 +83,14 @@ class Broker:
         self.pulsar_url = ""
         self.pulsar_url_tls = ""
         self.http_url = ""
+        # This process, as its registration and leases name it (evidence it is gone is
+        # weighed against this: streamlib.protocol.ownership).
+        self.incarnation = uuid.uuid4().hex
+        self._host, self._pid, self._started = liveness.identity()
+        self._session_timeout_s = 10.0
+        # Owners found alive lately (incarnation -> loop time of the probe): a lookup
+        # does not connect to the same owner again for ALIVE_FOR_S.
+        self._alive: dict[str, float] = {}
 
     @property
     def info(self) -> BrokerInfo:
@@ -82,18 +98,30 @@ class Broker:
             self.broker_id,
             self.address,
             len(self.owned),
-            os.getpid(),
+            self._pid,
             self.pulsar_url,
             self.pulsar_url_tls,
             self.http_url,
+            self.incarnation,
+            self._host,
+            self._started,
         )
 
     async def start(self, session_timeout_s: float = 10.0) -> None:
-        """Register; after a crash, wait (bounded) for the dead process's session to be
-        reaped: its registration holds the id until then."""
-        await registration(session_timeout_s).run(
-            f"broker {self.broker_id}: registering", lambda: self.registry.register(self.info)
-        )
+        """Register. After a crash, the dead process's registration holds the id until
+        its session is reaped: this waits for that (bounded) -- unless the process is
+        provably gone (its port refuses, or it is not running on this host), when its
+        registration is deleted at once."""
+        self._session_timeout_s = session_timeout_s
+
+        async def register() -> None:
+            found = await self.registry.registered(self.broker_id)
+            if found is not None and await self._gone(found[0], found[0]) is not None:
+                log.info("broker %s: its predecessor %s is gone", self.broker_id, found[0].pid)
+                await self.registry.evict(*found)
+            await self.registry.register(self.info)
+
+        await registration(session_timeout_s).run(f"broker {self.broker_id}: registering", register)
         self.client.store.add_session_listener(self._on_session)
 
     def _on_session(self, state: str) -> None:
@@ -124,18 +152,70 @@ class Broker:
     async def lookup(self, stream: str) -> BrokerInfo:
         """The broker that serves `stream`; one is assigned when none owns it (this one:
         it starts taking the stream over and answers at once -- the client's producer or
-        consumer waits for the takeover, not the lookup)."""
-        owner = await self.registry.owner(stream)
-        if owner is not None:
-            return owner
-        live = await self.registry.live()
-        if not live:
-            return self.info
-        least = min(live, key=lambda b: (b.owned, b.broker_id))
-        if least.broker_id == self.broker_id or least.owned >= len(self.owned):
-            self._start_owning(stream)
-            return self.info
-        return least
+        consumer waits for the takeover, not the lookup). An owner, or a broker to
+        assign, whose process is provably gone loses its lease / registration first
+        (streamlib.protocol.ownership): its clients need not wait for its session."""
+        for _ in range(3):  # (an evicted owner: once more; then give what there is)
+            owner = await self.registry.owner(stream)
+            if owner is not None:
+                if not await self._evict_if_gone(stream, owner):
+                    return owner
+                continue
+            live = await self.registry.live()
+            if not live:
+                return self.info
+            least = min(live, key=lambda b: (b.owned, b.broker_id))
+            if least.broker_id == self.broker_id or least.owned >= len(self.owned):
+                self._start_owning(stream)
+                return self.info
+            if not await self._evict_if_gone(None, least):
+                return least
+        return self.info if owner is None else owner
+
+    async def _gone(self, owner: BrokerInfo, registered: BrokerInfo | None) -> Evidence | None:
+        """The evidence that `owner`'s process is gone (None: none; wait for its
+        session). Its address is connected to only when nothing else decides."""
+        if owner.incarnation == self.incarnation:
+            return None
+        mine = _incarnation(owner)
+        now = _incarnation(registered) if registered is not None else None
+        found = owner_gone(mine, now, process=liveness.process_of(mine))
+        if found is not None or not owner.address:
+            return found
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._alive.get(owner.incarnation, -ALIVE_FOR_S) < ALIVE_FOR_S:
+            return None
+        answer = await liveness.probe(owner.address)
+        if answer is not Probe.REFUSED:
+            self._alive[owner.incarnation] = loop.time()
+            if len(self._alive) > 10_000:  # (bounded: the oldest go)
+                for key in list(self._alive)[:1000]:
+                    del self._alive[key]
+        return owner_gone(mine, now, probe=answer)
+
+    async def _evict_if_gone(self, stream: str | None, owner: BrokerInfo) -> bool:
+        """Whether `owner` (of `stream`'s lease, or a live broker to assign it to) was
+        provably gone and is evicted: its registration, and the lease."""
+        if owner.broker_id == self.broker_id and owner.incarnation == self.incarnation:
+            return False
+        found = await self.registry.registered(owner.broker_id)
+        registered = found[0] if found is not None else None
+        evidence = await self._gone(owner, registered)
+        if evidence is None:
+            return False
+        log.info("broker %s: %s (%s) is gone: %s", self.broker_id, owner.broker_id,
+                 owner.address, evidence.value)  # fmt: skip
+        if found is not None and found[0].incarnation == owner.incarnation:
+            await self.registry.evict(*found)
+        if stream is not None and await self.registry.evict_lease(stream, owner):
+            # (the marker keeps a slower evictor's stale read from deleting the next
+            # owner's lease; after two sessions no such read can be left)
+            self._spawn(self._forget_eviction(stream, owner))
+        return True
+
+    async def _forget_eviction(self, stream: str, owner: BrokerInfo) -> None:
+        await asyncio.sleep(2 * self._session_timeout_s)  # (a timer, not a wait for a state)
+        await self.registry.forget_eviction(stream, owner)
 
     def _start_owning(self, stream: str) -> asyncio.Future[OwnedStream]:
         """The takeover of `stream`, in a task of the broker's own: a caller that goes

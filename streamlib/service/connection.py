@@ -14,12 +14,14 @@ from typing import Any
 
 import grpc
 
+from streamlib import liveness
 from streamlib.protocol.errors import (
     BadRequestError,
     BrokerUnavailableError,
     RetriesExhausted,
     TlsError,
 )
+from streamlib.protocol.ownership import Probe
 from streamlib.retry import FIRST_CONNECT, RECONNECT
 from streamlib.tls_failures import tls_mismatch
 from streamlib.wire import broker_pb2 as pb
@@ -31,6 +33,10 @@ EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (what read() gives at t
 
 SCHEME = "streamlib://"
 LOOKUP_TIMEOUT_S = 5.0
+# A connection to a broker that does not complete its HTTP/2 handshake within this is
+# given up, and the stream looked up again: a stopped owner's port accepts connections,
+# and once its session is over the lookup names the next owner.
+REACH_TIMEOUT_S = 1.0
 OPEN_TIMEOUT_S = 60.0  # a takeover fences and recovers: it can take a while
 FIRST_CONNECT_S = 30.0  # how long creating a producer / consumer tries
 # Deliveries carry whole messages: a chunked one (up to 256 MiB) comes in one piece.
@@ -49,6 +55,11 @@ def channel_options() -> list[tuple[str, Any]]:
         ("grpc.http2.ping_timeout_ms", 2_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # A broker restarted on its address is connected to again within 0.1-1 s
+        # (gRPC's own backoff after a refused connection grows to 2 minutes).
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1_000),
     ]
 
 
@@ -108,10 +119,13 @@ class Brokers:
     async def reachable(self, address: str) -> None:
         """BrokerUnavailableError unless a connection to address is up within the lookup
         timeout. (A stopped broker's port still accepts TCP connections: only the
-        HTTP/2 handshake shows it does not answer.)"""
+        HTTP/2 handshake shows it does not answer.) A refused connection fails at once:
+        the broker's process is gone, and the next lookup finds its successor."""
+        if await liveness.probe(address) is Probe.REFUSED:
+            raise BrokerUnavailableError(f"broker {address} refused the connection")
         self.stub(address)
         try:
-            await asyncio.wait_for(self._channels[address].channel_ready(), LOOKUP_TIMEOUT_S)
+            await asyncio.wait_for(self._channels[address].channel_ready(), REACH_TIMEOUT_S)
         except builtins.TimeoutError:
             raise BrokerUnavailableError(f"broker {address} does not answer") from None
 

@@ -8,7 +8,9 @@ consumer's type and name. Pulsar's rules, as a direct-mode client can keep them:
 
 - ``exclusive`` (the default): the consumer takes the lock at once or is refused with
   ConsumerBusyError. It stays the only one until it closes or its metadata session
-  ends (a SIGKILLed or partitioned process: after the session timeout).
+  ends (a stopped or partitioned process: after the session timeout). A consumer that
+  ran on this host and is provably gone (SIGKILLed: its pid runs no more) loses its
+  place at once to the next consumer that comes (streamlib.protocol.ownership).
 - ``failover``: the first consumer is active; the others wait in line, holding no
   messages. When the active one closes (its cursor persisted first) or its session ends,
   the next in line becomes active and starts after the durable cursor: at-least-once,
@@ -37,12 +39,14 @@ from typing import Any
 
 from metadata.errors import MetadataError
 from metadata.store import Lock, MetadataStore
+from streamlib import liveness
 from streamlib.protocol.errors import (
     BadRequestError,
     ClientClosedError,
     ConsumerBusyError,
     UnsupportedConsumerTypeError,
 )
+from streamlib.protocol.ownership import Incarnation, Process
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +107,13 @@ class SubscriptionGate:
         self.consumer_name = consumer_name
         self.path = path
         self._store = store
+        host, pid, started = liveness.identity()
+        # (this process too: a consumer restarted on this host after a SIGKILL takes
+        # its dead predecessor's place at once -- see _evict_the_dead)
         self._identifier = json.dumps(
-            {"type": kind.value, "name": consumer_name, "id": uuid.uuid4().hex}
-        )
+            {"type": kind.value, "name": consumer_name, "id": uuid.uuid4().hex,
+             "host": host, "pid": pid, "started": started}
+        )  # fmt: skip
         self._lock: Lock = store.lock(path, self._identifier)
         self.active = asyncio.Event()
         self.lost: Exception | None = None  # why an exclusive consumer may not go on
@@ -116,6 +124,7 @@ class SubscriptionGate:
     async def enter(self) -> None:
         """Exclusive: hold the lock now or ConsumerBusyError. Failover: refuse if the
         holder is exclusive, else queue (active at once when first in line)."""
+        await self._evict_the_dead()
         await self._refuse_other_types()
         if self.kind is ConsumerType.Exclusive:
             if not await self._lock.acquire(timeout_s=0):
@@ -149,6 +158,31 @@ class SubscriptionGate:
                 if error is not None:  # e.g. the metadata store is unreachable
                     raise error
 
+    async def _evict_the_dead(self) -> None:
+        """Delete the lock nodes of contenders whose process is provably gone (it ran on
+        this host and runs no more: streamlib.protocol.ownership): a SIGKILLed consumer
+        would otherwise hold the subscription until its session expires. Nothing else
+        is evidence -- a stopped or cut-off consumer keeps its place until then."""
+        try:
+            names = await self._store.children(self.path)
+        except MetadataError:
+            return  # (no lock directory yet: nobody to evict)
+        for name in names:
+            node = f"{self.path}/{name}"
+            try:
+                holder = describe_contender((await self._store.get(node)).data.decode())
+                owner = Incarnation("consumer", str(holder.get("id", "")), str(holder["host"]),
+                                    int(holder["pid"]), int(holder["started"]))  # fmt: skip
+            except (MetadataError, KeyError, TypeError, ValueError, UnicodeDecodeError):
+                continue  # (gone meanwhile, or an identifier without its process)
+            if liveness.process_of(owner) is Process.GONE:
+                log.info("%s: consumer %s is gone (pid %d): its place is taken",
+                         self.path, holder.get("name"), owner.pid)  # fmt: skip
+                try:
+                    await self._store.delete(node)
+                except MetadataError:
+                    pass  # (gone meanwhile)
+
     async def _refuse_other_types(self) -> None:
         contenders = await self._lock.contenders()
         for raw in contenders[:1]:
@@ -177,6 +211,7 @@ class SubscriptionGate:
 
     async def _queue(self) -> None:
         """Failover: wait in line, then lead until closed or the session ends."""
+        await self._evict_the_dead()
         await self._lock.acquire()
         if self._closed:
             await self._lock.release()

@@ -1,0 +1,75 @@
+"""Evidence that a process is gone, gathered on this host (the rules that weigh it are
+streamlib.protocol.ownership's): who this process is, whether another of this host
+still runs, and whether an address refuses connections.
+
+A host is its boot (``/proc/sys/kernel/random/boot_id``) and its pid namespace: two
+processes that agree on both see the same pids. Network namespaces do not change it
+(hosts made of them share the pids), and a reboot or a container does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+
+from streamlib.protocol.ownership import Incarnation, Probe, Process, process_state
+
+PROBE_TIMEOUT_S = 0.5  # a connection not refused by then is silence, not evidence
+
+
+@functools.cache
+def this_host() -> str:
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()  # noqa: SIM115
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # (no /proc: no process evidence on this host)
+    return f"{boot}/{namespace}"
+
+
+def start_time(pid: int) -> int | None:
+    """When process `pid` of this host started (clock ticks after boot); None if it is
+    not running (no such process, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the command's closing parenthesis: state is field 3, starttime field 22.
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def identity() -> tuple[str, int, int]:
+    """(host, pid, start time) of this process, for its registrations and locks."""
+    pid = os.getpid()
+    return this_host(), pid, start_time(pid) or 0
+
+
+def process_of(owner: Incarnation) -> Process:
+    """What this host knows of `owner`'s process."""
+    if owner.host != this_host() or not owner.pid:
+        return Process.ELSEWHERE
+    started = start_time(owner.pid)
+    return process_state(owner, this_host(), started is not None, started)
+
+
+async def probe(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
+    """Connect to HOST:PORT and hang up: REFUSED only for a refusal (an RST)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return Probe.SILENT
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except ConnectionRefusedError:
+        return Probe.REFUSED
+    except (OSError, TimeoutError):
+        return Probe.SILENT
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return Probe.ANSWERED
