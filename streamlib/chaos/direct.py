@@ -26,7 +26,7 @@ from typing import Any
 
 import streamlib
 from streamlib.chaos import verdict as v
-from streamlib.chaos.plan import plan_faults
+from streamlib.chaos.plan import plan_faults, with_disk_faults
 from streamlib.chaos.run import POLL_S, SCAN_TIMEOUT_S, ChaosRun, Worker
 from streamlib.sandbox import Sandbox
 
@@ -50,7 +50,10 @@ class DirectRun(ChaosRun):
         sandbox = Sandbox(
             root / "cluster", bookies=args.bookies, port_base=0, extra_bookie_args=BOOKIE_FLAGS
         )
-        super().__init__(root, seed, say, sandbox, [name for name, *_ in STREAMS])
+        super().__init__(
+            root, seed, say, sandbox, [name for name, *_ in STREAMS],
+            disk_faults=args.disk_faults, sample_interval_s=args.sample_interval,
+        )  # fmt: skip
         self.bookies = args.bookies
         self.client_timeout_s = args.client_timeout
         self.sealed: dict[str, str] = {}
@@ -62,6 +65,8 @@ class DirectRun(ChaosRun):
     def play(self, args: argparse.Namespace) -> v.Verdict:
         self.start()
         faults = plan_faults(self.seed, args.seconds, self.bookies, self.streams)
+        if args.disk_faults:
+            faults = with_disk_faults(faults, self.seed, args.seconds, self.bookies)
         self.inject(faults, args.seconds)
         self.heal()
         self.await_recovery(args.recover_timeout)
@@ -122,6 +127,7 @@ class DirectRun(ChaosRun):
                     waiting.discard(stream)
             time.sleep(POLL_S)  # re-check the logs
             self.check_crashes()
+            self.sample_if_due()
         for stream in waiting:
             self.recovery_s[stream] = None
             self.record("not-recovered", stream=stream, waited_s=timeout_s)
@@ -154,19 +160,24 @@ class DirectRun(ChaosRun):
         )
         if self.client_timeout_s != DEFAULT_CLIENT_TIMEOUT_S:
             replay += f" --client-timeout {self.client_timeout_s:g}"
+        if args.disk_faults:
+            replay += " --disk-faults"
+        extras = self.extras_report(args.seconds)
         return {
             "seed": self.seed,
             "seconds": seconds,
             "bookies": self.bookies,
             "replay": replay,
             **verdict.to_json(),
-            "ok": verdict.ok and not self.crashes,  # a crashed worker may have missed things
+            # a crashed worker may have missed things; a leak fails a long run
+            "ok": verdict.ok and not self.crashes and extras["resources_ok"],
             "recovery_after_heal_s": self.recovery_s,
             "drained": self.drained,
             "sealed": self.sealed,
             "crashes": self.crashes,
             "stalls": self.stalls,
             "faults": [e for e in self.events if e["what"] != "cluster-started"],
+            **extras,
         }
 
     @staticmethod
@@ -227,3 +238,4 @@ class DirectRun(ChaosRun):
             + [(key.replace("_", " "), report[key]) for key in shown]
             + [("worker crashes", len(report["crashes"]))]
         )
+        ChaosRun.print_extras(report)
