@@ -393,7 +393,9 @@ def test_the_chaos_tests_seed_plans_every_kind_of_disk_fault():
 
 
 def series(name: str, rss: list[float], fds: list[int], start_s: float = 0.0) -> Series:
-    return Series(name, [(start_s + 60.0 * i, r, f) for i, (r, f) in enumerate(zip(rss, fds))])
+    return Series(
+        name, [(start_s + 60.0 * i, r, f) for i, (r, f) in enumerate(zip(rss, fds, strict=True))]
+    )
 
 
 def test_flat_series_are_flat_and_noise_is_ignored():
