@@ -6,14 +6,19 @@ producer, a durable consumer and a reader (streamlib.chaos.workers). For --secon
 injects faults planned from --seed (streamlib.chaos.plan.plan_faults): bookies
 SIGKILLed and restarted or SIGSTOPped and continued (never more than max_down() at
 once), producers SIGKILLed and replaced, duels (a second producer takes the stream over
-while the first runs), consumers SIGKILLed and restarted. Then it heals (every bookie
+while the first runs), consumers SIGKILLed and restarted; with --disk-faults, bookies'
+disks failing for a while too (EIO on journal writes, EIO on a journal or entry-log
+fsync, ENOSPC on writes, a slow journal fsync; plan.plan_disk_faults), a bookie with a
+failing disk counting as down. Then it heals (every failpoint unlinked, every bookie
 up, one producer per stream), waits (bounded) until each producer has a send
 acknowledged again, stops the producers, lets the consumers and readers drain
 (bounded), reads each stream once more from EARLIEST with a fresh reader, stops
 everything and prints the verdict of streamlib.chaos.verdict.
 
-Exit code: 0 if the run was safe, every producer recovered after the heal and no worker
-crashed (a crashed worker may have missed what it should have seen); 1 if not.
+Exit code: 0 if the run was safe, every producer recovered after the heal, no worker
+crashed (a crashed worker may have missed what it should have seen) and, in a run of at
+least 20 minutes, the processes' resources stayed flat (streamlib.chaos.resources); 1
+if not.
 """
 
 from __future__ import annotations

@@ -7,13 +7,16 @@ consumers split the stream. For --seconds, faults planned from --seed
 (streamlib.chaos.plan.plan_service_faults) hit one process at a time: a broker
 SIGKILLed and restarted, a broker SIGSTOPped past its metadata session and continued,
 a producer SIGKILLed and restarted under the same name, a consumer SIGKILLed and
-restarted. Then the producers stop (flushing), the consumers drain, and a reader reads
+restarted; with --disk-faults, bookies' disks fail for a while besides (they may overlap
+the others, never more than max_down() bookies at once: --bookies 4 for one; three
+bookies get none). Then the producers stop (flushing), the consumers drain, and a reader reads
 the stream from the start directly from the bookies: in this mode it is the verdict's
 reader (streamlib.chaos.verdict).
 
 The verdict: every acknowledged message is in the stream (nothing lost), none is in it
 twice (deduplication across failovers), each producer's messages are in its order, and
-the consumers received every acknowledged message at least once.
+the consumers received every acknowledged message at least once; and a run of at least
+20 minutes fails if a process's resources grew (streamlib.chaos.resources).
 """
 
 from __future__ import annotations
