@@ -10,8 +10,13 @@ Arming, in a bookie process's environment:
   after it -- SIGKILL at a point a signal cannot reach); ``NAME=ERRNO`` makes the step
   raise ``OSError(ERRNO)`` every time, ``NAME=ERRNO*N`` only the first N times.
 - ``BOOKIE_FAILPOINTS_DIR=DIR``: a file ``DIR/NAME`` arms NAME while it exists, its
-  content being the action (``EIO``, ``ENOSPC*2``, ``crash``); a test arms and disarms
-  a running bookie with a file write and an unlink.
+  content being the action (``EIO``, ``ENOSPC*2``, ``crash``, ``slow=0.3``); a test (or
+  ``streamlib chaos --disk-faults``) arms and disarms a running bookie with a file write
+  and an unlink. Write such a file whole (a rename into place): an empty one means crash.
+
+Actions: ``crash``; an errno name (``EIO``, ``ENOSPC``), optionally ``*N``; ``slow=S``
+sleeps S seconds at the step (in the thread or on the loop that runs it), then the step
+goes on normally -- a slow disk (a slow fsync at ``journal-sync``).
 
 In process (unit tests of the storage): :func:`arm` with an action or a callable (which
 may block on an event to pause the step, or raise), :func:`disarm`.
@@ -30,6 +35,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,14 +48,24 @@ _dir = os.environ.get("BOOKIE_FAILPOINTS_DIR")
 
 
 def _parse(spec: str) -> Action:
-    """``crash``, ``EIO``, ``ENOSPC*2`` -> what the step does."""
+    """``crash``, ``EIO``, ``ENOSPC*2``, ``slow=0.3`` -> what the step does."""
     spec = spec.strip()
     if spec in ("", "crash"):
         return _crash
+    if spec.startswith("slow="):
+        try:
+            delay_s = float(spec.removeprefix("slow="))
+        except ValueError:
+            delay_s = -1.0
+        if not delay_s >= 0:  # (also NaN)
+            raise ValueError(f"bad failpoint action {spec!r}: slow=SECONDS, e.g. slow=0.3")
+        return lambda step: time.sleep(delay_s)
     name, _, times = spec.partition("*")
     code = getattr(errno, name.strip().upper(), None)
     if not isinstance(code, int):
-        raise ValueError(f"unknown failpoint action {spec!r}: use crash, EIO, ENOSPC, EIO*3")
+        raise ValueError(
+            f"unknown failpoint action {spec!r}: use crash, EIO, ENOSPC, EIO*3, slow=0.3"
+        )
     left = [int(times)] if times else None
 
     def fail(step: str) -> None:

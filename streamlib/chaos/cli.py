@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
     if args.brokers < 0 or (args.brokers and args.brokers < 2):
         print("streamlib chaos: --brokers is 0 (direct mode) or at least 2", file=sys.stderr)
         return 2
+    if args.sample_interval <= 0:
+        print("streamlib chaos: --sample-interval must be > 0", file=sys.stderr)
+        return 2
     if args.seconds <= 0 or args.bookies < 3:
         print("streamlib chaos: --seconds must be > 0 and --bookies >= 3", file=sys.stderr)
         return 2
@@ -93,5 +96,14 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
         help="the workers' bookie add / read timeout, seconds (default 3)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--disk-faults", action="store_true",
+        help="also fail the bookies' disks for a while (EIO, ENOSPC, a slow fsync) through "
+        "their failpoints (streamlib/chaos/plan.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sample-interval", type=float, default=60.0,
+        help="seconds between samples of every process's RSS and open descriptors (default 60)",
     )  # fmt: skip
     parser.set_defaults(run=run)

@@ -6,14 +6,19 @@ producer, a durable consumer and a reader (streamlib.chaos.workers). For --secon
 injects faults planned from --seed (streamlib.chaos.plan.plan_faults): bookies
 SIGKILLed and restarted or SIGSTOPped and continued (never more than max_down() at
 once), producers SIGKILLed and replaced, duels (a second producer takes the stream over
-while the first runs), consumers SIGKILLed and restarted. Then it heals (every bookie
+while the first runs), consumers SIGKILLed and restarted; with --disk-faults, bookies'
+disks failing for a while too (EIO on journal writes, EIO on a journal or entry-log
+fsync, ENOSPC on writes, a slow journal fsync; plan.plan_disk_faults), a bookie with a
+failing disk counting as down. Then it heals (every failpoint unlinked, every bookie
 up, one producer per stream), waits (bounded) until each producer has a send
 acknowledged again, stops the producers, lets the consumers and readers drain
 (bounded), reads each stream once more from EARLIEST with a fresh reader, stops
 everything and prints the verdict of streamlib.chaos.verdict.
 
-Exit code: 0 if the run was safe, every producer recovered after the heal and no worker
-crashed (a crashed worker may have missed what it should have seen); 1 if not.
+Exit code: 0 if the run was safe, every producer recovered after the heal, no worker
+crashed (a crashed worker may have missed what it should have seen) and, in a run of at
+least 20 minutes, the processes' resources stayed flat (streamlib.chaos.resources); 1
+if not.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 import streamlib
 from streamlib.chaos import verdict as v
-from streamlib.chaos.plan import plan_faults
+from streamlib.chaos.plan import plan_faults, with_disk_faults
 from streamlib.chaos.run import POLL_S, SCAN_TIMEOUT_S, ChaosRun, Worker
 from streamlib.sandbox import Sandbox
 
@@ -50,7 +55,10 @@ class DirectRun(ChaosRun):
         sandbox = Sandbox(
             root / "cluster", bookies=args.bookies, port_base=0, extra_bookie_args=BOOKIE_FLAGS
         )
-        super().__init__(root, seed, say, sandbox, [name for name, *_ in STREAMS])
+        super().__init__(
+            root, seed, say, sandbox, [name for name, *_ in STREAMS],
+            disk_faults=args.disk_faults, sample_interval_s=args.sample_interval,
+        )  # fmt: skip
         self.bookies = args.bookies
         self.client_timeout_s = args.client_timeout
         self.sealed: dict[str, str] = {}
@@ -62,6 +70,8 @@ class DirectRun(ChaosRun):
     def play(self, args: argparse.Namespace) -> v.Verdict:
         self.start()
         faults = plan_faults(self.seed, args.seconds, self.bookies, self.streams)
+        if args.disk_faults:
+            faults = with_disk_faults(faults, self.seed, args.seconds, self.bookies)
         self.inject(faults, args.seconds)
         self.heal()
         self.await_recovery(args.recover_timeout)
@@ -122,6 +132,7 @@ class DirectRun(ChaosRun):
                     waiting.discard(stream)
             time.sleep(POLL_S)  # re-check the logs
             self.check_crashes()
+            self.sample_if_due()
         for stream in waiting:
             self.recovery_s[stream] = None
             self.record("not-recovered", stream=stream, waited_s=timeout_s)
@@ -154,19 +165,24 @@ class DirectRun(ChaosRun):
         )
         if self.client_timeout_s != DEFAULT_CLIENT_TIMEOUT_S:
             replay += f" --client-timeout {self.client_timeout_s:g}"
+        if args.disk_faults:
+            replay += " --disk-faults"
+        extras = self.extras_report(args.seconds)
         return {
             "seed": self.seed,
             "seconds": seconds,
             "bookies": self.bookies,
             "replay": replay,
             **verdict.to_json(),
-            "ok": verdict.ok and not self.crashes,  # a crashed worker may have missed things
+            # a crashed worker may have missed things; a leak fails a long run
+            "ok": verdict.ok and not self.crashes and extras["resources_ok"],
             "recovery_after_heal_s": self.recovery_s,
             "drained": self.drained,
             "sealed": self.sealed,
             "crashes": self.crashes,
             "stalls": self.stalls,
             "faults": [e for e in self.events if e["what"] != "cluster-started"],
+            **extras,
         }
 
     @staticmethod
@@ -227,3 +243,4 @@ class DirectRun(ChaosRun):
             + [(key.replace("_", " "), report[key]) for key in shown]
             + [("worker crashes", len(report["crashes"]))]
         )
+        ChaosRun.print_extras(report)

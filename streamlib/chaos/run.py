@@ -1,8 +1,16 @@
 """What a `streamlib chaos` run does with its processes, in either mode: it starts the
 workers (streamlib.chaos.workers) and follows their event logs, restarts a worker that
-crashed, carries out the fault plan's timeline on the sandbox's bookies and brokers
-and on the workers, heals, lets the consumers and readers drain, scans each stream
-once more, stops everything and turns the logs into the verdict's histories.
+crashed (and a bookie that exited on its own), carries out the fault plan's timeline on
+the sandbox's bookies and brokers and on the workers, heals, lets the consumers and
+readers drain, scans each stream once more, stops everything and turns the logs into
+the verdict's histories. Meanwhile it samples every process's memory and descriptors
+(streamlib.chaos.resources).
+
+Disk faults (--disk-faults): each bookie runs with BOOKIE_FAILPOINTS_DIR set to
+ROOT/failpoints/bookie-I (kept for its restarts); a disk fault writes its failpoint
+files there (each whole, renamed into place: bookie/failpoints.py reads an empty file
+as "crash") and its end unlinks them. The heal unlinks every one first, then restarts
+what is down.
 
 The modes (direct.py, service.py) say which cluster runs, which workers it has and
 how a worker reaches the stream; they share everything else.
@@ -15,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +33,8 @@ from bookie.launcher import BookieProcess, BookieStartError
 from streamlib.broker.launcher import BrokerProcess, BrokerStartError
 from streamlib.chaos import verdict as v
 from streamlib.chaos.events import LogTail
-from streamlib.chaos.plan import Fault, max_down, timeline
+from streamlib.chaos.plan import DISK_KINDS, Fault, max_down, timeline
+from streamlib.chaos.resources import JUDGED_RUN_S, Sampler, judge
 from streamlib.sandbox import Sandbox
 
 STOP_TIMEOUT_S = 30.0  # a SIGTERMed process gets this long before SIGKILL
@@ -73,6 +83,9 @@ class ChaosRun:
         say: Callable[[str], None],
         sandbox: Sandbox,
         streams: list[str],
+        *,
+        disk_faults: bool = False,
+        sample_interval_s: float = 60.0,
     ) -> None:
         self.root, self.seed, self.say, self.sandbox, self.streams = (
             root,
@@ -89,11 +102,20 @@ class ChaosRun:
         self.stalls: list[dict[str, Any]] = []  # not drained: where they wait
         self.final_producer: dict[str, int] = {}  # the incarnation a heal left running
         self.paused: set[tuple[str, int]] = set()  # SIGSTOPped nodes: (bookie|broker, index)
+        self.disk_faulted: dict[int, Fault] = {}  # bookies whose failpoints are armed
+        self.failpoint_dirs: list[Path] = []
+        if disk_faults:  # (before the sandbox starts the bookies: it keeps .env for restarts)
+            for index, bookie in enumerate(sandbox.processes):
+                directory = root / "failpoints" / f"bookie-{index}"
+                directory.mkdir(parents=True, exist_ok=True)
+                bookie.env["BOOKIE_FAILPOINTS_DIR"] = str(directory)
+                self.failpoint_dirs.append(directory)
         self.drained = False
         self.healed_at = 0.0
         self._counts: dict[tuple[str, str], int] = {}  # incarnations so far
         self._restarts: dict[tuple[str, str], int] = {}  # of crashed workers
         self._t0 = time.monotonic()
+        self.sampler = Sampler(self.logs / "resources.jsonl", sample_interval_s, self._t0)
 
     def worker_args(self, role: str, slot: str) -> list[str]:
         """How a worker of that role reaches the stream (--url ...), and what it is."""
@@ -186,6 +208,30 @@ class ChaosRun:
         ]
         return self.spawn("reader", worker.stream, *(["--after", reads[-1]["id"]] if reads else []))
 
+    def sample_if_due(self) -> None:
+        """Every process's RSS and descriptors, if a sample is due."""
+        now = time.monotonic()
+        if not self.sampler.due(now):
+            return
+        processes = [("chaos", os.getpid())]
+        for kind in NODES:
+            for index in range(len(self.nodes(kind))):
+                proc = self.nodes(kind)[index].proc
+                if proc is not None and proc.poll() is None:
+                    processes.append((f"{kind}-{index}", proc.pid))
+        for w in self.workers:
+            if w.alive and not w.kind:
+                processes.append((f"{w.role} {w.slot or w.stream}", w.proc.pid))
+        self.sampler.sample(now, processes)
+
+    def tick(self) -> None:
+        """What a wait does meanwhile: crashed workers replaced, a bookie that exited on
+        its own restarted, stopped workers reaped, a resource sample if one is due."""
+        self.check_crashes()
+        self.check_bookies()
+        self.reap()
+        self.sample_if_due()
+
     # -- the bookies and brokers ------------------------------------------------------
 
     def nodes(self, kind: str) -> list[BookieProcess] | list[BrokerProcess]:
@@ -199,6 +245,18 @@ class ChaosRun:
         """Bookies: enough stay up for an ensemble; brokers: one stays up."""
         count = len(self.nodes(kind))
         return max_down(count) if kind == "bookie" else count - 1
+
+    def check_bookies(self) -> None:
+        """A bookie that exited without being killed (a disk fault may end it): record
+        it and start it again (a failed start is recorded; the heal tries once more)."""
+        for index, bookie in enumerate(self.sandbox.processes):
+            if bookie.proc is not None and bookie.proc.poll() is not None:
+                code = bookie.proc.returncode
+                bookie.kill()  # (reaped: its proc is None from now on)
+                self.paused.discard(("bookie", index))
+                self.record("bookie-exited", bookie=index, exit_code=code,
+                            stderr=bookie.stderr_tail(300).strip())  # fmt: skip
+                self.start_node("bookie", index)
 
     def start_node(self, kind: str, index: int) -> None:
         try:
@@ -217,7 +275,10 @@ class ChaosRun:
             self.paused.discard((kind, index))
 
     def heal_nodes(self) -> list[int]:
-        """Every bookie and broker running again; the bookies still down after it."""
+        """Every disk healed, every bookie and broker running again; the bookies still
+        down after it."""
+        for index in list(self.disk_faulted):
+            self.heal_disk(index)
         for kind in NODES:
             for index in range(len(self.nodes(kind))):
                 if (kind, index) in self.paused:
@@ -235,8 +296,7 @@ class ChaosRun:
         for at_s, step, fault in [*timeline(faults, seconds), (seconds, "", None)]:
             while (left := start + at_s - time.monotonic()) > 0:
                 time.sleep(min(left, POLL_S))  # the fault schedule's timer
-                self.check_crashes()
-                self.reap()
+                self.tick()
             if fault is not None:
                 self.apply(step, fault)
 
@@ -255,6 +315,10 @@ class ChaosRun:
         elif step == "duel":
             challenger = self.spawn("producer", fault.target)
             self.record("duel", worker=challenger.name, for_s=fault.duration_s)
+        elif step in DISK_KINDS:
+            self.fail_disk(int(fault.target), fault)
+        elif step == "heal-disk":
+            self.heal_disk(int(fault.target))
         elif step == "end-duel":
             producers = self.running("producer", fault.target)
             if len(producers) > 1:
@@ -265,9 +329,9 @@ class ChaosRun:
     def _apply_to_node(self, verb: str, kind: str, index: int, fault: Fault) -> None:
         step = f"{verb}-{kind}"
         if verb in ("kill", "pause"):
-            down = sum(self.node_down(kind, i) for i in range(len(self.nodes(kind))))
-            if self.node_down(kind, index) or down >= self.max_down(kind):
-                self.record("skipped", fault=step, **{kind: index}, down=down)
+            down = self.down_or_faulted(kind)
+            if self.node_down(kind, index) or index in down or len(down) >= self.max_down(kind):
+                self.record("skipped", fault=step, **{kind: index}, down=len(down))
             else:
                 if verb == "kill":
                     self.nodes(kind)[index].kill()
@@ -280,6 +344,38 @@ class ChaosRun:
         elif verb == "resume" and (kind, index) in self.paused:
             self.signal_node(kind, index, signal.SIGCONT)
             self.record(step, **{kind: index})
+
+    def down_or_faulted(self, kind: str) -> set[int]:
+        """The nodes of that kind down, and (bookies) those with a failing disk."""
+        down = {i for i in range(len(self.nodes(kind))) if self.node_down(kind, i)}
+        return down | set(self.disk_faulted) if kind == "bookie" else down
+
+    def fail_disk(self, index: int, fault: Fault) -> None:
+        """Arm a disk fault's failpoints on a bookie (unless too many are down)."""
+        down = self.down_or_faulted("bookie")
+        if index in down or len(down) >= self.max_down("bookie"):
+            self.record("skipped", fault=fault.kind, bookie=index, down=len(down))
+            return
+        for step, action in fault.failpoints:
+            armed = self.failpoint_dirs[index] / step
+            pending = armed.with_name(f".{step}.new")  # (no failpoint has a name like it)
+            pending.write_text(action)
+            pending.replace(armed)  # the bookie reads all of it or nothing
+        self.disk_faulted[index] = fault
+        self.record(fault.kind, bookie=index, for_s=fault.duration_s,
+                    failpoints=dict(fault.failpoints))  # fmt: skip
+
+    def heal_disk(self, index: int) -> None:
+        """Unlink every failpoint of a bookie; start it again if it is down and no
+        planned outage has it (a disk fault and an outage never share a bookie)."""
+        fault = self.disk_faulted.pop(index, None)
+        if fault is None:
+            return
+        for armed in self.failpoint_dirs[index].iterdir():
+            armed.unlink()
+        self.record("heal-disk", bookie=index, fault=fault.kind)
+        if self.node_down("bookie", index) and ("bookie", index) not in self.paused:
+            self.start_node("bookie", index)
 
     # -- stopping, draining, scanning ---------------------------------------------------
 
@@ -299,6 +395,7 @@ class ChaosRun:
         deadline = time.monotonic() + timeout_s
         while True:
             self.check_crashes()
+            self.sample_if_due()
             if not any(sum(self._missing(stream).values()) for stream in self.streams):
                 self.drained = True
                 break
@@ -368,6 +465,56 @@ class ChaosRun:
         for kind, index in list(self.paused):
             self.signal_node(kind, index, signal.SIGCONT)  # a stopped process cannot stop
         self.sandbox.stop()
+
+    # -- what both modes report besides the verdict -----------------------------------
+
+    def extras_report(self, seconds: float) -> dict[str, Any]:
+        """Disk faults by kind, bookies that exited on their own, the resources section
+        (resources_ok: flat, or a run too short to judge)."""
+        resources = judge(list(self.sampler.series.values()), seconds)
+        return {
+            "disk_faults": dict(Counter(e["what"] for e in self.events if e["what"] in DISK_KINDS)),
+            "bookie_exits": sum(e["what"] == "bookie-exited" for e in self.events),
+            "resources": resources,
+            "resources_flat": resources["flat"],
+            "resources_ok": resources["flat"] or seconds < JUDGED_RUN_S,
+        }
+
+    @staticmethod
+    def print_extras(report: dict[str, Any]) -> None:
+        from streamlib.commands.common import print_table
+
+        resources = report["resources"]
+        if resources["series"]:
+            print_table(
+                ["process", "samples", "RSS MiB first/last/max", "fds first/last/max", "growth"],
+                [
+                    [
+                        name, f["samples"],
+                        f"{f.get('first_rss_mib', '-')}/{f.get('last_rss_mib', '-')}/{f['max_rss_mib']}",
+                        f"{f.get('first_fds', '-')}/{f.get('last_fds', '-')}/{f['max_fds']}",
+                        "-" if f["grows"] is None
+                        else f"{f['growth_rss_mib']:+} MiB {f['growth_fds']:+g} fds"
+                        + (" GROWS" if f["grows"] else ""),
+                    ]
+                    for name, f in resources["series"].items()
+                ],
+                title=f"resources (past a {resources['warmup_s']:g} s warm-up)",
+            )  # fmt: skip
+        judged = resources["judged"]
+        if not judged:
+            verdict = "not judged (no process lived 3 samples past the warm-up)"
+        elif resources["flat"]:
+            verdict = f"flat ({judged} processes judged)"
+        else:
+            verdict = f"GROWING: {', '.join(resources['growing'])} ({judged} judged)"
+        if not report["resources_ok"]:
+            verdict += ": the run fails"
+        elif not resources["flat"]:
+            verdict += ": not failed (a run under 20 minutes cannot tell a leak from a warm-up)"
+        print(f"resources: {verdict}")
+        print(f"disk faults: {report['disk_faults'] or 'none'}; "
+              f"bookies that exited on their own: {report['bookie_exits']}")  # fmt: skip
 
     # -- the verdict's histories ------------------------------------------------------
 

@@ -7,13 +7,16 @@ consumers split the stream. For --seconds, faults planned from --seed
 (streamlib.chaos.plan.plan_service_faults) hit one process at a time: a broker
 SIGKILLed and restarted, a broker SIGSTOPped past its metadata session and continued,
 a producer SIGKILLed and restarted under the same name, a consumer SIGKILLed and
-restarted. Then the producers stop (flushing), the consumers drain, and a reader reads
+restarted; with --disk-faults, bookies' disks fail for a while besides (they may overlap
+the others, never more than max_down() bookies at once: --bookies 4 for one; three
+bookies get none). Then the producers stop (flushing), the consumers drain, and a reader reads
 the stream from the start directly from the bookies: in this mode it is the verdict's
 reader (streamlib.chaos.verdict).
 
 The verdict: every acknowledged message is in the stream (nothing lost), none is in it
 twice (deduplication across failovers), each producer's messages are in its order, and
-the consumers received every acknowledged message at least once.
+the consumers received every acknowledged message at least once; and a run of at least
+20 minutes fails if a process's resources grew (streamlib.chaos.resources).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import streamlib
 from streamlib.chaos import verdict as v
 from streamlib.chaos.events import producer_and_seq
-from streamlib.chaos.plan import SESSION_S, last_end_s, plan_service_faults
+from streamlib.chaos.plan import SESSION_S, last_end_s, plan_service_faults, with_disk_faults
 from streamlib.chaos.run import ChaosRun
 from streamlib.sandbox import Sandbox
 
@@ -53,7 +56,10 @@ class ServiceRun(ChaosRun):
         sandbox = Sandbox(root / "cluster", bookies=args.bookies, port_base=0, brokers=args.brokers)
         for broker in sandbox.brokers:
             broker.extra += ["--session-timeout", str(SESSION_S)]
-        super().__init__(root, seed, say, sandbox, [STREAM])
+        super().__init__(
+            root, seed, say, sandbox, [STREAM],
+            disk_faults=args.disk_faults, sample_interval_s=args.sample_interval,
+        )  # fmt: skip
         self.stored = 0  # messages the final scan read
 
     def worker_args(self, role: str, slot: str) -> list[str]:
@@ -79,6 +85,8 @@ class ServiceRun(ChaosRun):
         for name in PRODUCERS:
             self.spawn("producer", STREAM, slot=name)
         faults = plan_service_faults(self.seed, args.seconds, args.brokers, PRODUCERS, CONSUMERS)
+        if args.disk_faults:
+            faults = with_disk_faults(faults, self.seed, args.seconds, args.bookies)
         self.inject(faults, last_end_s(faults))  # every fault ends on its own: no heal cuts it
         self.heal_nodes()
         self.stop_producers()
@@ -91,8 +99,9 @@ class ServiceRun(ChaosRun):
     def report(self, verdict: v.Verdict, args: argparse.Namespace) -> dict[str, Any]:
         stream = verdict.streams[STREAM]
         disordered = {producer_and_seq(f.payload) for f in stream.reordered}
+        extras = self.extras_report(args.seconds)
         return {
-            "ok": verdict.safe and stream.acknowledged > 0,
+            "ok": verdict.safe and stream.acknowledged > 0 and extras["resources_ok"],
             "acknowledged": stream.acknowledged,
             "stored": self.stored,
             "lost": sorted(stream.lost_by_reader)[:SHOWN],
@@ -103,7 +112,9 @@ class ServiceRun(ChaosRun):
             "faults": Counter(REPORTED[e["what"]] for e in self.events if e["what"] in REPORTED),
             "seed": self.seed,
             "replay": f"streamlib chaos --brokers {args.brokers} --bookies {args.bookies} "
-            f"--seconds {args.seconds:g} --seed {self.seed}",
+            f"--seconds {args.seconds:g} --seed {self.seed}"
+            + (" --disk-faults" if args.disk_faults else ""),
+            **extras,
         }
 
     @staticmethod
@@ -119,3 +130,4 @@ class ServiceRun(ChaosRun):
         for key in ("lost", "duplicated", "not_received"):
             if report[key]:
                 print(f"  {key}: {report[key]}")
+        ChaosRun.print_extras(report)

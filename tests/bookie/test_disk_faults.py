@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,4 +197,24 @@ async def test_checkpointed_journal_files_are_reclaimed(tmp_path: Path) -> None:
     await s.close()
     s = await opened(tmp_path)
     assert_reads_back(s, [entry(7, i, size=4000) for i in range(50)])
+    await s.close()
+
+
+@pytest.mark.parametrize("spec", ["slow=", "slow=x", "slow=-1", "slow=nan", "SLOW"])
+def test_a_bad_slow_action_is_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="failpoint action"):
+        failpoints.arm("journal-sync", spec)
+
+
+async def test_a_slow_sync_delays_the_commit_and_fails_nothing(tmp_path: Path) -> None:
+    s = await opened(tmp_path)
+    failpoints.arm("journal-sync", " slow=0.2 ")  # as read from a failpoints file
+    started = time.monotonic()
+    acknowledged = [entry(8, i) for i in range(3)]
+    await add(s, acknowledged)  # one commit group: one slow sync, no error
+    assert time.monotonic() - started >= 0.2
+    assert s.fault is None
+    failpoints.disarm("journal-sync")
+    await s.flush()
+    assert_reads_back(s, acknowledged)
     await s.close()

@@ -2,7 +2,8 @@
 (lost, duplicated, reordered, misplaced) is shown to fire, and what at-least-once
 allows (redeliveries to a later consumer session, unacknowledged sends that landed)
 is shown not to, in both modes. Also the fault plans: seeded, never too many bookies
-down, and broker mode's one fault at a time."""
+down (or with a failing disk), broker mode's one fault at a time, a seed's plan the same
+as before disk faults came; and the judgement of the processes' resources."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from streamlib.chaos.events import payload
 from streamlib.chaos.plan import (
+    DISK_KINDS,
     SESSION_S,
     Fault,
     last_end_s,
@@ -19,7 +21,10 @@ from streamlib.chaos.plan import (
     plan_faults,
     plan_service_faults,
     timeline,
+    with_disk_faults,
 )
+from streamlib.chaos.resources import Series
+from streamlib.chaos.resources import judge as judge_resources
 from streamlib.chaos.verdict import (
     Ack,
     Delivery,
@@ -301,3 +306,130 @@ def test_the_broker_mode_plan_is_seeded_and_one_fault_at_a_time(seed):
             assert f.duration_s > SESSION_S  # past its metadata session: a failover
     steps = timeline(faults, last_end_s(faults))
     assert len(steps) == len(faults) + sum(f.kind.endswith("broker") for f in faults)
+
+
+# Plans computed before disk faults existed: a seed keeps meaning these.
+STREAMS = ["chaos-managed", "chaos-unbounded"]
+SEED_1_DIRECT = [
+    Fault(1.134, "duel", "chaos-managed", 2.02, "newer"),
+    Fault(2.776, "pause-bookie", "0", 4.155),
+    Fault(4.008, "duel", "chaos-unbounded", 2.731, "older"),
+    Fault(5.551, "kill-bookie", "1", 3.365),
+    Fault(7.917, "duel", "chaos-managed", 4.876, "older"),
+    Fault(9.209, "duel", "chaos-unbounded", 3.211, "newer"),
+    Fault(10.055, "kill-bookie", "0", 4.809),
+    Fault(11.179, "kill-consumer", "chaos-managed"),
+]
+SEED_2_DIRECT = [
+    Fault(1.956, "kill-consumer", "chaos-managed"),
+    Fault(2.998, "kill-bookie", "1", 2.006),
+    Fault(4.408, "kill-producer", "chaos-managed"),
+    Fault(5.866, "duel", "chaos-unbounded", 3.177, "newer"),
+    Fault(7.119, "kill-consumer", "chaos-managed"),
+]
+SEED_36_SERVICE = [
+    Fault(1.657, "kill-broker", "1", 1.813),
+    Fault(5.471, "pause-broker", "1", 4.539),
+    Fault(12.314, "kill-producer", "P0"),
+    Fault(15.467, "kill-consumer", "C0"),
+]
+
+
+def test_without_disk_faults_a_seed_keeps_its_plan():
+    assert plan_faults(1, 12, 5, STREAMS) == SEED_1_DIRECT
+    assert plan_faults(2, 8, 4, STREAMS) == SEED_2_DIRECT
+    assert plan_service_faults(36, 15, 2, ["P0", "P1"], ["C0", "C1"]) == SEED_36_SERVICE
+
+
+def test_disk_faults_are_added_around_a_seeds_plan_not_into_it():
+    plan = with_disk_faults(SEED_1_DIRECT, 1, 12, 5)
+    assert [f for f in plan if f.kind not in DISK_KINDS] == SEED_1_DIRECT
+    assert plan == sorted(plan, key=lambda f: f.at_s)
+
+
+def bookies_out(plan: list[Fault]) -> list[set[str]]:
+    """At each start of an outage or a disk fault, the bookies out then."""
+    out = [f for f in plan if f.kind in ("kill-bookie", "pause-bookie", *DISK_KINDS)]
+    return [{g.target for g in out if g.at_s <= f.at_s < g.at_s + g.duration_s} for f in out]
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("bookies", [3, 4, 5])
+def test_disk_faults_are_seeded_and_count_as_bookies_down(seed, bookies):
+    def direct():
+        return with_disk_faults(plan_faults(seed, 60, bookies, STREAMS), seed, 60, bookies)
+
+    def service():
+        base = plan_service_faults(seed, 60, 2, ["P0", "P1"], ["C0", "C1"])
+        return with_disk_faults(base, seed, 60, bookies)
+
+    for plan in (direct(), service()):
+        disk = [f for f in plan if f.kind in DISK_KINDS]
+        assert all(len(out) <= max_down(bookies) for out in bookies_out(plan))
+        if max_down(bookies) == 0:
+            assert disk == []  # three bookies: none may fail
+        for f in disk:
+            assert 1.0 <= f.duration_s <= 3.0 and int(f.target) in range(bookies)
+            steps = dict(f.failpoints)
+            assert steps and set(steps) <= {"journal-write", "entrylog-write", "journal-sync",
+                                            "entrylog-sync"}  # fmt: skip
+            if f.kind == "slow-sync":
+                assert 0.2 <= float(steps["journal-sync"].removeprefix("slow=")) <= 0.5
+            else:
+                assert set(steps.values()) == {"ENOSPC" if f.kind == "enospc" else "EIO"}
+        ends = [s for s in timeline(plan, 60) if s[1] == "heal-disk"]
+        assert len(ends) == sum(f.at_s + f.duration_s <= 60 for f in disk)
+    assert direct() == direct() and service() == service()
+    if max_down(bookies):
+        assert any(f.kind in DISK_KINDS for f in service())
+
+
+def test_the_chaos_tests_seed_plans_every_kind_of_disk_fault():
+    # tests/integration/test_chaos.py relies on it, in both modes.
+    direct = with_disk_faults(plan_faults(133, 15, 5, STREAMS), 133, 15, 5)
+    service = plan_service_faults(133, 12, 2, ["P0", "P1"], ["C0", "C1"])
+    for plan in (direct, with_disk_faults(service, 133, 12, 4)):
+        assert {f.kind for f in plan} >= set(DISK_KINDS)
+
+
+def series(name: str, rss: list[float], fds: list[int], start_s: float = 0.0) -> Series:
+    return Series(
+        name, [(start_s + 60.0 * i, r, f) for i, (r, f) in enumerate(zip(rss, fds, strict=True))]
+    )
+
+
+def test_flat_series_are_flat_and_noise_is_ignored():
+    hour = 3600.0  # warm-up: 5 minutes, then 55 samples
+    bookie = series("bookie-0#1", [50.0] * 5 + [80.0, 81.0, 79.0] + [80.0] * 50 + [140.0],
+                    [20] * 5 + [30] * 53 + [200])  # fmt: skip
+    verdict = judge_resources([bookie], hour)
+    figures = verdict["series"]["bookie-0#1"]
+    assert verdict["flat"] and verdict["judged"] == 1 and verdict["warmup_s"] == 300
+    assert figures["grows"] is False  # (a spike in the last sample is not a trend)
+    assert figures["first_rss_mib"] == 80.0 and figures["max_rss_mib"] == 140.0
+
+
+def test_a_leaking_series_grows_in_memory_or_in_descriptors():
+    hour = 3600.0
+    memory = series("producer P0#1", [60.0 + 1.0 * i for i in range(60)], [25] * 60)
+    descriptors = series("broker-1#1", [70.0] * 60, [20 + i for i in range(60)])
+    slow = series("consumer C0#1", [60.0 + 0.2 * i for i in range(60)], [25] * 60)
+    verdict = judge_resources([memory, descriptors, slow], hour)
+    assert verdict["growing"] == ["broker-1#1", "producer P0#1"] and not verdict["flat"]
+    assert verdict["series"]["producer P0#1"]["growth_rss_mib"] == 52.0  # i = 58 vs i = 6
+    assert verdict["series"]["consumer C0#1"]["grows"] is False  # +10.4 MiB: under 32 MiB
+
+
+def test_a_restarted_process_is_a_series_of_its_own_with_its_own_warm_up():
+    hour = 3600.0
+    # The first incarnation leaked until it was killed at 30 minutes; the second warms
+    # up from 50 to 90 MiB in its first five minutes, then stays flat.
+    first = series("bookie-2#1", [60.0 + 2.0 * i for i in range(30)], [30] * 30)
+    second = series("bookie-2#2", [50.0, 70.0, 80.0, 85.0, 90.0] + [90.0] * 25, [30] * 30,
+                    start_s=1800.0)  # fmt: skip
+    short = series("producer P1#4", [60.0, 200.0, 400.0], [20] * 3, start_s=3400.0)
+    verdict = judge_resources([first, second, short], hour)
+    assert verdict["series"]["bookie-2#1"]["grows"] is True
+    assert verdict["series"]["bookie-2#2"]["grows"] is False
+    assert verdict["series"]["producer P1#4"]["grows"] is None  # too short to judge
+    assert verdict["growing"] == ["bookie-2#1"] and verdict["judged"] == 2
