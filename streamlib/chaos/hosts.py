@@ -155,7 +155,7 @@ def sweep_leftovers() -> list[str]:
 def check_capabilities() -> None:
     """Fail with what is missing instead of somewhere deep in a test."""
     if os.geteuid() != 0:
-        raise NetnsUnavailableError("the multi-host tests need root (network namespaces)")
+        raise NetnsUnavailableError("making network namespaces needs root")
     for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
         if shutil.which(tool) is None:
             raise NetnsUnavailableError(f"`{tool}` is missing: apt-get install {package}")

@@ -71,3 +71,17 @@ def test_broker_mode_loses_and_duplicates_nothing_through_partitions(tmp_path: P
     )
     assert verdict["ok"] is True and code == 0, detail
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_machine_that_cannot_make_namespaces_is_refused(tmp_path: Path) -> None:
+    """Without root (here: a user namespace of its own, where the run is not root) the
+    run stops before starting anything, exit 3, saying why."""
+    result = subprocess.run(
+        ["unshare", "--user", sys.executable, "-m", "streamlib.cli", "chaos", "--partitions",
+         "--seconds", "1", "--data-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert "--partitions needs network namespaces: making network namespaces needs root" in (
+        result.stderr
+    )
