@@ -11,6 +11,10 @@ themselves) and broker mode (clients of the stream service, `--brokers N`).
     events.py   the workers' event logs: written by them, followed by the harness
     verdict.py  what the logs say: lost, duplicated, reordered, misplaced (pure)
     resources.py  every process's RSS and descriptors, sampled; flat or growing (judge: pure)
+    partition_plan.py  --partitions: the network faults, planned from the seed (pure)
+    partitions.py      --partitions: either mode on network-namespace hosts, partitions applied
+    hosts.py    the hosts themselves (Linux network namespaces on a switch), also the tests'
+    zookeeper.py  Debian's ZooKeeper run in a host
 
 A worker is an application of the public API: it reaches a stream only through
 streamlib.client.Client (Client.connect("streamlib://...") gives the stream service's

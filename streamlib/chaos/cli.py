@@ -20,6 +20,7 @@ from typing import Any
 from bookie.launcher import BookieStartError
 from streamlib.broker.launcher import BrokerStartError
 from streamlib.chaos.direct import DEFAULT_CLIENT_TIMEOUT_S, DirectRun
+from streamlib.chaos.hosts import NetnsUnavailableError, WorkerError
 from streamlib.chaos.service import ServiceRun
 from streamlib.sandbox import SandboxError
 
@@ -39,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     mode: type[DirectRun] | type[ServiceRun] = ServiceRun if args.brokers else DirectRun
+    if args.partitions:  # the same mode, on network-namespace hosts
+        from streamlib.chaos.partitions import PartitionedDirectRun, PartitionedServiceRun
+
+        mode = PartitionedServiceRun if args.brokers else PartitionedDirectRun
     root = args.data_dir or Path(tempfile.mkdtemp(prefix=mode.temp_prefix))
 
     def say(line: str) -> None:
@@ -52,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     chaos = mode(root, seed, args, say)
     try:
         verdict = chaos.play(args)
-    except (SandboxError, BookieStartError, BrokerStartError) as error:
+    except (SandboxError, BookieStartError, BrokerStartError, WorkerError) as error:
         print(f"streamlib chaos: the cluster could not run: {error}", file=sys.stderr)
+        return 3
+    except NetnsUnavailableError as error:
+        print(f"streamlib chaos: --partitions needs network namespaces: {error}", file=sys.stderr)
         return 3
     finally:
         chaos.shutdown()
@@ -80,6 +88,13 @@ def add_parser(commands: Any) -> None:
         default=0,
         help="broker mode: producers and shared consumers through N >= 2 brokers, which get "
         "killed and stopped (streamlib/chaos/service.py); 0 (default): direct mode",
+    )
+    parser.add_argument(
+        "--partitions",
+        action="store_true",
+        help="run ZooKeeper, each bookie, each broker and the clients on hosts of their own "
+        "(Linux network namespaces; root) and partition them too: a host cut off, a majority "
+        "of the bookies, a client from one broker, one direction only, ZooKeeper from a broker",
     )
     parser.add_argument(
         "--data-dir", type=Path, help="keep the cluster and the workers' logs here (new or empty)"

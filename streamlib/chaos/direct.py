@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import streamlib
 from streamlib.chaos import verdict as v
 from streamlib.chaos.plan import plan_faults, with_disk_faults
 from streamlib.chaos.run import POLL_S, SCAN_TIMEOUT_S, ChaosRun, Worker
@@ -83,18 +82,16 @@ class DirectRun(ChaosRun):
     def start(self) -> None:
         self.sandbox.start()
         self.record("cluster-started", bookies=[b.address for b in self.sandbox.processes])
-        client = streamlib.connect(self.sandbox.metadata_uri)
-        try:
-            for name, mode, ensemble, write_quorum, ack_quorum in STREAMS:
-                client.streams.create(
-                    name, ensemble, write_quorum, ack_quorum,
-                    rollover={"max_entries": ROLL_ENTRIES}, mode=mode,
-                )  # fmt: skip
-        finally:
-            client.close()
+        self.create_streams(self.sandbox.metadata_uri, self.stream_specs())
         for stream in self.streams:
             for role in ("producer", "consumer", "reader"):
                 self.spawn(role, stream)
+
+    def stream_specs(self) -> list[tuple[list[Any], dict[str, Any]]]:
+        """The streams, as client.streams.create's arguments."""
+        return [([name, ensemble, write_quorum, ack_quorum],
+                 {"rollover": {"max_entries": ROLL_ENTRIES}, "mode": mode})
+                for name, mode, ensemble, write_quorum, ack_quorum in STREAMS]  # fmt: skip
 
     def heal(self) -> None:
         """Every bookie up, and one producer per stream (the newest)."""

@@ -121,6 +121,15 @@ class ChaosRun:
         """How a worker of that role reaches the stream (--url ...), and what it is."""
         raise NotImplementedError
 
+    def create_streams(self, url: str, streams: list[tuple[list[Any], dict[str, Any]]]) -> None:
+        """The run's streams (from here; with --partitions, from a client host)."""
+        create_streams(url, streams)
+
+    def placement(self, role: str, slot: str, kind: str) -> list[str]:
+        """What a worker's command starts with to run elsewhere (a network-namespace
+        host, with --partitions: streamlib.chaos.partitions); here: nothing."""
+        return []
+
     # -- bookkeeping ------------------------------------------------------------------
 
     def record(self, what: str, **details: Any) -> None:
@@ -134,6 +143,7 @@ class ChaosRun:
         number = self._counts[role, stream] = self._counts.get((role, stream), 0) + 1
         log = self.logs / f"{kind or role}-{stream}-{number}.jsonl"
         command = [
+            *self.placement(role, slot, kind),
             sys.executable, "-m", "streamlib.chaos.workers", role, "--stream", stream,
             "--log", str(log), "--incarnation", str(number), *self.worker_args(role, slot), *extra,
         ]  # fmt: skip
@@ -550,3 +560,16 @@ class ChaosRun:
                         history.tracebacks.setdefault(role, e["traceback"])
             histories[stream] = history
         return histories
+
+
+def create_streams(url: str, streams: list[tuple[list[Any], dict[str, Any]]]) -> None:
+    """The run's streams, made through the public client at url: each (args, kwargs) of
+    client.streams.create."""
+    import streamlib
+
+    client = streamlib.connect(url)
+    try:
+        for args, kwargs in streams:
+            client.streams.create(*args, **kwargs)
+    finally:
+        client.close()

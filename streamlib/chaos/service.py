@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import streamlib
 from streamlib.chaos import verdict as v
 from streamlib.chaos.events import producer_and_seq
 from streamlib.chaos.plan import SESSION_S, last_end_s, plan_service_faults, with_disk_faults
@@ -75,11 +74,8 @@ class ServiceRun(ChaosRun):
                  f"{args.bookies} bookies, {args.seconds:.0f} s of faults")  # fmt: skip
         self.sandbox.start()
         self.record("cluster-started", brokers=[b.address for b in self.sandbox.brokers])
-        client = streamlib.connect(self.sandbox.service_url)
-        try:  # (the consumers start first: a subscription does not create its stream)
-            client.streams.create(STREAM)
-        finally:
-            client.close()
+        # (the consumers start first: a subscription does not create its stream)
+        self.create_streams(self.sandbox.service_url, [([STREAM], {})])
         for name in CONSUMERS:
             self.spawn("consumer", STREAM, slot=name)
         for name in PRODUCERS:

@@ -1,67 +1,17 @@
-"""What runs in the hosts: Debian's ZooKeeper and bookies started with the README's
-multi-host recipe (see hosts.py for the hosts themselves)."""
+"""What runs in the hosts: Debian's ZooKeeper (streamlib.chaos.zookeeper) and bookies
+started with the README's multi-host recipe (see hosts.py for the hosts themselves)."""
 
 from __future__ import annotations
 
 import re
 import shlex
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tests.multihost.hosts import WORKERS, Host, NetnsUnavailableError, Proc, WorkerError
+from streamlib.chaos.zookeeper import ZK_PORT, ZOOKEEPER_JAR, ZooKeeper  # noqa: F401 (moved)
+from tests.multihost.hosts import Host, Proc
 
-ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
-ZK_PORT = 2181
 BOOKIE_PORT = 3181
-
-
-class ZooKeeper:
-    """Debian's ZooKeeper (the `zookeeper` package), run in a host on its address."""
-
-    def __init__(self, host: Host, workdir: Path, port: int = ZK_PORT) -> None:
-        self.host = host
-        self.workdir = workdir
-        self.port = port
-        self.proc: Proc | None = None
-
-    @property
-    def hosts(self) -> str:
-        return f"{self.host.address}:{self.port}"
-
-    def uri(self, chroot: str) -> str:
-        return f"zk://{self.hosts}/{chroot.strip('/')}"
-
-    def start(self, timeout_s: float = 30.0) -> ZooKeeper:
-        java = shutil.which("java")
-        if java is None or not ZOOKEEPER_JAR.exists():
-            raise NetnsUnavailableError("java or Debian's zookeeper is missing: run ./dev setup")
-        data = self.workdir / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "zoo.cfg"
-        config.write_text(
-            "\n".join(
-                [
-                    "tickTime=500",  # sessions down to 1 s, so expiries come fast
-                    f"dataDir={data}",
-                    f"clientPort={self.port}",
-                    f"clientPortAddress={self.host.address}",
-                    "admin.enableServer=false",
-                    "4lw.commands.whitelist=srvr,ruok",
-                    "maxSessionTimeout=60000",
-                    "forceSync=no",  # durability of ZooKeeper is not under test
-                    "",
-                ]
-            )
-        )
-        argv = [java, "-Xmx256m", "-Djute.maxbuffer=4194304", "-cp", str(ZOOKEEPER_JAR)]
-        argv += ["org.apache.zookeeper.server.quorum.QuorumPeerMain", str(config)]
-        self.proc = self.host.popen(argv, label="zookeeper", cwd=self.workdir)
-        wait = ["wait-zk", self.host.address, str(self.port), "--timeout", str(timeout_s)]
-        done = self.host.run([*WORKERS, *wait], timeout_s=timeout_s + 10)
-        if done.returncode != 0:
-            raise WorkerError(f"ZooKeeper did not start: {done.stderr}{self.proc.tail()}")
-        return self
 
 
 # Flags every bookie of these tests gets: a short session, so a partitioned bookie's

@@ -1,6 +1,5 @@
 """Client processes for the multi-host tests, each run inside a host namespace.
 
-    python -m tests.multihost.workers wait-zk ADDRESS PORT [--timeout S]
     python -m tests.multihost.workers producer --metadata URI --stream S
     python -m tests.multihost.workers consume --metadata URI --stream S --subscription SUB -n N
     python -m tests.multihost.workers read --metadata URI --stream S
@@ -19,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -264,32 +262,9 @@ async def observer_main(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- ZooKeeper readiness ----------------------------------------------------------------
-
-
-def wait_zk(address: str, port: int, timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((address, port), timeout=1.0) as sock:
-                sock.sendall(b"srvr")
-                answer = b"".join(iter(lambda: sock.recv(4096), b""))
-            if b"Mode: standalone" in answer:
-                return 0
-        except OSError:
-            pass
-        time.sleep(0.05)  # bounded wait for the server socket; nothing to block on
-    print(f"ZooKeeper at {address}:{port} did not answer in {timeout_s}s", file=sys.stderr)
-    return 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tests.multihost.workers")
     sub = parser.add_subparsers(dest="command", required=True)
-    zk = sub.add_parser("wait-zk")
-    zk.add_argument("address")
-    zk.add_argument("port", type=int)
-    zk.add_argument("--timeout", type=float, default=30.0)
     for name in ("producer", "consume", "read", "observer"):
         p = sub.add_parser(name)
         p.add_argument("--metadata", required=True)
@@ -300,8 +275,6 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("-n", type=int, required=True)
         p.add_argument("--timeout", type=float, default=30.0, help="per message, s")
     args = parser.parse_args(argv)
-    if args.command == "wait-zk":
-        return wait_zk(args.address, args.port, args.timeout)
     mains = {
         "producer": producer_main,
         "consume": consume_main,
