@@ -118,6 +118,8 @@ class HostCluster:
         self.brokers: list[BrokerProcess] = []
         self._bookie_flags = bookie_flags
         self._broker_flags = broker_flags
+        # Each bookie's extra environment (--disk-faults: its failpoints directory).
+        self.bookie_env: list[dict[str, str]] = [{} for _ in range(bookies)]
 
     @property
     def service_url(self) -> str:
@@ -135,7 +137,8 @@ class HostCluster:
                        self.metadata_uri, self._bookie_flags)
             for i in range(self.bookie_count)
         ]  # fmt: skip
-        for bookie in self.processes:
+        for bookie, env in zip(self.processes, self.bookie_env, strict=True):
+            bookie.env.update(env)
             bookie.start()
         self.brokers = [
             HostBroker(self.network[broker_host(i)], self.root, self.metadata_uri, flags)
@@ -171,6 +174,7 @@ class Partitioned(ChaosRun):
         self.cluster = HostCluster(
             root / "cluster", len(sandbox.processes), bookie_flags, broker_flags
         )
+        self.cluster.bookie_env = [dict(b.env) for b in sandbox.processes]  # (--disk-faults)
         self.sandbox = self.cluster  # type: ignore[assignment]
         self.network = self.cluster.network
         self.partition_seconds = float(args.seconds)
