@@ -123,6 +123,19 @@ class Broker:
 
         await registration(session_timeout_s).run(f"broker {self.broker_id}: registering", register)
         self.client.store.add_session_listener(self._on_session)
+        self._spawn(self._keep_registered())
+
+    async def _keep_registered(self) -> None:
+        """Register again whenever the registration is gone while the session lives: a
+        broker evicted on false evidence (a firewall that rejects connections to its
+        port) is alive, and lookups must see it so. Checked a few times a session."""
+        while not self.closed:
+            await asyncio.sleep(self._session_timeout_s / 3)  # (a timer, not a wait for a state)
+            with contextlib.suppress(Exception):
+                if await self.registry.registered(self.broker_id) is None:
+                    log.warning("broker %s: its registration went; registering again",
+                                self.broker_id)  # fmt: skip
+                    await self.registry.register(self.info)
 
     def _on_session(self, state: str) -> None:
         """The session expired: its leases are gone. Stop serving every stream (another

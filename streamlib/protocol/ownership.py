@@ -22,11 +22,13 @@ Evidence, each kind positive (never the absence of an answer):
 - the process is GONE: the owner's registration names this host (boot and pid
   namespace), and its pid is not running with the start time it registered (a pid
   that died and was reused runs with another start time; a zombie counts as gone).
-- SUPERSEDED: the owner's broker id is registered now by another incarnation, or not
-  at all. A registration goes only with its session or by evidence (both above), and
-  a live broker keeps its incarnation when it registers again after losing its
-  session; so a lease whose owner is not the registered incarnation is a dead
-  process's.
+- SUPERSEDED: the owner's broker id is registered now by another incarnation. A
+  broker registers only once its id's previous registration went, with its session or
+  by evidence that its process is gone (above); a live broker keeps its incarnation
+  when it registers again (after losing its session, or after a false eviction); so a
+  lease whose owner is not the registered incarnation is a dead process's. No
+  registration at all is no evidence: a broker evicted on false evidence (a firewall
+  that rejects, rather than drops, connections to it) is alive and registers again.
 
 The owner's side: a broker takes a stream over (fences) only while it holds the lease,
 confirmed just before; it answers Ready (a producer's or a consumer's) only after
@@ -85,10 +87,10 @@ def owner_gone(
 ) -> Evidence | None:
     """The evidence that `owner` (a lease's holder) is gone, or None: wait for its
     session. `registered`: the live registration under owner's broker id now (None:
-    none). `probe`: a connection to owner's address, if one was tried. The simulator's
+    none: no evidence either way). `probe`: a connection to owner's address, if one was tried. The simulator's
     mutation `evict_on_silence` takes silence for evidence (a stopped broker then loses
     its streams while it lives)."""
-    if registered is None or registered.incarnation != owner.incarnation:
+    if registered is not None and registered.incarnation != owner.incarnation:
         return Evidence.SUPERSEDED
     if process is Process.GONE:
         return Evidence.GONE

@@ -4,6 +4,7 @@ python -m tests.sim --seeds 20000            # the long run
 python -m tests.sim --seed 1234 --trace      # replay one seed and print its trace
 python -m tests.sim --seeds 2000 --mutation skip_fencing   # must find a violation
 python -m tests.sim --streams --seeds 2000   # stream writers dueling, readers, outages
+python -m tests.sim --service --seeds 5000   # brokers owning a stream: kills, stops, cuts
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import MUTATIONS, InvariantViolation, run_seed
+from tests.sim.service import MUTATIONS as SERVICE_MUTATIONS
+from tests.sim.service import run_service_seed
 from tests.sim.streams import run_stream_seed
 from tests.sim.unbounded import run_unbounded_seed
 
@@ -34,15 +38,23 @@ def main() -> int:
     parser.add_argument(
         "--reader-fences", action="store_true", help="with --streams: the unsafe variant"
     )
+    parser.add_argument("--service", action="store_true", help="brokers owning a stream")
+    parser.add_argument(
+        "--service-mutation", choices=SERVICE_MUTATIONS, default="none",
+        help="with --service: an unsafe variant",
+    )  # fmt: skip
     parser.add_argument(
         "--keep-failed", action="store_true", help="with --placement: the unsafe variant"
     )
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     start = time.perf_counter()
+    scenario: Any
     for count, seed in enumerate(seeds, start=1):
         try:
-            if args.streams:
+            if args.service:
+                scenario = run_service_seed(seed, args.service_mutation)
+            elif args.streams:
                 scenario = run_stream_seed(seed, reader_fences=args.reader_fences)
             elif args.placement:
                 scenario = run_placement_seed(seed, keep_failed=args.keep_failed)
@@ -55,7 +67,8 @@ def main() -> int:
             print(f"FAILED at seed {seed} after {count} seeds")
             return 1
         if args.trace:
-            print("\n".join(scenario.world.trace))
+            trace = scenario.trace if args.service else scenario.world.trace
+            print("\n".join(trace))
         if count % 1000 == 0:
             print(f"{count} seeds ok ({time.perf_counter() - start:.0f} s)", flush=True)
     print(f"all {count} seeds passed in {time.perf_counter() - start:.1f} s")

@@ -41,7 +41,8 @@ AGAIN = Incarnation("b1", "i2", "host-a", 200, 6000)  # the same id, restarted
         (OWNER, None, Process.GONE, Evidence.GONE),
         (OWNER, Probe.ANSWERED, Process.GONE, Evidence.GONE),  # (its port reused)
         (AGAIN, None, Process.ELSEWHERE, Evidence.SUPERSEDED),
-        (None, Probe.SILENT, Process.ELSEWHERE, Evidence.SUPERSEDED),
+        (None, Probe.SILENT, Process.ELSEWHERE, None),  # (evicted falsely: registers again)
+        (None, Probe.REFUSED, Process.ELSEWHERE, Evidence.REFUSED),
     ],
 )
 def test_evidence_that_an_owner_is_gone(registered, probe, process, expected):

@@ -1,0 +1,589 @@
+"""The stream service in the simulator: brokers that own a stream by a lease of their
+metadata session, take it over by fencing, and answer producers -- under kills,
+restarts, SIGSTOPs past the session, partitions, and a firewall that rejects
+connections to a live broker (the one way evidence can lie). The decisions are the
+REAL ones of streamlib.protocol.ownership (owner_gone, may_take_over,
+may_answer_ready, may_send_receipt); the rest is a model of the brokers' I/O.
+
+The model: one stream, a list of ledgers; a ledger takes an append or a fence as one
+step (its quorum rules are the other simulations' subject), delivered after a seeded
+delay, and a fenced ledger refuses appends. The metadata store is linearizable: a
+session expires when its heartbeats stop for SESSION ticks, and its leases and
+registration go with it. Two producers publish numbered messages, resend what is not
+acknowledged after each reconnection, and a broker deduplicates by (name, sequence).
+
+Invariants:
+- every acknowledged message is in the stream, none twice, each producer's in order
+  (the final read fences and recovers, as a next owner would);
+- a broker evicts an owner by evidence only if the owner's process is dead, or a
+  firewall rejects connections to it (a broker cannot tell those apart);
+- a broker fences the stream only while it holds the lease (checked the moment it
+  fences);
+- liveness: once every fault healed, every message is acknowledged.
+
+Mutations (each must be caught): ``evict_on_silence`` (a probe that times out is taken
+for evidence), ``trust_evidence`` (a takeover after an eviction skips the fence: the
+owner is "dead"), ``skip_lease_check`` (a broker fences without confirming its lease),
+``receipt_on_send`` (a receipt when an entry is sent, not when it is acknowledged).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamlib.protocol.ownership import (
+    Incarnation,
+    Probe,
+    Process,
+    may_answer_ready,
+    may_send_receipt,
+    may_take_over,
+    owner_gone,
+)
+from tests.sim.scenario import InvariantViolation
+
+MUTATIONS = ("none", "evict_on_silence", "trust_evidence", "skip_lease_check", "receipt_on_send")
+SESSION = 30  # ticks without a heartbeat until a session expires
+HEARTBEAT = 5
+MESSAGES = 30  # per producer
+FAULT_UNTIL = 400  # ticks with faults; then everything heals
+DEADLINE = 2000  # every message acknowledged by then (liveness)
+PRODUCERS = ("P", "Q")
+
+
+@dataclass
+class Ledger:
+    entries: dict[int, tuple[str, int]] = field(default_factory=dict)  # by entry id
+    fenced: bool = False
+    length: int | None = None  # closed at this many entries
+
+    def prefix(self) -> int:
+        """Entries stored without a gap from the first (what a recovery keeps: the
+        writer acknowledges in entry order, so nothing past a gap was acknowledged)."""
+        n = 0
+        while n in self.entries:
+            n += 1
+        return n
+
+
+@dataclass
+class Owned:
+    """A broker's state of the stream."""
+
+    writer: int | None = None  # the ledger it appends to, once taken over
+    taking_over: bool = False
+    evicted: bool = False  # its lease came from evicting a gone owner
+    gone: bool = False
+    durable: dict[str, int] = field(default_factory=dict)  # name -> highest stored seq
+    sent: dict[str, int] = field(default_factory=dict)  # name -> highest appended seq
+    next_entry: int = 0
+    pending: dict[int, tuple[Producer, int]] = field(default_factory=dict)  # by entry id
+    confirmed: set[int] = field(default_factory=set)  # stored, not yet acknowledged
+    acked_upto: int = 0  # entries acknowledged in order below this
+    waiting: list[str] = field(default_factory=list)  # producers to answer Ready
+
+
+@dataclass
+class Broker:
+    no: int
+    host: str
+    incarnation: int = 0
+    state: str = "up"  # up, paused, dead, cut
+    rejecting: bool = False  # a firewall rejects connections to its port
+    session: int = 0
+    beat: int = 0  # the tick of its last heartbeat
+    owned: Owned | None = None
+    held: list[Callable[[], None]] = field(default_factory=list)  # (paused: delivered later)
+
+    @property
+    def id(self) -> str:
+        return f"b{self.no}"
+
+    def me(self) -> Incarnation:
+        return Incarnation(self.id, f"{self.id}.{self.incarnation}", self.host, 100 + self.no,
+                           self.incarnation)  # fmt: skip
+
+
+@dataclass
+class Producer:
+    name: str
+    next_seq: int = 0
+    unacked: list[int] = field(default_factory=list)
+    acked: set[int] = field(default_factory=set)
+    broker: Broker | None = None  # connected to (Ready answered)
+    connecting: bool = False
+    last_progress: int = 0
+
+
+class ServiceScenario:
+    def __init__(self, seed: int, mutation: str = "none") -> None:
+        if mutation not in MUTATIONS:
+            raise ValueError(f"unknown mutation {mutation!r}")
+        self.seed = seed
+        self.mutation = mutation
+        self.rnd = random.Random(seed)
+        self.now = 0
+        self._queue: list[tuple[int, int, Callable[[], None]]] = []
+        self._order = 0
+        self.trace: list[str] = []
+        hosts = ["h1", "h1", "h2"] if self.rnd.random() < 0.5 else ["h1", "h2", "h3"]
+        self.brokers = [Broker(i, hosts[i]) for i in range(3)]
+        self.ledgers: list[Ledger] = [Ledger()]
+        self.list: list[int] = [0]  # the stream's ledgers
+        self.list_version = 0
+        self.sessions: dict[int, int] = {}  # live session -> broker no
+        self.next_session = 1
+        self.lease: tuple[Incarnation, int] | None = None  # owner, its session
+        self.registered: dict[str, tuple[Incarnation, int]] = {}
+        self.markers: set[tuple[str, str]] = set()  # evictions under way
+        self.producers = [Producer(name) for name in PRODUCERS]
+        for broker in self.brokers:
+            self.start_broker(broker)
+
+    # -- the event queue ------------------------------------------------------------------
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"{self.now:5d} {text}")
+
+    def at(self, delay: int, event: Callable[[], None]) -> None:
+        self._order += 1
+        heapq.heappush(self._queue, (self.now + delay, self._order, event))
+
+    def delay(self) -> int:
+        return self.rnd.choice((1, 1, 2, 3, 5, 8))
+
+    def to_broker(self, broker: Broker, event: Callable[[], None], incarnation: int) -> None:
+        """A message to a broker process: lost if that process died; held while it is
+        stopped or cut off (TCP delivers it after the heal)."""
+
+        def deliver() -> None:
+            if broker.incarnation != incarnation or broker.state == "dead":
+                return
+            if broker.state in ("paused", "cut"):
+                broker.held.append(event)
+            else:
+                event()
+
+        self.at(self.delay(), deliver)
+
+    # -- the metadata store -----------------------------------------------------------------
+
+    def reap(self) -> None:
+        for session, no in list(self.sessions.items()):
+            broker = self.brokers[no]
+            if self.now - broker.beat > SESSION or broker.session != session:
+                del self.sessions[session]
+                if self.lease is not None and self.lease[1] == session:
+                    self.log(f"lease of {self.lease[0].incarnation} expired")
+                    self.lease = None
+                for bid, (_, s) in list(self.registered.items()):
+                    if s == session:
+                        del self.registered[bid]
+
+    def holds(self, broker: Broker) -> bool:
+        self.reap()
+        return self.lease is not None and self.lease[0] == broker.me()
+
+    # -- brokers ----------------------------------------------------------------------------
+
+    def start_broker(self, broker: Broker) -> None:
+        broker.incarnation += 1
+        broker.state, broker.owned, broker.held = "up", None, []
+        self.new_session(broker)
+        self.reap()
+        old = self.registered.get(broker.id)
+        if old is not None:  # (its predecessor: gone on this host, or its port refuses)
+            evidence = owner_gone(old[0], old[0], process=self.process_of(old[0], broker))
+            if evidence is None:
+                broker.state = "dead"  # (it waits for the old session: modelled as not started)
+                self.at(SESSION + 5, lambda: self.start_broker(broker))
+                broker.incarnation -= 1
+                return
+            self.check_eviction(broker, old[0])
+        self.registered[broker.id] = (broker.me(), broker.session)
+        self.log(f"{broker.id}.{broker.incarnation} up on {broker.host}")
+
+    def new_session(self, broker: Broker) -> None:
+        broker.session, broker.beat = self.next_session, self.now
+        self.sessions[self.next_session] = broker.no
+        self.next_session += 1
+
+    def heartbeat(self, broker: Broker) -> None:
+        if broker.state != "up":
+            return
+        self.reap()
+        if broker.session in self.sessions:
+            broker.beat = self.now
+            if broker.id not in self.registered:  # (evicted on false evidence: back)
+                self.registered[broker.id] = (broker.me(), broker.session)
+            return
+        self.log(f"{broker.id} lost its session")  # its leases are gone: serve nothing
+        self.give_up(broker)
+        self.new_session(broker)
+        if broker.id not in self.registered:
+            self.registered[broker.id] = (broker.me(), broker.session)
+
+    def process_of(self, owner: Incarnation, asking: Broker) -> Process:
+        broker = next(b for b in self.brokers if b.id == owner.broker_id)
+        if owner.host != asking.host:
+            return Process.ELSEWHERE
+        alive = broker.state != "dead" and f"{broker.id}.{broker.incarnation}" == owner.incarnation
+        return Process.RUNNING if alive else Process.GONE
+
+    def probe(self, owner: Incarnation) -> Probe:
+        broker = next(b for b in self.brokers if b.id == owner.broker_id)
+        if broker.rejecting or broker.state == "dead":
+            return Probe.REFUSED  # (a restarted one answers: that is another incarnation)
+        return Probe.SILENT if broker.state == "cut" else Probe.ANSWERED
+
+    def check_eviction(self, by: Broker, owner: Incarnation) -> None:
+        broker = next(b for b in self.brokers if b.id == owner.broker_id)
+        current = f"{broker.id}.{broker.incarnation}" == owner.incarnation
+        if current and broker.state != "dead" and not broker.rejecting:
+            raise InvariantViolation(
+                f"{by.id} evicted {owner.incarnation}, which is alive ({broker.state})"
+            )
+
+    def lookup(self, broker: Broker) -> Broker | None:
+        """Broker's answer to a lookup of the stream (it may take the stream itself)."""
+        self.reap()
+        if broker.session not in self.sessions:
+            return None  # (its session expired: the store refuses it; it notices soon)
+        if self.lease is not None:
+            owner, _ = self.lease
+            if owner == broker.me():
+                return broker
+            registered = self.registered.get(owner.broker_id)
+            evidence = owner_gone(
+                owner,
+                registered[0] if registered else None,
+                probe=self.probe(owner),
+                process=self.process_of(owner, broker),
+                evict_on_silence=self.mutation == "evict_on_silence",
+            )
+            if evidence is None:
+                return next(b for b in self.brokers if b.id == owner.broker_id)
+            if (owner.incarnation, "s") in self.markers:
+                return None  # (another evicts it now: ask again)
+            self.check_eviction(broker, owner)
+            self.log(f"{broker.id} evicts {owner.incarnation}: {evidence.value}")
+            if registered is not None and registered[0] == owner:
+                del self.registered[owner.broker_id]
+            self.lease = None
+            self.markers.add((owner.incarnation, "s"))
+            self.at(2 * SESSION, lambda: self.markers.discard((owner.incarnation, "s")))
+            self.take_lease(broker, evicted=True)
+            return broker
+        self.take_lease(broker, evicted=False)
+        return broker
+
+    def take_lease(self, broker: Broker, evicted: bool) -> None:
+        self.lease = (broker.me(), broker.session)
+        broker.owned = Owned(evicted=evicted)
+        self.log(f"{broker.id} takes the lease{' (after an eviction)' if evicted else ''}")
+
+    def give_up(self, broker: Broker) -> None:
+        owned, broker.owned = broker.owned, None
+        if owned is not None:
+            owned.gone = True
+        for producer in self.producers:
+            if producer.broker is broker:
+                producer.broker = None  # (its connection closes: it looks up again)
+        if self.lease is not None and self.lease[0] == broker.me():
+            self.lease = None
+
+    def open_producer(self, broker: Broker, producer: Producer) -> None:
+        owned = broker.owned
+        if owned is None or owned.gone:
+            self.answer(producer, broker, None)  # not the owner here: look up again
+            return
+        if owned.writer is None:
+            owned.waiting.append(producer.name)
+            if not owned.taking_over:
+                owned.taking_over = True
+                self.take_over(broker, owned)
+            return
+        self.ready(broker, owned, [producer.name])
+
+    def take_over(self, broker: Broker, owned: Owned) -> None:
+        holds = self.holds(broker)
+        if not may_take_over(holds or self.mutation == "skip_lease_check"):
+            self.log(f"{broker.id}: no longer holds the lease, gives the stream up")
+            self.give_up_waiting(broker, owned)
+            return
+        if not holds:
+            raise InvariantViolation(f"{broker.id} fences the stream without its lease")
+        version, last = self.list_version, self.list[-1]
+        ledger = self.ledgers[last]
+        if self.mutation == "trust_evidence" and owned.evicted:
+            self.closed_at(broker, owned, version, last, ledger.prefix())
+            return
+        incarnation = broker.incarnation
+
+        def fence() -> None:
+            ledger.fenced = True
+            stored = ledger.prefix()
+            self.to_broker(broker, lambda: self.closed_at(broker, owned, version, last, stored),
+                           incarnation)  # fmt: skip
+
+        self.at(self.delay(), fence)
+
+    def closed_at(self, broker: Broker, owned: Owned, version: int, last: int, n: int) -> None:
+        if owned.gone:
+            return
+        ledger = self.ledgers[last]
+        if ledger.length is None:
+            ledger.length = n
+        if self.list_version != version:  # the list moved on: someone else took over
+            self.give_up_waiting(broker, owned)
+            return
+        self.ledgers.append(Ledger())
+        self.list.append(len(self.ledgers) - 1)
+        self.list_version += 1
+        owned.writer = self.list[-1]
+        owned.durable = self.stored_seqs()
+        owned.sent = dict(owned.durable)
+        owned.taking_over = False
+        self.log(f"{broker.id} took the stream over: ledger {owned.writer}")
+        waiting, owned.waiting = owned.waiting, []
+        self.ready(broker, owned, waiting)
+
+    def give_up_waiting(self, broker: Broker, owned: Owned) -> None:
+        waiting, owned.waiting = owned.waiting, []
+        self.give_up(broker)
+        for name in waiting:
+            self.answer(self.producer(name), broker, None)
+
+    def ready(self, broker: Broker, owned: Owned, names: list[str]) -> None:
+        holds = self.holds(broker)
+        for name in names:
+            ok = may_answer_ready(holds, owned.gone)
+            self.answer(self.producer(name), broker, owned if ok else None)
+        if not holds:
+            self.give_up(broker)
+
+    def answer(self, producer: Producer, broker: Broker, owned: Owned | None) -> None:
+        """Ready (owned) or a refusal (None), to the producer."""
+
+        def arrive() -> None:
+            producer.connecting = False
+            if owned is None or owned.gone:
+                return
+            producer.broker = broker
+            last = owned.durable.get(producer.name, -1)
+            producer.unacked = [s for s in producer.unacked if s > last]
+            producer.acked.update(s for s in range(last + 1))
+            for seq in producer.unacked:
+                self.to_broker(broker, lambda s=seq: self.send(broker, producer, s),
+                               broker.incarnation)  # fmt: skip
+
+        self.at(self.delay(), arrive)
+
+    def send(self, broker: Broker, producer: Producer, seq: int) -> None:
+        owned = broker.owned
+        if owned is None or owned.gone or owned.writer is None:
+            return
+        name = producer.name
+        if seq <= owned.durable.get(name, -1):
+            self.receipt(producer, seq)
+            return
+        if seq <= owned.sent.get(name, -1):
+            return  # in flight: its acknowledgement answers it
+        if seq != owned.sent.get(name, -1) + 1:
+            return  # (a gap: the producer resends in order after it reconnects)
+        owned.sent[name] = seq
+        ledger_no, incarnation = owned.writer, broker.incarnation
+        entry = owned.next_entry
+        owned.next_entry += 1
+        owned.pending[entry] = (producer, seq)
+        if may_send_receipt(self.mutation == "receipt_on_send"):
+            self.receipt(producer, seq)
+
+        def append() -> None:
+            ledger = self.ledgers[ledger_no]
+            if ledger.fenced:
+                self.to_broker(broker, lambda: self.fenced(broker, owned), incarnation)
+                return
+            ledger.entries[entry] = (name, seq)
+            self.to_broker(broker, lambda: self.stored(owned, entry), incarnation)
+
+        self.at(self.delay(), append)
+
+    def stored(self, owned: Owned, entry: int) -> None:
+        """The ledger stored `entry`: acknowledged once every entry before it is."""
+        if owned.gone:
+            return
+        owned.confirmed.add(entry)
+        while owned.acked_upto in owned.confirmed:
+            owned.confirmed.discard(owned.acked_upto)
+            producer, seq = owned.pending.pop(owned.acked_upto)
+            owned.acked_upto += 1
+            owned.durable[producer.name] = max(owned.durable.get(producer.name, -1), seq)
+            if may_send_receipt(True):
+                self.receipt(producer, seq)
+
+    def fenced(self, broker: Broker, owned: Owned) -> None:
+        if not owned.gone and broker.owned is owned:
+            self.log(f"{broker.id}: fenced, gives the stream up")
+            self.give_up(broker)
+
+    def receipt(self, producer: Producer, seq: int) -> None:
+        def arrive() -> None:
+            if seq not in producer.acked:
+                producer.acked.add(seq)
+                producer.last_progress = self.now
+            if seq in producer.unacked:
+                producer.unacked.remove(seq)
+
+        self.at(self.delay(), arrive)
+
+    # -- producers ----------------------------------------------------------------------------
+
+    def producer(self, name: str) -> Producer:
+        return next(p for p in self.producers if p.name == name)
+
+    def publish(self, producer: Producer) -> None:
+        if producer.next_seq < MESSAGES:
+            seq = producer.next_seq
+            producer.next_seq += 1
+            producer.unacked.append(seq)
+            broker = producer.broker
+            if broker is not None:
+                self.to_broker(broker, lambda: self.send(broker, producer, seq),
+                               broker.incarnation)  # fmt: skip
+            self.at(self.rnd.randint(1, 6), lambda: self.publish(producer))
+
+    def connect(self, producer: Producer) -> None:
+        """Look the stream up through a broker, then open there."""
+        stalled = producer.unacked and self.now - producer.last_progress > 25
+        if producer.broker is not None and stalled:
+            producer.broker = None  # (keepalive: a broker that stopped answering)
+        if producer.broker is None and not producer.connecting:
+            up = [b for b in self.brokers if b.state in ("up", "paused")]
+            if up:
+                asked = self.rnd.choice(up)
+                producer.connecting = True
+                producer.last_progress = self.now
+
+                def looked_up() -> None:
+                    owner = self.lookup(asked)
+                    if owner is None:
+                        producer.connecting = False
+                        return
+                    self.to_broker(owner, lambda: self.open_producer(owner, producer),
+                                   owner.incarnation)  # fmt: skip
+
+                def lost() -> None:
+                    producer.connecting = False
+
+                self.to_broker(asked, looked_up, asked.incarnation)
+                self.at(40, lost)  # (an answer that never came: try again)
+        if self.now < DEADLINE:
+            self.at(3, lambda: self.connect(producer))
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def fault(self) -> None:
+        broker = self.rnd.choice(self.brokers)
+        kind = self.rnd.choice(("kill", "pause", "cut", "reject", "kill", "pause"))
+        if broker.state != "up":
+            pass
+        elif kind == "kill":
+            self.log(f"kill {broker.id}.{broker.incarnation}")
+            broker.state = "dead"
+            self.at(self.rnd.randint(2, 40), lambda: self.start_broker(broker))
+        elif kind in ("pause", "cut"):
+            self.log(f"{kind} {broker.id}")
+            broker.state = "paused" if kind == "pause" else "cut"
+            self.at(self.rnd.randint(5, 3 * SESSION), lambda: self.resume(broker))
+        else:
+            self.log(f"a firewall rejects connections to {broker.id}")
+            broker.rejecting = True
+            self.at(self.rnd.randint(5, 60), lambda: setattr(broker, "rejecting", False))
+        if self.now < FAULT_UNTIL:
+            self.at(self.rnd.randint(10, 60), self.fault)
+
+    def resume(self, broker: Broker) -> None:
+        if broker.state in ("paused", "cut"):
+            self.log(f"resume {broker.id}")
+            broker.state = "up"
+            held, broker.held = broker.held, []
+            for event in held:  # (what came while it was stopped, before its heartbeat)
+                event()
+
+    def beats(self) -> None:
+        for broker in self.brokers:
+            self.heartbeat(broker)
+        if self.now < DEADLINE:
+            self.at(HEARTBEAT, self.beats)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(self) -> ServiceScenario:
+        self.at(1, self.beats)
+        self.at(self.rnd.randint(5, 30), self.fault)
+        for producer in self.producers:
+            self.at(1, lambda p=producer: self.connect(p))
+            self.at(2, lambda p=producer: self.publish(p))
+        while self._queue:
+            self.now, _, event = heapq.heappop(self._queue)
+            if self.now > DEADLINE:
+                break
+            event()
+            if self.now > FAULT_UNTIL and all(len(p.acked) == MESSAGES for p in self.producers):
+                break
+        self.check()
+        return self
+
+    def stored_seqs(self) -> dict[str, int]:
+        highest: dict[str, int] = {}
+        for name, seq in self.read():
+            highest[name] = max(highest.get(name, -1), seq)
+        return highest
+
+    def read(self) -> list[tuple[str, int]]:
+        """The stream as a reader sees it: each ledger to its close (the last one to
+        what is stored)."""
+        found = []
+        for no in self.list:
+            ledger = self.ledgers[no]
+            length = ledger.prefix() if ledger.length is None else ledger.length
+            found += [ledger.entries[i] for i in range(length)]
+        return found
+
+    def check(self) -> None:
+        for ledger in self.ledgers:  # (the final reader recovers, as a next owner would)
+            ledger.fenced = True
+        stream = self.read()
+        for producer in self.producers:
+            mine = [seq for name, seq in stream if name == producer.name]
+            if len(mine) != len(set(mine)):
+                raise InvariantViolation(f"{producer.name}: stored twice: {mine}")
+            if mine != sorted(mine):
+                raise InvariantViolation(f"{producer.name}: out of order: {mine}")
+            lost = sorted(producer.acked - set(mine))
+            if lost:
+                raise InvariantViolation(
+                    f"{producer.name}: acknowledged, not in the stream: {lost}"
+                )
+            if len(producer.acked) != MESSAGES:
+                raise InvariantViolation(
+                    f"{producer.name}: not live: {len(producer.acked)} of {MESSAGES} "
+                    f"acknowledged by tick {self.now}"
+                )
+
+
+def run_service_seed(seed: int, mutation: str = "none") -> ServiceScenario:
+    scenario = ServiceScenario(seed, mutation)
+    try:
+        return scenario.run()
+    except InvariantViolation as violation:
+        flags = "--service" + (f" --service-mutation {mutation}" if mutation != "none" else "")
+        raise InvariantViolation(
+            f"seed {seed} (service): {violation}\n"
+            f"replay: python -m tests.sim {flags} --seed {seed}\n"
+            + "\n".join(scenario.trace[-150:])
+        ) from None
