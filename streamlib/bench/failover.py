@@ -234,6 +234,9 @@ def show(figures: dict[str, Any]) -> None:
         ("loaded_kill_to_first_ack_s", "SIGKILL, every core busy -> first ack"),
     ):
         p = figures[key]
+        if not p:
+            print(f"  {label:48} (not measured)")
+            continue
         print(f"  {label:48} p50 {p['p50']:6.3f}  p99 {p['p99']:6.3f}  "
               f"max {p['max']:6.3f}  (n={p['n']})")  # fmt: skip
     print(f"  takeovers nobody needed (quiet periods, idle and loaded): "

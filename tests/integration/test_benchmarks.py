@@ -48,8 +48,29 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
                 "end-to-end p50",
             ],
         ),
+        (
+            [
+                "failover",
+                "--kills",
+                "1",
+                "--stops",
+                "0",
+                "--loaded-kills",
+                "1",
+                "--quiet-seconds",
+                "1",
+                "--session-timeout",
+                "30",
+            ],
+            [
+                "broker SIGKILL -> first ack via the next owner",
+                "killed broker restarted",
+                "every core busy",
+                "takeovers nobody needed",
+            ],
+        ),
     ],
-    ids=["protocol", "metadata", "ledger", "stream", "service"],
+    ids=["protocol", "metadata", "ledger", "stream", "service", "failover"],
 )
 def test_benchmark_prints_its_figures(args, expected):
     result = subprocess.run([*STREAMLIB, *args], capture_output=True, text=True, timeout=300)
