@@ -151,6 +151,11 @@ async def _latency(url: str, args: argparse.Namespace) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from streamlib.broker.launcher import BrokerProcess
 
+    if args.streams:
+        from streamlib.bench.many import run_many
+
+        return run_many(args)
+
     figures: dict[str, Any] = {}
     with local_cluster(3) as cluster, tempfile.TemporaryDirectory() as logs:
         _defaults(cluster.metadata_uri)
@@ -223,5 +228,11 @@ def add_parser(which: Any) -> None:
     parser.add_argument("--rate", type=int, default=2000, help="msgs/s of the higher-rate phase")
     parser.add_argument("--low-rate", type=int, default=100, help="msgs/s of the low-rate phase")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each rate phase")
+    parser.add_argument(
+        "--streams", type=int, default=0,
+        help="instead: one broker serving this many streams, a producer and a consumer each, "
+        "a message a second per stream, for --seconds (streamlib/bench/many.py)",
+    )  # fmt: skip
+    parser.add_argument("--clients", type=int, default=4, help="with --streams: client processes")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     parser.set_defaults(run=run)
