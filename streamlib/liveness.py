@@ -21,37 +21,51 @@ PROBE_TIMEOUT_S = 0.5  # a connection not refused by then is silence, not eviden
 
 @functools.cache
 def this_host() -> str:
+    """This host's identity; "" when /proc cannot tell (then no process evidence is
+    gathered here at all): no /proc, or a /proc of another pid namespace (its "self" is
+    not this process)."""
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return ""
         boot = open("/proc/sys/kernel/random/boot_id").read().strip()  # noqa: SIM115
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
-        return ""  # (no /proc: no process evidence on this host)
+        return ""
     return f"{boot}/{namespace}"
 
 
 def start_time(pid: int) -> int | None:
-    """When process `pid` of this host started (clock ticks after boot); None if it is
-    not running (no such process, or a zombie)."""
+    """When process `pid` of this host started (clock ticks after boot); None only if it
+    is provably not running: no such process (ESRCH), or a zombie. A process this one
+    may not see (EPERM, a /proc that hides it, a read that failed -- out of descriptors,
+    say) counts as running, with an unknown start time (-1)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return -1
+    except OSError:
+        return -1
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
+        state, started = fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return -1
     # After the command's closing parenthesis: state is field 3, starttime field 22.
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
+    return None if state in (b"Z", b"X") else started
 
 
 def identity() -> tuple[str, int, int]:
     """(host, pid, start time) of this process, for its registrations and locks."""
     pid = os.getpid()
-    return this_host(), pid, start_time(pid) or 0
+    return this_host(), pid, max(0, start_time(pid) or 0)
 
 
 def process_of(owner: Incarnation) -> Process:
     """What this host knows of `owner`'s process."""
-    if owner.host != this_host() or not owner.pid:
+    if not this_host() or owner.host != this_host() or not owner.pid:
         return Process.ELSEWHERE
     started = start_time(owner.pid)
     return process_state(owner, this_host(), started is not None, started)

@@ -30,8 +30,8 @@ STREAM_LEDGER_REPLACE StreamWriter: a new ledger for  30 s                0.1..2
                       the broken one
 FIRST_CONNECT         service client: a producer's /  30 s                0.1..2 s
                       consumer's first connection
-RECONNECT             service client: connecting      none (until closed) 0.1..1 s
-                      again after a break
+RECONNECT             service client: connecting      none (until closed) 0.1..1 s,
+                      again after a break                                 jittered
 registration(t)       a broker registering its id     3 t + 5 s           50 ms..1 s
 ===================== ============================== =================== =================
 """
@@ -278,8 +278,9 @@ FIRST_CONNECT = RetryPolicy(
     retry_on=retriable_over_the_wire,
 )
 # (an owner stopped past its session: its stream is served again within about a second
-# of the session's end, the target of `streamlib bench failover`)
-RECONNECT = FIRST_CONNECT.replace(stop_after_s=None, wait_max_s=1.0)
+# of the session's end, the target of `streamlib bench failover`;
+# jittered: after a failover, a broker's many clients do not all come back in step)
+RECONNECT = FIRST_CONNECT.replace(stop_after_s=None, wait_max_s=1.0, jitter=True)
 
 
 def registration(session_timeout_s: float) -> RetryPolicy:

@@ -21,7 +21,7 @@ from metadata.errors import (
     TransactionError,
 )
 from metadata.services._base import Service, validate_name
-from metadata.store import Create, Delete
+from metadata.store import CheckVersion, Create, Delete, Set
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,14 @@ class BrokerInfo:
             raise InvalidValueError(f"not a broker registration: {data[:80]!r}") from error
 
 
+def same_process(a: BrokerInfo, b: BrokerInfo) -> bool:
+    """Whether two registrations or leases name one broker process (by its incarnation;
+    by its id for one that predates incarnations)."""
+    if a.incarnation or b.incarnation:
+        return a.incarnation == b.incarnation
+    return a.broker_id == b.broker_id
+
+
 class BrokerRegistry(Service):
     def _live_path(self, broker_id: str) -> str:
         return self.path("brokers", "available", validate_name("broker", broker_id))
@@ -96,7 +104,10 @@ class BrokerRegistry(Service):
 
     async def evict(self, info: BrokerInfo, version: int) -> bool:
         """Delete a registration whose process is gone (streamlib.protocol.ownership):
-        only the one read, at `version` (a restarted broker's own is another)."""
+        the one read, at `version`. (A registration gone and made again meanwhile, at
+        the same version, would go too: its broker registers again within a third of
+        its session -- Broker._keep_registered -- and until then is only not assigned
+        new streams.)"""
         try:
             await self.store.delete(self._live_path(info.broker_id), version=version)
         except (NoNodeError, BadVersionError):
@@ -126,42 +137,61 @@ class BrokerRegistry(Service):
         return found
 
     async def try_own(self, stream: str, info: BrokerInfo) -> bool:
-        """Take the lease on `stream` for this session's broker; False if another holds it."""
+        """Take the lease on `stream` for this session's broker; False if another holds
+        it. Each lease taken also bumps the stream's epoch node (brokers/epochs/STREAM,
+        persistent), in the same transaction: what an eviction checks (evict_lease)."""
         await self.ensure(self.path("brokers", "owners"))
+        await self.ensure(self.path("brokers", "epochs"))
         try:
-            await self.store.create(self.owner_path(stream), info.encode(), ephemeral=True)
+            await self.store.create(self._epoch_path(stream))
         except NodeExistsError:
-            return False
-        return True
-
-    async def evict_lease(self, stream: str, owner: BrokerInfo) -> bool:
-        """Delete `stream`'s lease, held by `owner`, whose process is gone. One evictor
-        per lease and dead owner: each first creates a marker of its own session
-        (brokers/evictions/STREAM@INCARNATION), in the same transaction, so two brokers
-        that both read the dead owner's lease cannot both delete -- the second would
-        delete the first one's new lease (a lease is always at version 0). The marker
-        goes with the evictor's session, or when forget_eviction() is called."""
-        await self.ensure(self.path("brokers", "evictions"))
+            pass  # (every lease after the first)
         try:
             await self.store.transaction(
                 [
-                    Create(self._eviction_path(stream, owner), ephemeral=True),
-                    Delete(self.owner_path(stream), version=0),
+                    Create(self.owner_path(stream), info.encode(), ephemeral=True),
+                    Set(self._epoch_path(stream), b""),
                 ]
             )
-        except TransactionError:
-            return False  # (another evictor's marker, or the lease changed or went)
+        except TransactionError as error:
+            if isinstance(error.cause, NodeExistsError):
+                return False
+            raise error.cause from None
         return True
 
-    async def forget_eviction(self, stream: str, owner: BrokerInfo) -> None:
+    async def lease(self, stream: str) -> tuple[BrokerInfo | None, int]:
+        """The lease's holder (None: nobody) and the stream's epoch (-1: none) -- the
+        epoch read first, so a holder read after it was taken at that epoch or later."""
         try:
-            await self.store.delete(self._eviction_path(stream, owner))
+            epoch = (await self.store.get(self._epoch_path(stream))).version
+        except NoNodeError:
+            epoch = -1
+        return await self.owner(stream), epoch
+
+    async def evict_lease(self, stream: str, epoch: int) -> bool:
+        """Delete `stream`'s lease, whose holder's process is gone, if no lease was taken
+        since `epoch` (read by lease() with that holder): a stale read -- another evictor
+        came first, and the next owner holds a new lease -- deletes nothing. (A lease is
+        always at version 0: its own version cannot tell.)"""
+        if epoch < 0:
+            return False  # (a lease from before epochs: wait for its session)
+        try:
+            await self.store.transaction(
+                [CheckVersion(self._epoch_path(stream), epoch), Delete(self.owner_path(stream))]
+            )
+        except TransactionError:
+            return False  # (the lease changed or went)
+        return True
+
+    def _epoch_path(self, stream: str) -> str:
+        return self.path("brokers", "epochs", validate_name("stream", stream))
+
+    async def forget_stream(self, stream: str) -> None:
+        """A deleted stream's epoch node goes too."""
+        try:
+            await self.store.delete(self._epoch_path(stream))
         except NoNodeError:
             pass
-
-    def _eviction_path(self, stream: str, owner: BrokerInfo) -> str:
-        name = f"{validate_name('stream', stream)}@{owner.incarnation or owner.broker_id}"
-        return self.path("brokers", "evictions", name)
 
     async def owner(self, stream: str) -> BrokerInfo | None:
         try:
@@ -169,13 +199,15 @@ class BrokerRegistry(Service):
         except NoNodeError:
             return None
 
-    async def release(self, stream: str, broker_id: str) -> None:
-        """Give up the lease, if `broker_id` holds it."""
+    async def release(self, stream: str, info: BrokerInfo) -> None:
+        """Give up the lease, if this incarnation of the broker holds it (another process
+        of the same id -- a replacement started while this one was cut off -- keeps its
+        own)."""
         try:
             node = await self.store.get(self.owner_path(stream))
         except NoNodeError:
             return
-        if BrokerInfo.decode(node.data).broker_id != broker_id:
+        if not same_process(BrokerInfo.decode(node.data), info):
             return
         try:
             await self.store.delete(self.owner_path(stream), version=node.version)

@@ -95,6 +95,10 @@ class StreamRegistry(Service):
             await self.store.delete(self.stream_path(name), version=version, recursive=True)
         except NoNodeError:
             raise NoSuchStreamError(f"stream {name} does not exist") from None
+        # (the brokers' epoch of its lease: metadata/services/brokers.py)
+        from metadata.services.brokers import BrokerRegistry
+
+        await BrokerRegistry(self.store, self.root).forget_stream(name)
 
     async def list(self) -> list[str]:
         try:

@@ -34,6 +34,7 @@ from streamlib.protocol.errors import (
     StreamlibError,
     TooLargeError,
 )
+from streamlib.protocol.ownership import may_take_over
 from streamlib.pulsar import entries as pulsar_entries
 from streamlib.pulsar.entries import is_pulsar_entry
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, DecodedBatch, decode_batch
@@ -94,7 +95,7 @@ class OwnedStream:
             if self.writer is None:
                 # Still the lease's holder? (Served for consumers until now, it may have
                 # been stopped or cut off meanwhile: it must not fence the new owner.)
-                if not await self.broker.holds(self.stream):
+                if not may_take_over(await self.broker.holds(self.stream)):
                     gone = StreamGone(f"this broker no longer owns {self.stream!r}")
                     self.broker.give_up(self, gone)
                     raise gone

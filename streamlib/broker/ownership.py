@@ -18,7 +18,7 @@ import logging
 import uuid
 from typing import Any
 
-from metadata.services.brokers import BrokerInfo, BrokerRegistry
+from metadata.services.brokers import BrokerInfo, BrokerRegistry, same_process
 from streamlib import liveness
 from streamlib.broker.access import Budgets, ByteBudget
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
@@ -132,10 +132,16 @@ class Broker:
         while not self.closed:
             await asyncio.sleep(self._session_timeout_s / 3)  # (a timer, not a wait for a state)
             with contextlib.suppress(Exception):
-                if await self.registry.registered(self.broker_id) is None:
-                    log.warning("broker %s: its registration went; registering again",
-                                self.broker_id)  # fmt: skip
-                    await self.registry.register(self.info)
+                if self.closed or await self.registry.registered(self.broker_id) is not None:
+                    continue
+                log.warning("broker %s: its registration went; registering again",
+                            self.broker_id)  # fmt: skip
+                await self.registry.register(self.info)
+                # Evicted while alive (an eviction deletes the registration and the
+                # lease): a stream whose lease is another's now is no longer served here.
+                for stream, owned in list(self.owned.items()):
+                    if not await self.holds(stream):
+                        self.give_up(owned, StreamGone(f"{stream!r} was taken over"))
 
     def _on_session(self, state: str) -> None:
         """The session expired: its leases are gone. Stop serving every stream (another
@@ -157,10 +163,11 @@ class Broker:
     # -- ownership ----------------------------------------------------------------------
 
     async def holds(self, stream: str) -> bool:
-        """Whether this broker's session still holds the stream's lease (a broker that
-        was stopped or cut off may not know yet that it lost it)."""
+        """Whether this broker process still holds the stream's lease (a broker that was
+        stopped or cut off may not know yet that it lost it; another process of the same
+        id -- a replacement -- is not this one)."""
         owner = await self.registry.owner(stream)
-        return owner is not None and owner.broker_id == self.broker_id
+        return owner is not None and same_process(owner, self.info)
 
     async def lookup(self, stream: str) -> BrokerInfo:
         """The broker that serves `stream`; one is assigned when none owns it (this one:
@@ -169,9 +176,9 @@ class Broker:
         assign, whose process is provably gone loses its lease / registration first
         (streamlib.protocol.ownership): its clients need not wait for its session."""
         for _ in range(3):  # (an evicted owner: once more; then give what there is)
-            owner = await self.registry.owner(stream)
+            owner, epoch = await self.registry.lease(stream)
             if owner is not None:
-                if not await self._evict_if_gone(stream, owner):
+                if not await self._evict_if_gone(stream, owner, epoch):
                     return owner
                 continue
             live = await self.registry.live()
@@ -181,7 +188,7 @@ class Broker:
             if least.broker_id == self.broker_id or least.owned >= len(self.owned):
                 self._start_owning(stream)
                 return self.info
-            if not await self._evict_if_gone(None, least):
+            if not await self._evict_if_gone(None, least, -1):
                 return least
         return self.info if owner is None else owner
 
@@ -206,10 +213,10 @@ class Broker:
                     del self._alive[key]
         return owner_gone(mine, now, probe=answer)
 
-    async def _evict_if_gone(self, stream: str | None, owner: BrokerInfo) -> bool:
-        """Whether `owner` (of `stream`'s lease, or a live broker to assign it to) was
-        provably gone and is evicted: its registration, and the lease."""
-        if owner.broker_id == self.broker_id and owner.incarnation == self.incarnation:
+    async def _evict_if_gone(self, stream: str | None, owner: BrokerInfo, epoch: int) -> bool:
+        """Whether `owner` (of `stream`'s lease, taken at `epoch`, or a live broker to
+        assign it to) was provably gone and is evicted: its registration, and the lease."""
+        if same_process(owner, self.info):
             return False
         found = await self.registry.registered(owner.broker_id)
         registered = found[0] if found is not None else None
@@ -220,15 +227,9 @@ class Broker:
                  owner.address, evidence.value)  # fmt: skip
         if found is not None and found[0].incarnation == owner.incarnation:
             await self.registry.evict(*found)
-        if stream is not None and await self.registry.evict_lease(stream, owner):
-            # (the marker keeps a slower evictor's stale read from deleting the next
-            # owner's lease; after two sessions no such read can be left)
-            self._spawn(self._forget_eviction(stream, owner))
+        if stream is not None:
+            await self.registry.evict_lease(stream, epoch)  # (False: another was first)
         return True
-
-    async def _forget_eviction(self, stream: str, owner: BrokerInfo) -> None:
-        await asyncio.sleep(2 * self._session_timeout_s)  # (a timer, not a wait for a state)
-        await self.registry.forget_eviction(stream, owner)
 
     def _start_owning(self, stream: str) -> asyncio.Future[OwnedStream]:
         """The takeover of `stream`, in a task of the broker's own: a caller that goes
@@ -282,7 +283,7 @@ class Broker:
         del self.owned[stream]
         await owned.close(error)
         with contextlib.suppress(Exception):
-            await self.registry.release(stream, self.broker_id)
+            await self.registry.release(stream, self.info)
         await self._update_load()
 
     async def unload(self, stream: str) -> bool:

@@ -39,6 +39,7 @@ from streamlib.protocol.errors import (
     UnauthorizedError,
     is_retriable,
 )
+from streamlib.protocol.ownership import may_answer_ready
 from streamlib.protocol.service_access import Caller, Operation, may_create
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
@@ -314,7 +315,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         stream over; its dedup state would tell a producer a stale last sequence id.)"""
         if owned.gone is not None:
             raise owned.gone
-        if not await self.broker.holds(owned.stream):
+        if not may_answer_ready(await self.broker.holds(owned.stream), gone=False):
             gone = NotOwnerError(f"this broker no longer owns {owned.stream!r}")
             self.broker.give_up(owned, gone)
             raise gone

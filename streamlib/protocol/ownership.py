@@ -33,9 +33,10 @@ Evidence, each kind positive (never the absence of an answer):
 The owner's side: a broker takes a stream over (fences) only while it holds the lease,
 confirmed just before; it answers Ready (a producer's or a consumer's) only after
 confirming it again; and a receipt goes out only for an entry its ledger acknowledged
-(ack quorum), never for one merely sent. tests/sim/service.py drives these rules with
-brokers killed, stopped, cut off and closing, and its mutations (``MUTATIONS``) show
-each check is needed.
+(ack quorum), never for one merely sent (the ledger's own rule: its writes complete in
+entry order once acknowledged). tests/sim/service.py drives these rules with brokers
+killed, restarted, stopped, cut off and evicted on false evidence, and its mutations
+show each check is needed.
 """
 
 from __future__ import annotations
@@ -105,12 +106,15 @@ def process_state(
     owner: Incarnation, this_host: str, running: bool, started: int | None
 ) -> Process:
     """What this host knows of owner's process: `running` is whether owner.pid runs
-    here (not a zombie), `started` its start time (None: not running)."""
+    here (not a zombie), `started` its start time (None: not running; -1: running, its
+    start time unreadable)."""
     if not owner.host or owner.host != this_host or not owner.pid:
         return Process.ELSEWHERE
-    if not running or started is None or (owner.started and started != owner.started):
+    if not running or started is None:
         return Process.GONE
-    return Process.RUNNING
+    if owner.started and started >= 0 and started != owner.started:
+        return Process.GONE  # (its pid, reused by another process)
+    return Process.RUNNING  # (a start time this host cannot read (-1) proves nothing)
 
 
 def may_take_over(holds_lease: bool) -> bool:
@@ -124,10 +128,3 @@ def may_answer_ready(holds_lease: bool, gone: bool) -> bool:
     """A producer or consumer is told Ready only by a broker that confirmed, after
     everything its open needed (the takeover included), that it still holds the lease."""
     return holds_lease and not gone
-
-
-def may_send_receipt(entry_acknowledged: bool) -> bool:
-    """A receipt follows the ledger's acknowledgement of the entry (its ack quorum),
-    never its sending: the fence of a takeover stops exactly the entries not yet
-    acknowledged, and its recovery keeps every acknowledged one."""
-    return entry_acknowledged

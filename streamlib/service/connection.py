@@ -56,9 +56,10 @@ def channel_options() -> list[tuple[str, Any]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         # A broker restarted on its address is connected to again within 0.1-1 s
-        # (gRPC's own backoff after a refused connection grows to 2 minutes).
+        # (gRPC's own backoff after a refused connection grows to 2 minutes). Not
+        # grpc.min_reconnect_backoff_ms: gRPC takes it for each connect's own timeout too
+        # (20 s by default), and a loaded broker then looks unreachable.
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1_000),
     ]
 

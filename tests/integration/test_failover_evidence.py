@@ -32,7 +32,8 @@ def go_on(proc) -> None:
     proc.stdin.flush()
 
 
-async def test_a_killed_owner_is_replaced_and_restarted_before_its_session_ends(cluster):
+async def test_a_killed_owner_is_replaced_and_restarted_before_its_session_ends(any_cluster):
+    cluster = any_cluster  # (sqlite and ZooKeeper: another session's nodes deleted)
     cluster.start_bookies(3)
     brokers = cluster.start_brokers(2, extra=LONG_SESSION)
     client = await cluster.service_client()
@@ -53,6 +54,19 @@ async def test_a_killed_owner_is_replaced_and_restarted_before_its_session_ends(
         found = await registry.registered(dead.broker_id)
         assert found is not None and found[0].pid == dead.pid
     await check_stream(cluster, "orders", ["A"], 600)
+
+
+async def test_a_restarted_broker_replaces_its_dead_predecessor_itself(cluster):
+    """Its predecessor owned nothing, so no lookup evicted it: the restarted process's
+    own start finds it gone (it ran on this host, its pid runs no more)."""
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1, extra=LONG_SESSION)
+    first_pid = broker.pid
+    broker.kill()
+    broker.start(timeout_s=BEFORE_THE_SESSION_ENDS_S)
+    registry = BrokerRegistry((await cluster.client()).store)
+    found = await registry.registered(broker.broker_id)
+    assert found is not None and found[0].pid == broker.pid != first_pid
 
 
 async def test_a_stopped_owner_keeps_its_streams_until_its_session_ends(cluster):

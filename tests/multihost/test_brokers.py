@@ -26,9 +26,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
         yield net
 
 
-def start_broker(cluster: Cluster, host: str) -> Proc:
+def start_broker(cluster: Cluster, host: str, session_s: float = 2) -> Proc:
     argv = [sys.executable, "-m", "streamlib", "broker", "--metadata", cluster.uri,
-            "--host", "0.0.0.0", "--port", "6650", "--session-timeout", "2",
+            "--host", "0.0.0.0", "--port", "6650", "--session-timeout", str(session_s),
             "--log-level", "INFO"]  # fmt: skip
     proc = cluster.net[host].popen(argv, label=f"broker-{host}")
     line = proc.wait_line(lambda x: x.startswith("broker "), 60)
@@ -96,3 +96,31 @@ def test_a_partitioned_owner_is_fenced_and_its_stream_moves(cluster: Cluster) ->
 
     stored = [int(m["data"]) for m in cluster.read("c2", "moving")]
     assert stored == list(range(count))  # every acknowledged message once, in order
+
+
+def test_a_killed_owner_on_another_host_is_replaced_before_its_session_ends(
+    cluster: Cluster,
+) -> None:
+    """On ZooKeeper, across hosts: the owner's process is SIGKILLed (its host answers,
+    its port refuses), and the other broker deletes its lease -- another session's
+    ephemeral node -- long before the dead one's 60 s session would have ended."""
+    cluster.start_bookies(["b1", "b2", "b3"])
+    cluster.create_stream("moving", ensemble=3, write_quorum=2, ack_quorum=2)
+    brokers = {host: start_broker(cluster, host, session_s=60) for host in BROKER_HOSTS}
+    url = "streamlib://" + ",".join(f"{cluster.net[h].address}:6650" for h in BROKER_HOSTS)
+    count = 3000
+    publisher = cluster.net["c1"].popen([sys.executable, "-c", PUBLISHER, url, str(count)],
+                                        label="publisher")  # fmt: skip
+    owner = json.loads(publisher.wait_line(lambda x: x.startswith('{"owner"'), 60))["owner"]
+    [owner_host] = [h for h in BROKER_HOSTS if owner.startswith(cluster.net[h].address + ":")]
+    publisher.wait_line(lambda x: x == '{"acked": 500}', 60)
+
+    brokers[owner_host].kill()
+    # Bounded well below the dead broker's session: only evidence can have moved it.
+    done = json.loads(publisher.wait_line(lambda x: x.startswith('{"done"'), 30))
+    assert done == {"done": count, "failed": 0}, publisher.tail()
+    after = json.loads(publisher.wait_line(lambda x: x.startswith('{"owner_after"'), 30))
+    assert after["owner_after"] != owner
+    assert publisher.wait(30) == 0
+    stored = [int(m["data"]) for m in cluster.read("c2", "moving")]
+    assert stored == list(range(count))

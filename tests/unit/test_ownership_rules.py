@@ -18,7 +18,6 @@ from streamlib.protocol.ownership import (
     Probe,
     Process,
     may_answer_ready,
-    may_send_receipt,
     may_take_over,
     owner_gone,
     process_state,
@@ -70,7 +69,6 @@ def test_an_owner_answers_and_fences_only_holding_the_lease():
     assert may_take_over(True) and not may_take_over(False)
     assert may_answer_ready(True, gone=False)
     assert not may_answer_ready(False, gone=False) and not may_answer_ready(True, gone=True)
-    assert may_send_receipt(True) and not may_send_receipt(False)
 
 
 def test_this_process_and_a_dead_child_as_this_host_sees_them():
@@ -115,20 +113,45 @@ async def test_probe_refused_answered_and_silent():
 
 async def test_two_evictors_of_one_dead_lease_delete_it_once():
     """The second evictor read the dead owner's lease too, but by the time it acts the
-    next owner holds a new one (at version 0 as well): it must not delete that."""
+    next owner holds a new one (at version 0 as well): the epoch it read is stale, so it
+    deletes nothing."""
     dead = BrokerInfo("b1", "h:1", incarnation="dead")
     nxt = BrokerInfo("b2", "h:2", incarnation="next")
-    name = f"evictors-{id(dead)}"
-    stores = [MemoryStore(name) for _ in range(3)]
+    stores = [MemoryStore(f"evictors-{id(dead)}") for _ in range(3)]
     owner, evictor, stale = (BrokerRegistry(s) for s in stores)
     try:
         assert await owner.try_own("s", dead)
-        assert await evictor.evict_lease("s", dead)
+        read_first, epoch_first = await evictor.lease("s")
+        read_late, epoch_late = await stale.lease("s")
+        assert read_first == read_late == dead and epoch_first == epoch_late
+        assert await evictor.evict_lease("s", epoch_first)
         assert await evictor.try_own("s", nxt)
-        assert not await stale.evict_lease("s", dead)  # (its read of the lease was stale)
+        assert not await stale.evict_lease("s", epoch_late)  # (its read was stale)
         assert await owner.owner("s") == nxt
-        await evictor.forget_eviction("s", dead)
-        assert await stale.evict_lease("s", nxt)  # (no marker for that owner: it may)
+        assert not await evictor.try_own("s", dead)  # (held: no second lease)
+        holder, epoch = await stale.lease("s")
+        assert holder == nxt and epoch == epoch_first + 1
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_a_lease_from_before_epochs_is_never_evicted():
+    assert not await BrokerRegistry(MemoryStore()).evict_lease("s", -1)
+
+
+async def test_releasing_a_lease_frees_only_this_process_s():
+    """A replacement process of the same broker id holds its own lease: the old one's
+    release leaves it."""
+    old = BrokerInfo("b1", "h:1", incarnation="old")
+    new = BrokerInfo("b1", "h:1", incarnation="new")
+    store = MemoryStore()
+    registry = BrokerRegistry(store)
+    try:
+        assert await registry.try_own("s", new)
+        await registry.release("s", old)
+        assert await registry.owner("s") == new
+        await registry.release("s", new)
+        assert await registry.owner("s") is None
+    finally:
+        await store.close()
