@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from collections import OrderedDict
 from itertools import accumulate
 from pathlib import Path
 
@@ -22,6 +23,21 @@ from bookie.journal import fsync_dir, write_all
 from bookie.records import RecordError, StoredEntry, decode_entry, parse_frame
 
 LOCATION = struct.Struct(">IQI")
+# Entry logs kept open for reads at once (the least recently read beyond it are closed):
+# one descriptor per log ever read would grow with the data a bookie holds -- each
+# failed write starts a new log, so a bookie with a flaky disk makes many.
+MAX_READ_FDS = 64
+
+
+class _ReadFd:
+    """One entry log open for reads, and how many reads use it now: a descriptor is
+    closed only when no read uses it (closed under a read, its number could be reused
+    by another file, and the read would see that file's bytes)."""
+
+    __slots__ = ("fd", "retired", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.users, self.retired = fd, 0, False
 
 
 def unpack_location(raw: bytes) -> tuple[int, int, int]:
@@ -34,7 +50,7 @@ class EntryLogger:
         self.directory = directory
         self.max_file_bytes = max_file_bytes
         directory.mkdir(parents=True, exist_ok=True)
-        self._read_fds: dict[int, int] = {}
+        self._read_fds: OrderedDict[int, _ReadFd] = OrderedDict()  # least recently read first
         self._lock = threading.Lock()  # guards _read_fds: reads run on the loop, deletes in GC
         ids = self.log_ids()
         self.current_id = (ids[-1] + 1) if ids else 1
@@ -115,20 +131,50 @@ class EntryLogger:
         self._write_offset = os.fstat(fd).st_size
         self._broken = False
 
-    def _fd(self, log_id: int) -> int:
+    def _take(self, log_id: int) -> _ReadFd:
+        """The log open for reading, in use until _give_back (at most MAX_READ_FDS stay
+        open: the least recently read idle ones are closed)."""
         with self._lock:
-            fd = self._read_fds.get(log_id)
-            if fd is None:
-                fd = os.open(self._path(log_id), os.O_RDONLY)
-                self._read_fds[log_id] = fd
-            return fd
+            handle = self._read_fds.get(log_id)
+            if handle is None:
+                handle = self._read_fds[log_id] = _ReadFd(os.open(self._path(log_id), os.O_RDONLY))
+            self._read_fds.move_to_end(log_id)
+            handle.users += 1
+            while len(self._read_fds) > MAX_READ_FDS:
+                _, oldest = self._read_fds.popitem(last=False)
+                self._retire(oldest)
+            return handle
+
+    def _give_back(self, handle: _ReadFd) -> None:
+        with self._lock:
+            handle.users -= 1
+            if handle.retired and handle.users == 0:
+                os.close(handle.fd)
+
+    @staticmethod
+    def _retire(handle: _ReadFd) -> None:
+        """(Under the lock.) Close it now if idle, else when its last read ends."""
+        handle.retired = True
+        if handle.users == 0:
+            os.close(handle.fd)
+
+    def open_for_reads(self) -> int:
+        """Entry logs open for reading now (bounded by MAX_READ_FDS)."""
+        with self._lock:
+            return len(self._read_fds)
 
     def read_record(self, log_id: int, offset: int, length: int) -> bytes:
         """The framed record at a location, CRC-checked."""
         try:
-            data = os.pread(self._fd(log_id), length, offset)
+            handle = self._take(log_id)
         except OSError as e:
             raise StorageIOError(f"entry log {log_id:08x} unreadable: {e}") from None
+        try:
+            data = os.pread(handle.fd, length, offset)
+        except OSError as e:
+            raise StorageIOError(f"entry log {log_id:08x} unreadable: {e}") from None
+        finally:
+            self._give_back(handle)
         try:
             parse_frame(data, 0)
         except (RecordError, EOFError) as e:
@@ -147,15 +193,15 @@ class EntryLogger:
 
     def delete(self, log_id: int) -> None:
         with self._lock:
-            fd = self._read_fds.pop(log_id, None)
-        if fd is not None:
-            os.close(fd)
+            handle = self._read_fds.pop(log_id, None)
+            if handle is not None:
+                self._retire(handle)
         self._path(log_id).unlink(missing_ok=True)
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._read_fds.values():
-                os.close(fd)
+            for handle in self._read_fds.values():
+                self._retire(handle)
             self._read_fds.clear()
         if self._write_fd >= 0:
             os.close(self._write_fd)

@@ -463,9 +463,17 @@ class ChaosRun:
         }
 
     def final_scan(self) -> None:
-        """Each stream read once more from EARLIEST by a fresh reader, to its end."""
+        """Each stream read once more from EARLIEST by a fresh reader, to its end: for
+        as long as the readers make progress, and at most SCAN_TIMEOUT_S without any (an
+        hour's run stores millions of messages: a fixed bound cut its scan short)."""
         scans = [self.spawn("reader", s, "--scan", kind="scan") for s in self.streams]
-        self.reap(wait=scans, timeout_s=SCAN_TIMEOUT_S)
+        seen, deadline = 0, time.monotonic() + SCAN_TIMEOUT_S
+        while any(w.alive for w in scans) and time.monotonic() < deadline:
+            read = sum(len(w.log.poll()) for w in scans)
+            if read > seen:
+                seen, deadline = read, time.monotonic() + SCAN_TIMEOUT_S
+            time.sleep(POLL_S)  # re-check the logs
+        self.reap(wait=scans, timeout_s=POLL_S)
 
     def shutdown(self) -> None:
         """Every process stopped: also after an error or Ctrl-C."""
