@@ -5,8 +5,9 @@
 
 1. creates the partitioned stream NAME and publishes N messages m0..m(N-1) to it (keyed,
    so they spread over its partitions);
-2. starts a SparkSession on the standalone master (client mode: the driver is this
-   process, the executors run on the worker hosts and read the bookies themselves);
+2. starts a SparkSession on the standalone master with the README's `spark-submit`
+   settings (client mode: the driver is this process, the executors run on the worker
+   hosts and read the bookies themselves);
 3. runs a micro-batch query, Trigger.AvailableNow with maxMessagesPerTrigger M, from the
    stream into Spark's parquet file sink with a checkpoint, both under DIR. In micro-batch
    B every task's first attempt, once it holds its first rows, writes a marker file
@@ -37,7 +38,7 @@ from pyspark.sql import SparkSession
 
 import streamlib.spark
 from streamlib.client import Client
-from tests.multihost.spark_standalone import JVM_OPTIONS
+from tests.multihost.spark_standalone import JVM_OPTIONS, readme_spark_submit
 from tests.multihost.workers import emit
 
 RELEASE = "release"
@@ -110,24 +111,30 @@ def wait_for_file(path: Path, timeout_s: float) -> None:
         time.sleep(0.05)  # a file has nothing to block on: poll it, bounded
 
 
-def session(master: str) -> SparkSession:
-    """A session on the standalone master, sized for a small machine: two executors of
-    one core and 512 MiB each (one per worker), the driver on this host's name."""
+def session(master_url: str) -> SparkSession:
+    """A session on the standalone master with the README's `spark-submit` settings (the
+    executors' Python, importing this checkout: streamlib is pure Python there, nothing
+    ships with --packages; the driver known by this host's name), and sized for a small
+    machine: two executors of one core and 512 MiB each, one per worker."""
+    master, confs = readme_spark_submit(
+        {
+            "spark://MASTER:7077": master_url,
+            "PYTHON": sys.executable,
+            "CHECKOUT": os.environ["PYTHONPATH"],
+            "DRIVER": os.environ["SPARK_LOCAL_HOSTNAME"],
+        }
+    )
+    builder = SparkSession.builder.master(master).appName("streamlib-multihost")
+    for key, value in confs.items():
+        builder = builder.config(key, value)
     return (
-        SparkSession.builder.master(master)
-        .appName("streamlib-multihost")
-        .config("spark.driver.host", os.environ["SPARK_LOCAL_HOSTNAME"])
-        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        builder.config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
         .config("spark.driver.memory", "512m")
         .config("spark.executor.memory", "512m")
         .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
         .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
         .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
-        .config("spark.cores.max", "2")
-        # The executors' Python: this venv's, importing this checkout (streamlib is pure
-        # Python there: nothing to ship with --packages).
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         # Start the query only once both executors are there, so both hold a task.
         .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
         .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "120s")
@@ -157,8 +164,8 @@ def main() -> int:
 
     spark = session(args.master)
     streamlib.spark.register(spark)
-    # (the driver is one of the block managers)
-    emit("executors", count=spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1)
+    # (the executors registered with the driver; the session waited for both)
+    emit("executors", count=spark.sparkContext._jsc.sc().getExecutorIds().size())
 
     df = (
         spark.readStream.format("streamlib")

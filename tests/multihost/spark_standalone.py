@@ -15,6 +15,8 @@ harness writes to WORKDIR/LABEL.log; readiness is a line in that log.
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -34,6 +36,25 @@ EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 # which on a two-core machine shared by seven JVMs is most of the test's time; their
 # work is too small for the optimising compiler to pay off.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_spark_submit(fill: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The master URL and the `--conf` settings of the README's `spark-submit` recipe
+    (section "Spark"), as written there, each placeholder value replaced by fill's."""
+    text = README.read_text()
+    section = text[text.index("## Spark") : text.index("## Command line")]
+    block = re.search(r"```sh\n(spark-submit .*?)```", section, flags=re.S)
+    if block is None:
+        raise AssertionError("README: no `spark-submit` block in the Spark section")
+    words = shlex.split(block.group(1).replace("\\\n", " "))
+    master = words[words.index("--master") + 1]
+    confs = dict(words[i + 1].split("=", 1) for i, word in enumerate(words) if word == "--conf")
+    for placeholder in fill:
+        assert placeholder in [master, *confs.values()], f"README recipe lost its {placeholder}"
+    return fill.get(master, master), {k: fill.get(v, v) for k, v in confs.items()}
 
 
 def spark_env(host: Host, workdir: Path) -> dict[str, str]:
