@@ -10,7 +10,7 @@
    hosts and read the bookies themselves);
 3. runs a micro-batch query, Trigger.AvailableNow with maxMessagesPerTrigger M, from the
    stream into Spark's parquet file sink with a checkpoint, both under DIR. In micro-batch
-   B every task's first attempt, once it holds its first rows, writes a marker file
+   B every task's first attempt, once it has passed on its first rows, writes a marker file
    DIR/markers/b{B}-p{partition}-a{attempt}.json naming its executor's JVM and waits for
    the file DIR/markers/release: the test kills an executor while the batch is provably
    running, then releases it;
@@ -75,15 +75,16 @@ def executor_jvm() -> int:
 
 
 def holding(markers: str, batch_id: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator]:
-    """A mapInArrow function passing rows through unchanged; in micro-batch batch_id it
-    marks each task attempt once it holds rows, and keeps first attempts there until the
-    release file appears (bounded)."""
+    """A mapInArrow function passing rows through unchanged; in micro-batch batch_id each
+    task attempt, once it has handed Spark its first rows (the sink's file is open), writes
+    its marker, and first attempts wait there until the release file appears (bounded)."""
 
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
         assert context is not None
         held = context.getLocalProperty("streaming.sql.batchId") == str(batch_id)
         for batch in batches:
+            yield batch
             if held:
                 held = False
                 attempt = context.attemptNumber()
@@ -98,7 +99,6 @@ def holding(markers: str, batch_id: int) -> Callable[[Iterator[pa.RecordBatch]],
                 path.with_suffix(".tmp").rename(path)  # (whole, for the test's reads)
                 if attempt == 0:
                     wait_for_file(Path(markers) / RELEASE, HOLD_TIMEOUT_S)
-            yield batch
 
     return hold
 

@@ -70,10 +70,8 @@ def spark_env(host: Host, workdir: Path) -> dict[str, str]:
         "SPARK_LOCAL_IP": host.address,
         "SPARK_LOCAL_HOSTNAME": host.name,
         "SPARK_LOCAL_DIRS": str(scratch),
-        "SPARK_LOG_DIR": str(workdir / "logs"),
         "SPARK_DAEMON_MEMORY": "256m",
         "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS,
-        "SPARK_NO_DAEMONIZE": "1",
         # Executors start their Python workers with the driver's choice
         # (spark.pyspark.python); the workers' own environment says the same.
         "PYSPARK_PYTHON": sys.executable,
