@@ -18,7 +18,7 @@
    names) and reports every row.
 
 Every line on stdout is one JSON event (tests/multihost/workers.py's format): "published",
-"executors", "query_done" (the batches' input rows), "rows", "end".
+"executors", "query_started", "query_done" (the batches' input rows), "rows", "end".
 """
 
 from __future__ import annotations
@@ -183,6 +183,7 @@ def main() -> int:
         .trigger(availableNow=True)
         .start()
     )
+    emit("query_started")
     finished = query.awaitTermination(240)
     error = query.exception()
     emit(

@@ -62,6 +62,7 @@ def test_a_query_on_a_standalone_cluster_survives_an_executor_killed_mid_batch(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     net = cluster.net
+    began = time.monotonic()
     spark_dir = tmp_path / "spark"
     work = tmp_path / "query"
     # JVMs and bookies start in parallel: the master first, the workers once it serves,
@@ -89,6 +90,7 @@ def test_a_query_on_a_standalone_cluster_survives_an_executor_killed_mid_batch(
     victim = held[0]
     victim_host = host_of[victim["executor_pid"]]
     os.kill(victim["executor_pid"], signal.SIGKILL)
+    killed = time.monotonic()
     (work / "markers" / RELEASE).touch()
 
     done = driver.wait_event("query_done", 240)
@@ -111,7 +113,11 @@ def test_a_query_on_a_standalone_cluster_survives_an_executor_killed_mid_batch(
     assert Counter(value for *_, value in rows) == Counter(f"m{i}" for i in range(COUNT))
     assert len({tuple(r[:4]) for r in rows}) == COUNT
     assert {r[0] for r in rows} == {f"{STREAM}-partition-{i}" for i in range(PARTITIONS)}
-    print(
-        f"sink: {written['committed_files']} committed files of {written['files']} written; "
-        f"batches {done['batches']}"
-    )
+    # The dead attempt had opened its output file (a task opens it before it pulls rows):
+    # it lies in the output directory, and the sink's commit log leaves it out.
+    assert written["files"] > written["committed_files"]
+    # (for the log: where the time goes, and what the sink's commit log kept out)
+    timeline = {e["event"]: round(e["t"] - began, 1) for e in driver.events if "t" in e}
+    timeline["killed"] = round(killed - began, 1)
+    print(f"\ntimeline (s): {timeline}; batches {done['batches']}; sink: "
+          f"{written['committed_files']} files committed of {written['files']} written")  # fmt: skip
