@@ -345,13 +345,22 @@ def test_a_policy_refuses_a_bound_or_wait_that_makes_no_sense(bad):
 
 
 async def test_reconnecting_pauses_as_the_service_client_did():
-    # streamlib/broker/client.py's _backoff: min(2 s, 0.05 s * 2**n), n = 1, 2, ...
+    # The first connection: min(2 s, 0.05 s * 2**n), n = 1, 2, ...
+    pauses = Pauses()
+    with pytest.raises(RetriesExhausted):
+        await FIRST_CONNECT.replace(attempts=9, sleep=pauses).run(
+            "stream 's'", failing(*[BookieUnavailableError("down")] * 9)
+        )
+    assert pauses.taken == [min(2.0, 0.05 * 2 ** min(n, 6)) for n in range(1, 9)]
+    # Again after a break: jittered, each pause within [0, min(1 s, 0.05 s * 2**n)], so
+    # a failed-over broker's clients do not all come back at once.
     pauses = Pauses()
     with pytest.raises(RetriesExhausted):
         await RECONNECT.replace(attempts=9, sleep=pauses).run(
             "stream 's'", failing(*[BookieUnavailableError("down")] * 9)
         )
-    assert pauses.taken == [min(2.0, 0.05 * 2 ** min(n, 6)) for n in range(1, 9)]
+    caps = [min(1.0, 0.05 * 2 ** min(n, 6)) for n in range(1, 9)]
+    assert all(0 <= taken <= cap for taken, cap in zip(pauses.taken, caps, strict=True))
     assert RECONNECT.attempts is None and RECONNECT.stop_after_s is None  # until closed
     assert FIRST_CONNECT.stop_after_s == 30.0
 
