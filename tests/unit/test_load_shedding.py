@@ -1,0 +1,148 @@
+"""streamlib.protocol.load: how loaded each broker is, which streams the load manager
+moves (and where), and where a lookup assigns a stream nobody owns -- as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from metadata.services.broker_moves import MoveRequest
+from metadata.services.brokers import BrokerInfo
+from streamlib.broker.load import broker_load
+from streamlib.protocol.load import BrokerLoad, Move, Placement, StreamLoad, assign, loads, shed
+
+
+def broker(name: str, streams: int, msgs: float = 0.0, cpu: float = 0.0) -> BrokerLoad:
+    """`streams` streams named NAME-0.., sharing `msgs` msgs/s evenly (100 bytes each)."""
+    each = msgs / streams if streams else 0.0
+    return BrokerLoad(
+        name,
+        streams,
+        msgs,
+        msgs * 100,
+        cpu,
+        tuple(StreamLoad(f"{name}-{i}", each, each * 100) for i in range(streams)),
+    )
+
+
+def moved(moves: list[Move]) -> dict[tuple[str, str], int]:
+    """(source, target) -> how many streams."""
+    found: dict[tuple[str, str], int] = {}
+    for move in moves:
+        key = (move.source, move.target)
+        found[key] = found.get(key, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize(
+    ("brokers", "expected"),
+    [
+        # a new broker in a loaded cluster takes streams from both
+        ([broker("a", 8), broker("b", 8), broker("c", 0)], {("a", "c"): 2, ("b", "c"): 3}),
+        # idle brokers, balanced within one stream: nothing moves (no swapping who is loaded)
+        ([broker("a", 6), broker("b", 5), broker("c", 5)], {}),
+        ([broker("a", 2), broker("b", 1)], {}),
+        # balanced
+        ([broker("a", 4), broker("b", 4)], {}),
+        # one broker: nowhere to go
+        ([broker("a", 10)], {}),
+        # equal stream counts, but one carries all the traffic and the CPU
+        (
+            [broker("a", 4, msgs=4000, cpu=80), broker("b", 4), broker("c", 4)],
+            {("a", "b"): 1, ("a", "c"): 1},
+        ),
+        # noise below the floors (a few msgs/s, a few % CPU) is not load
+        ([broker("a", 4, msgs=30, cpu=3), broker("b", 4, msgs=1, cpu=0.5)], {}),
+    ],
+)
+def test_shedding_moves_streams_from_overloaded_brokers(
+    brokers: list[BrokerLoad], expected: dict[tuple[str, str], int]
+) -> None:
+    assert moved(shed(brokers)) == expected
+
+
+def test_a_pass_moves_at_most_max_streams() -> None:
+    brokers = [broker("a", 40), broker("b", 0)]
+    assert len(shed(brokers)) == 10
+    assert len(shed(brokers, max_streams=3)) == 3
+
+
+def test_a_higher_threshold_tolerates_more() -> None:
+    brokers = [broker("a", 8), broker("b", 4), broker("c", 4)]
+    assert moved(shed(brokers, threshold=0.1)) == {("a", "b"): 1, ("a", "c"): 1}
+    assert shed(brokers, threshold=0.5) == []
+
+
+def test_pinned_and_recently_moved_streams_are_never_shed() -> None:
+    brokers = [broker("a", 3), broker("b", 0)]
+    pins = {"a-0": "a", "a-1": "a"}
+    moves = shed(brokers, pins=pins, owners={"a-0": "a", "a-1": "a"}, recent={"a-2"})
+    assert moves == []
+    moves = shed(brokers, pins=pins, owners={"a-0": "a", "a-1": "a"})
+    assert moves == [Move("a-2", "a", "b", "shed")]
+
+
+def test_a_stream_pinned_elsewhere_moves_to_its_pin() -> None:
+    brokers = [broker("a", 2), broker("b", 2)]
+    moves = shed(brokers, pins={"a-0": "b", "a-1": "gone"}, owners={"a-0": "a", "a-1": "a"})
+    # (a pin to a broker that is not live moves nothing)
+    assert moves == [Move("a-0", "a", "b", "pin")]
+
+
+def test_the_heaviest_stream_that_narrows_the_gap_goes_first() -> None:
+    heavy = BrokerLoad(
+        "a",
+        3,
+        3000,
+        0,
+        0,
+        (StreamLoad("big", 2900), StreamLoad("small", 50), StreamLoad("tiny", 50)),
+    )
+    moves = shed([heavy, broker("b", 3)], max_streams=1)
+    # (moving "big" would leave b the loaded one: the gap narrows only by the others)
+    assert moves == [Move("small", "a", "b", "shed")]
+
+
+def test_loads_are_relative_to_the_cluster_average() -> None:
+    found = loads([broker("a", 8, msgs=1000), broker("b", 8, msgs=1000)])
+    assert found["a"] == pytest.approx(found["b"])
+    assert found["a"] == pytest.approx(0.75)  # (CPU below its floor: 0)
+
+
+@pytest.mark.parametrize(
+    ("placement", "prefer", "expected"),
+    [
+        (Placement(), None, "c"),  # the least loaded
+        (Placement(), "b", "c"),  # the asker only when as little loaded
+        (Placement(), "c", "c"),
+        (Placement(pinned_to="a"), "c", "a"),  # its pin, however loaded
+        (Placement(pinned_to="gone"), None, "c"),  # a pin that is not live: as usual
+        (Placement(moved_to="b"), "c", "b"),  # where the leader moves it
+        (Placement(moved_to="gone", moved_from=frozenset({"c"})), "c", "b"),  # not back
+        (Placement(pinned_to="b", moved_to="c"), None, "b"),
+    ],
+)
+def test_a_lookup_assigns_by_pin_move_and_load(
+    placement: Placement, prefer: str | None, expected: str
+) -> None:
+    brokers = [broker("a", 9), broker("b", 5), broker("c", 1)]
+    assert assign(brokers, placement, prefer) == expected
+
+
+def test_nothing_to_assign_to() -> None:
+    assert assign([]) is None
+    assert assign([broker("a", 3)], Placement(moved_from=frozenset({"a"}))) == "a"
+
+
+def test_a_registration_without_a_load_report_decodes_with_defaults() -> None:
+    old = b'{"broker_id": "b1", "address": "h:1", "owned": 3, "pid": 7}'
+    info = BrokerInfo.decode(old)
+    assert (info.owned, info.reported, info.msgs_in_rate, info.stream_rates) == (3, 0.0, 0.0, ())
+    reported = BrokerInfo("b1", "h:1", 2, msgs_in_rate=5.0, stream_rates=(("s", 5.0, 50.0),))
+    again = BrokerInfo.decode(reported.encode())
+    assert again == reported
+    assert broker_load(again) == BrokerLoad("b1", 2, 5.0, 0.0, 0.0, (StreamLoad("s", 5.0, 50.0),))
+
+
+def test_a_move_request_round_trips() -> None:
+    request = MoveRequest("s", "a", "b", 12.5, "pin")
+    assert MoveRequest.decode(request.encode()) == request
