@@ -1,0 +1,193 @@
+"""A broker's part in balancing the stream service (Pulsar's load manager; the rules
+are streamlib/protocol/load.py's): it reports its load every report interval; it
+campaigns to lead, and the leader runs a shedding pass every shed interval -- asking
+the owners of the streams to move (brokers/moves/STREAM); and it unloads the streams
+it is asked to move (its dedup snapshot written, as `unload` does), which their next
+lookup assigns to the target. Its tasks are held by it and stopped with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from metadata.errors import MetadataError
+from metadata.services.broker_moves import LoadManagerElection, MoveRequest, StreamMoves
+from metadata.services.broker_pins import BrokerPins
+from streamlib.broker.load import DEFAULT_REPORT_INTERVAL_S, LoadMeter, broker_load
+from streamlib.protocol.errors import StreamlibError
+from streamlib.protocol.load import DEFAULT_MAX_STREAMS, DEFAULT_THRESHOLD, Placement, shed
+from streamlib.tasks import HeldTasks
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHED_INTERVAL_S = 60.0  # Pulsar's loadBalancerSheddingIntervalMinutes: 1
+GRACE_INTERVALS = 5  # a moved stream stays put this many shed intervals
+ERROR_BACKOFF_S = 1.0
+
+
+@dataclass(frozen=True)
+class BalanceConfig:
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S
+    shed_interval_s: float = DEFAULT_SHED_INTERVAL_S
+    threshold: float = DEFAULT_THRESHOLD
+    max_streams: int = DEFAULT_MAX_STREAMS  # moved per pass, at most
+    shedding: bool = True  # (False: it reports and follows moves, never leads)
+
+    def __post_init__(self) -> None:
+        for name in ("report_interval_s", "shed_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.threshold >= 0:
+            raise ValueError(f"the shedding threshold must be >= 0, got {self.threshold}")
+        if self.max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
+
+    @property
+    def grace_s(self) -> float:
+        """How long a moved stream is neither moved again nor assigned back to its
+        source (Pulsar's loadBalancerSheddingGracePeriodMinutes)."""
+        return GRACE_INTERVALS * self.shed_interval_s
+
+
+class Balancer:
+    def __init__(self, broker: Any, config: BalanceConfig | None = None) -> None:
+        self.broker = broker
+        self.config = config or BalanceConfig()
+        store = broker.client.store
+        self.meter = LoadMeter()
+        self.moves = StreamMoves(store)
+        self.pins = BrokerPins(store)
+        self.election = LoadManagerElection(store, broker.broker_id)
+        self._tasks = HeldTasks(f"broker {broker.broker_id} balancing")
+        self._moves_changed = asyncio.Event()
+        self.passes = 0  # shedding passes run as leader
+
+    def start(self) -> None:
+        self._tasks.spawn(self._report(), name="load report")
+        self._tasks.spawn(self._follow_moves(), name="moves")
+        if self.config.shedding:
+            self._tasks.spawn(self._lead(), name="load manager")
+
+    async def close(self) -> None:
+        await self._tasks.close()
+        with contextlib.suppress(MetadataError):
+            await self.election.resign()
+
+    # -- the report -----------------------------------------------------------------------
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.report_interval_s)  # (a timer, not a wait)
+            self.meter.measure(self.broker.owned)
+            try:
+                await self.broker.registry.update(self.broker.info)
+            except MetadataError as error:  # (gone: the broker registers again)
+                log.warning("broker %s: load report: %s", self.broker.broker_id, error)
+            self._moves_changed.set()  # (and a look at the moves: a watch may have lapsed)
+
+    # -- the owner's side of a move ----------------------------------------------------------
+
+    async def _follow_moves(self) -> None:
+        watch = self.broker.client.store.watch(self.moves.directory, children=True)
+
+        async def woken() -> None:
+            async for _event in watch:
+                self._moves_changed.set()
+
+        waking = self._tasks.spawn(woken(), name="moves watch")
+        try:
+            while True:
+                await self._moves_changed.wait()
+                self._moves_changed.clear()
+                try:
+                    await self._move_mine()
+                except (MetadataError, StreamlibError) as error:
+                    log.warning("broker %s: moving streams: %s", self.broker.broker_id, error)
+        finally:
+            waking.cancel()
+            await watch.close()
+
+    async def _move_mine(self) -> None:
+        """Unload the streams this broker is asked to move."""
+        me = self.broker.broker_id
+        for request, version in await self.moves.all():
+            if request.done or request.source != me or request.stream not in self.broker.owned:
+                continue
+            log.info("broker %s: moving %s to %s (%s)", me, request.stream, request.target,
+                     request.reason)  # fmt: skip
+            await self.broker.unload(request.stream)
+            await self.moves.mark_done(request, version)
+
+    # -- lookups ------------------------------------------------------------------------
+
+    async def placement(self, stream: str) -> Placement:
+        """What a lookup of `stream` (nobody owns it) weighs besides the loads."""
+        pinned_to = await self.pins.pinned_to(stream)
+        found = await self.moves.get(stream)
+        if found is None or time.time() - found[0].at > self.config.grace_s:
+            return Placement(pinned_to)
+        move = found[0]
+        return Placement(pinned_to, move.target, frozenset({move.source}))
+
+    # -- the leader ---------------------------------------------------------------------
+
+    async def _lead(self) -> None:
+        while True:
+            try:
+                await self.election.campaign()
+                log.info("broker %s leads the load manager", self.broker.broker_id)
+                while self.election.is_leader:
+                    await asyncio.sleep(self.config.shed_interval_s)  # (a timer)
+                    if self.election.is_leader:
+                        await self.shed_once()
+                log.warning("broker %s no longer leads the load manager", self.broker.broker_id)
+                await self.election.resign()
+            except (MetadataError, StreamlibError) as error:
+                log.warning("load manager: %s; again in %.1fs", error, ERROR_BACKOFF_S)
+                with contextlib.suppress(MetadataError):
+                    await self.election.resign()
+                await asyncio.sleep(ERROR_BACKOFF_S)
+
+    async def shed_once(self) -> list[MoveRequest]:
+        """One shedding pass: the moves asked for."""
+        self.passes += 1
+        now = time.time()
+        recent: set[str] = set()
+        for request, version in await self.moves.all():
+            if now - request.at > self.config.grace_s:
+                await self.moves.forget(request, version)
+            else:
+                recent.add(request.stream)
+        live = await self.broker.registry.live()
+        if any(info.reported == 0 for info in live):
+            return []  # (a broker that has not reported yet: its load is not known)
+        pins = await self.pins.pins()
+        owners: dict[str, str] = {}
+        for stream in pins:
+            if stream in recent:
+                continue
+            owner = await self.broker.registry.owner(stream)
+            if owner is not None:
+                owners[stream] = owner.broker_id
+        decided = shed(
+            [broker_load(info) for info in live],
+            threshold=self.config.threshold,
+            max_streams=self.config.max_streams,
+            pins={s: b for s, b in pins.items() if s not in recent},
+            owners=owners,
+            recent=recent,
+        )
+        asked: list[MoveRequest] = []
+        for move in decided:
+            request = MoveRequest(move.stream, move.source, move.target, now, move.reason)
+            if await self.moves.request(request):
+                asked.append(request)
+        if asked:
+            log.info("load manager: moving %s",
+                     ", ".join(f"{r.stream} {r.source}->{r.target}" for r in asked))  # fmt: skip
+        return asked
