@@ -7,6 +7,7 @@ and the leader does not move it again."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 
@@ -23,6 +24,7 @@ class MoveRequest:
     at: float  # wall-clock time of the request
     reason: str = "shed"
     done: bool = False  # the source unloaded it
+    done_at: float = 0.0  # when (wall clock)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -38,6 +40,7 @@ class MoveRequest:
                 float(raw["at"]),
                 str(raw.get("reason", "shed")),
                 bool(raw.get("done", False)),
+                float(raw.get("done_at", 0.0)),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidValueError(f"not a move request: {data[:80]!r}") from error
@@ -101,8 +104,8 @@ class StreamMoves(Service):
                 found.append(request)
         return found
 
-    async def mark_done(self, move: MoveRequest, version: int) -> None:
-        done = MoveRequest(move.stream, move.source, move.target, move.at, move.reason, True)
+    async def mark_done(self, move: MoveRequest, version: int, now: float) -> None:
+        done = dataclasses.replace(move, done=True, done_at=now)
         try:
             await self.store.set(self._move_path(move.stream), done.encode(), version=version)
         except (NoNodeError, BadVersionError):

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 DEFAULT_SHED_INTERVAL_S = 60.0  # Pulsar's loadBalancerSheddingIntervalMinutes: 1
 GRACE_INTERVALS = 5  # a moved stream stays put this many shed intervals
 ERROR_BACKOFF_S = 1.0
+# A stream moved away is not owned again by its source for this long: a client that
+# looked it up while the source still held its lease comes back there, and must look
+# it up again -- its next lookup sees the move.
+REFUSE_AFTER_MOVE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,8 @@ class Balancer:
                 continue
             log.info("broker %s: moving %s to %s (%s)", me, request.stream, request.target,
                      request.reason)  # fmt: skip
-            await self.broker.unload(request.stream)
-            await self.moves.mark_done(request, version)
+            await self.broker.unload(request.stream, refuse_s=REFUSE_AFTER_MOVE_S)
+            await self.moves.mark_done(request, version, time.time())
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -154,22 +158,24 @@ class Balancer:
                 await asyncio.sleep(ERROR_BACKOFF_S)
 
     async def shed_once(self) -> list[MoveRequest]:
-        """One shedding pass: the moves asked for."""
+        """One shedding pass: the moves asked for (none while the last ones are not
+        settled: see settled())."""
         self.passes += 1
         now = time.time()
-        recent: set[str] = set()
+        recent: list[MoveRequest] = []
         for request, version in await self.moves.all():
             if now - request.at > self.config.grace_s:
                 await self.moves.forget(request, version)
             else:
-                recent.add(request.stream)
+                recent.append(request)
         live = await self.broker.registry.live()
-        if any(info.reported == 0 for info in live):
-            return []  # (a broker that has not reported yet: its load is not known)
+        if not settled(recent, [info.reported for info in live], now, self.config):
+            return []
         pins = await self.pins.pins()
         owners: dict[str, str] = {}
+        moved = {request.stream for request in recent}
         for stream in pins:
-            if stream in recent:
+            if stream in moved:
                 continue
             owner = await self.broker.registry.owner(stream)
             if owner is not None:
@@ -178,9 +184,9 @@ class Balancer:
             [broker_load(info) for info in live],
             threshold=self.config.threshold,
             max_streams=self.config.max_streams,
-            pins={s: b for s, b in pins.items() if s not in recent},
+            pins={s: b for s, b in pins.items() if s not in moved},
             owners=owners,
-            recent=recent,
+            recent=moved,
         )
         asked: list[MoveRequest] = []
         for move in decided:
@@ -191,3 +197,19 @@ class Balancer:
             log.info("load manager: moving %s",
                      ", ".join(f"{r.stream} {r.source}->{r.target}" for r in asked))  # fmt: skip
         return asked
+
+
+def settled(
+    recent: list[MoveRequest], reported: list[float], now: float, config: BalanceConfig
+) -> bool:
+    """Whether the reports show the cluster as the last moves left it: every move done
+    (or older than a pass: its source no longer owned the stream), and every broker's
+    report measured over a whole interval after the last one was. (Otherwise the leader
+    would weigh the rates of streams that already left, and shed again.) A broker that
+    has not reported yet (just started; or one that does not report) holds the pass."""
+    if any(at == 0 for at in reported):
+        return False
+    if any(not r.done and now - r.at < config.shed_interval_s for r in recent):
+        return False
+    last_done = max((r.done_at for r in recent if r.done), default=0.0)
+    return all(at >= last_done + config.report_interval_s for at in reported)

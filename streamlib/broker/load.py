@@ -1,6 +1,7 @@
 """A broker's load report: what it measures of its streams and its process, and turns
 into the rates its registration carries every --load-report-interval seconds
 (metadata/services/brokers.py BrokerInfo; streamlib/protocol/load.py weighs them).
+Rates are over the last interval; the CPU is smoothed over several (CPU_HISTORY).
 
 The counting is an integer add per entry published or handed to a consumer (Traffic,
 kept by each OwnedStream and its dispatchers); the rates are differences of the counts
@@ -18,6 +19,10 @@ from streamlib.protocol.load import BrokerLoad, StreamLoad
 
 DEFAULT_REPORT_INTERVAL_S = 10.0  # Pulsar reports every loadBalancerReportUpdateMinIntervalMillis
 MAX_REPORTED_STREAMS = 100  # the busiest streams named in the report (what may be shed)
+# The CPU reported is smoothed over the intervals (a garbage collection, a snapshot, a
+# neighbour on a shared host make one interval's noisy): this much of it is the last
+# report's. (Pulsar smooths its brokers' usage so: loadBalancerHistoryResourcePercentage.)
+CPU_HISTORY = 0.75
 
 
 @dataclass
@@ -71,6 +76,8 @@ class LoadMeter:
             last[stream] = (traffic, *counts)
         rates.sort(key=lambda r: (-r[1], -r[2], r[0]))
         cpu_percent = 100.0 * max(0.0, cpu - self._last_cpu) / elapsed
+        if self.report.reported:
+            cpu_percent = CPU_HISTORY * self.report.cpu_percent + (1 - CPU_HISTORY) * cpu_percent
         self._last, self._last_time, self._last_cpu = last, now, cpu
         self.report = Report(
             round(totals[0] / elapsed, 3),

@@ -98,6 +98,9 @@ class Broker:
         # does not connect to the same owner again for ALIVE_FOR_S.
         self._alive: dict[str, float] = {}
         self.balancer = Balancer(self, balance)
+        # Streams moving to another broker (stream -> loop time): not owned here again
+        # until then -- a client that looked one up before its lease went comes here.
+        self._leaving: dict[str, float] = {}
 
     @property
     def info(self) -> BrokerInfo:
@@ -280,6 +283,10 @@ class Broker:
     async def _acquire(self, stream: str) -> OwnedStream:
         """The lease (the stream must exist: the caller created it if it may). The
         writer's takeover waits for the first producer (OwnedStream.ensure_writer)."""
+        loop = asyncio.get_running_loop()
+        if self._leaving.get(stream, 0.0) > loop.time():
+            raise NotOwnerError(f"stream {stream!r} is moving to another broker: look it up")
+        self._leaving.pop(stream, None)
         await self.client.streams.read(stream)  # (NoSuchStream, bad names: before the lease)
         if not await self.registry.try_own(stream, self.lease_info):
             owner = await self.registry.owner(stream)
@@ -312,10 +319,17 @@ class Broker:
             await self.registry.release(stream, self.info)
         await self._update_load()
 
-    async def unload(self, stream: str) -> bool:
+    async def unload(self, stream: str, refuse_s: float = 0.0) -> bool:
+        """Give the stream up (its dedup snapshot written first); refuse_s: and do not
+        own it again for that long (it moves to another broker)."""
         owned = self.owned.get(stream)
         if owned is None:
             return False
+        if refuse_s > 0:
+            now = asyncio.get_running_loop().time()
+            if len(self._leaving) > 1000:  # (bounded: those past go)
+                self._leaving = {s: t for s, t in self._leaving.items() if t > now}
+            self._leaving[stream] = now + refuse_s
         await owned.write_snapshot()  # the next owner scans less
         await self._drop(stream, owned, StreamGone(f"stream {stream!r} was unloaded"))
         return True

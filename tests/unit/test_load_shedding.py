@@ -7,6 +7,7 @@ import pytest
 
 from metadata.services.broker_moves import MoveRequest
 from metadata.services.brokers import BrokerInfo
+from streamlib.broker.balance import BalanceConfig, settled
 from streamlib.broker.load import broker_load
 from streamlib.protocol.load import BrokerLoad, Move, Placement, StreamLoad, assign, loads, shed
 
@@ -146,3 +147,26 @@ def test_a_registration_without_a_load_report_decodes_with_defaults() -> None:
 def test_a_move_request_round_trips() -> None:
     request = MoveRequest("s", "a", "b", 12.5, "pin")
     assert MoveRequest.decode(request.encode()) == request
+
+
+CONFIG = BalanceConfig(report_interval_s=1.0, shed_interval_s=2.0)
+
+
+@pytest.mark.parametrize(
+    ("recent", "reported", "expected"),
+    [
+        ([], [100.0, 100.0], True),
+        ([], [100.0, 0.0], False),  # a broker that has not reported yet
+        # a move not done yet (and younger than a pass): its rates would mislead
+        ([MoveRequest("s", "a", "b", 99.0)], [100.0, 100.0], False),
+        # ... older than a pass: its source no longer owned it; it holds nothing up
+        ([MoveRequest("s", "a", "b", 97.0)], [100.0, 100.0], True),
+        # done, but a report does not cover a whole interval after it yet
+        ([MoveRequest("s", "a", "b", 98.0, done=True, done_at=99.5)], [100.0, 100.0], False),
+        ([MoveRequest("s", "a", "b", 98.0, done=True, done_at=99.0)], [100.0, 100.0], True),
+    ],
+)
+def test_a_pass_waits_until_the_reports_show_the_last_moves(
+    recent: list[MoveRequest], reported: list[float], expected: bool
+) -> None:
+    assert settled(recent, reported, 100.0, CONFIG) is expected
