@@ -62,6 +62,6 @@ def print_load(live: list[Any], leader: str | None, as_json: bool) -> None:
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     if leader:
         print("(* leads the load manager; LOAD 1.0: an average broker of a busy cluster)")
