@@ -95,6 +95,11 @@ def same_process(a: BrokerInfo, b: BrokerInfo) -> bool:
 
 
 class BrokerRegistry(Service):
+    @property
+    def live_directory(self) -> str:
+        """Where live brokers register (watch its children for brokers that come and go)."""
+        return self.path("brokers", "available")
+
     def _live_path(self, broker_id: str) -> str:
         return self.path("brokers", "available", validate_name("broker", broker_id))
 

@@ -146,7 +146,7 @@ class Balancer:
                 await self.election.campaign()
                 log.info("broker %s leads the load manager", self.broker.broker_id)
                 while self.election.is_leader:
-                    await asyncio.sleep(self.config.shed_interval_s)  # (a timer)
+                    await self._until_next_pass()
                     if self.election.is_leader:
                         await self.shed_once()
                 log.warning("broker %s no longer leads the load manager", self.broker.broker_id)
@@ -156,6 +156,27 @@ class Balancer:
                 with contextlib.suppress(MetadataError):
                     await self.election.resign()
                 await asyncio.sleep(ERROR_BACKOFF_S)
+
+    async def _until_next_pass(self) -> None:
+        """A shed interval -- or less when a broker joins: a pass once it has reported
+        (so a broker started in a loaded cluster gets streams within about one report
+        interval of the leader seeing it, not a whole shed interval later)."""
+        watch = self.broker.client.store.watch(self.broker.registry.live_directory, children=True)
+        try:
+            known = {info.broker_id for info in await self.broker.registry.live()}
+            async with asyncio.timeout(self.config.shed_interval_s):
+                while True:
+                    await watch.__anext__()
+                    now = {info.broker_id for info in await self.broker.registry.live()}
+                    if now - known:
+                        break
+                    known = now
+            # (a timer: the newcomer's first report, a whole interval after it joined)
+            await asyncio.sleep(1.5 * self.config.report_interval_s)
+        except TimeoutError:
+            pass  # (the interval is up)
+        finally:
+            await watch.close()
 
     async def shed_once(self) -> list[MoveRequest]:
         """One shedding pass: the moves asked for (none while the last ones are not

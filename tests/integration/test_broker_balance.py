@@ -145,6 +145,8 @@ async def test_a_new_broker_receives_streams_and_nothing_is_lost_or_duplicated(c
         await eventually("the stream pinned to the new broker is there", at_its_pin)
         counts = {s: len(sent[s]) for s in names}
         await eventually("every stream takes messages again", _all_sent(sent, 5, counts))
+        assert "was not pinned" not in await admin(cluster, "unpin", elsewhere)
+        assert elsewhere not in await admin(cluster, "pins")
     finally:
         stop.set()
         await asyncio.gather(*publishing)
