@@ -3,8 +3,8 @@ metadata store, the streams it owns (owned.py) and giving them up. The core any 
 front end serves (server.py: the gRPC one).
 
 Ownership: a lease per stream in the metadata store (metadata/services/brokers.py). A
-stream nobody owns goes to its pin, or the least loaded live broker (lookup;
-balance.py and streamlib/protocol/load.py: the load reports, the leader's shedding); that broker
+stream nobody owns goes to its pin, or to the least loaded live broker (lookup; the load
+reports and the leader's shedding: balance.py, streamlib/protocol/load.py); that broker
 takes the lease, then the stream over by fencing, and only then serves it. A broker
 whose session expires loses its leases and stops serving; if it still runs unaware
 (SIGSTOP, a partition), the next owner's fencing makes its writes fail: it can
