@@ -178,3 +178,24 @@ def _all_sent(
         return all(len(m) >= (since or {}).get(s, 0) + more for s, m in sent.items())
 
     return check
+
+
+async def test_a_broker_that_joins_gets_streams_without_waiting_for_the_shed_interval(cluster):
+    """The leader runs a pass once a newcomer has reported, not a shed interval later."""
+    cluster.start_bookies(3)
+    slow = ["--load-report-interval", "1", "--load-shed-interval", "600",
+            "--session-timeout", "5"]  # fmt: skip
+    cluster.start_brokers(2, extra=slow)
+    client = await cluster.service_client()
+    registry = BrokerRegistry((await cluster.client()).store)
+    producers = [await client.create_producer(f"bal-{i}") for i in range(8)]
+    for producer in producers:
+        await producer.send(b"before")
+    [third] = cluster.start_brokers(1, extra=slow)
+
+    async def third_owns_some() -> bool:
+        return third.broker_id in (await owners(registry)).values()
+
+    await eventually("the new broker owns a stream", third_owns_some, timeout_s=60)
+    for producer in producers:  # (each follows its stream wherever it went)
+        await asyncio.wait_for(producer.send(b"after"), 60)
