@@ -7,8 +7,9 @@ import pytest
 
 from metadata.services.broker_moves import MoveRequest
 from metadata.services.brokers import BrokerInfo
+from streamlib.broker import load as load_module
 from streamlib.broker.balance import BalanceConfig, settled
-from streamlib.broker.load import broker_load
+from streamlib.broker.load import LoadMeter, Traffic, broker_load
 from streamlib.protocol.load import BrokerLoad, Move, Placement, StreamLoad, assign, loads, shed
 
 
@@ -170,3 +171,31 @@ def test_a_pass_waits_until_the_reports_show_the_last_moves(
     recent: list[MoveRequest], reported: list[float], expected: bool
 ) -> None:
     assert settled(recent, reported, 100.0, CONFIG) is expected
+
+
+class _Owned:
+    def __init__(self) -> None:
+        self.traffic = Traffic()
+
+
+def test_the_meter_reports_rates_over_the_interval_busiest_first(monkeypatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(load_module.time, "monotonic", lambda: clock[0])
+    meter = LoadMeter()
+    owned = {"quiet": _Owned(), "busy": _Owned()}
+    owned["busy"].traffic.msgs_in, owned["busy"].traffic.bytes_in = 100, 10_000
+    owned["busy"].traffic.msgs_out, owned["busy"].traffic.bytes_out = 300, 30_000
+    owned["quiet"].traffic.msgs_in = 10
+    clock[0] += 10
+    report = meter.measure(owned)
+    assert (report.msgs_in_rate, report.msgs_out_rate) == (11.0, 30.0)
+    assert (report.bytes_in_rate, report.bytes_out_rate) == (1000.0, 3000.0)
+    assert report.stream_rates == (("busy", 40.0, 4000.0), ("quiet", 1.0, 0.0))
+    # Next interval: only what came since; a stream owned again counts from its start.
+    owned["busy"].traffic.msgs_in += 50
+    owned["quiet"] = _Owned()
+    owned["quiet"].traffic.msgs_in = 5
+    clock[0] += 5
+    report = meter.measure(owned)
+    assert report.stream_rates == (("busy", 10.0, 0.0), ("quiet", 1.0, 0.0))
+    assert report.msgs_in_rate == 11.0 and report.reported > 0
