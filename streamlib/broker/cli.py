@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import sys
 from typing import Any
 
 from streamlib.broker.access import (
@@ -22,7 +21,7 @@ from streamlib.broker.access import (
 )
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S
-from streamlib.commands.common import positive_float, token_source
+from streamlib.commands.common import fail, positive_float, token_source
 
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
@@ -218,8 +217,8 @@ def _positive(text: str) -> int:
 
 
 def _fail(message: str) -> int:
-    print(message, file=sys.stderr)
-    return 1
+    """One line, as every command's errors (streamlib.commands.common.fail)."""
+    return fail(message)
 
 
 def _run_broker(args: argparse.Namespace) -> int:

@@ -23,7 +23,9 @@ async def run(store: Any, registry: BrokerRegistry, args: argparse.Namespace) ->
     pins = BrokerPins(store)
     if args.action == "pin":
         await pins.pin(args.stream, args.broker_id)
-        print(f"{args.stream}: pinned to {args.broker_id}")
+        live = await registry.registered(args.broker_id) is not None
+        note = "" if live else " (not live now: lookups assign it elsewhere until it is)"
+        print(f"{args.stream}: pinned to {args.broker_id}{note}")
     elif args.action == "unpin":
         was = await pins.unpin(args.stream)
         print(f"{args.stream}: {'unpinned' if was else 'was not pinned'}")
