@@ -147,8 +147,9 @@ class Balancer:
                 log.info("broker %s leads the load manager", self.broker.broker_id)
                 while self.election.is_leader:
                     await self._until_next_pass()
-                    if self.election.is_leader:
-                        await self.shed_once()
+                    # (a pass that must wait for the reports is tried again with the next)
+                    while self.election.is_leader and await self.shed_once() is None:
+                        await asyncio.sleep(self.config.report_interval_s)  # (a timer)
                 log.warning("broker %s no longer leads the load manager", self.broker.broker_id)
                 await self.election.resign()
             except (MetadataError, StreamlibError) as error:
@@ -178,9 +179,9 @@ class Balancer:
         finally:
             await watch.close()
 
-    async def shed_once(self) -> list[MoveRequest]:
-        """One shedding pass: the moves asked for (none while the last ones are not
-        settled: see settled())."""
+    async def shed_once(self) -> list[MoveRequest] | None:
+        """One shedding pass: the moves asked for; None when the reports do not show the
+        last moves yet, or a broker has not reported (settled())."""
         self.passes += 1
         now = time.time()
         recent: list[MoveRequest] = []
@@ -191,7 +192,8 @@ class Balancer:
                 recent.append(request)
         live = await self.broker.registry.live()
         if not settled(recent, [info.reported for info in live], now, self.config):
-            return []
+            log.debug("load manager: pass %d waits for the reports", self.passes)
+            return None
         pins = await self.pins.pins()
         owners: dict[str, str] = {}
         moved = {request.stream for request in recent}
@@ -209,6 +211,8 @@ class Balancer:
             owners=owners,
             recent=moved,
         )
+        log.debug("load manager: pass %d over %d brokers: %d moves", self.passes, len(live),
+                  len(decided))  # fmt: skip
         asked: list[MoveRequest] = []
         for move in decided:
             request = MoveRequest(move.stream, move.source, move.target, now, move.reason)
