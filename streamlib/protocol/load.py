@@ -21,6 +21,11 @@ when it is pinned, or was moved within the grace period (Pulsar's
 loadBalancerSheddingGracePeriodMinutes). A stream pinned to a live broker other than
 its owner is moved there first (counted in the bound too).
 
+Why passes end: a move of weight w from giver g to receiver r with g - r >= 2w lowers the
+sum of the squared loads by 2w(g - r - w) >= 2w^2 > 0, and the highest load never rises,
+so repeated passes settle even without the grace period
+(tests/unit/test_load_shedding.py checks it on random clusters).
+
 A stream's weight on its broker is its share of the broker's load: one stream of the
 streams dimension, its own msgs/s and bytes/s, and the broker's CPU in proportion to
 its msgs (evenly when none); the weights of all of a broker's streams add up to its
