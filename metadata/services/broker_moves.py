@@ -92,13 +92,16 @@ class StreamMoves(Service):
             return None
         return MoveRequest.decode(node.data), node.version
 
-    async def all(self) -> list[tuple[MoveRequest, int]]:
+    async def streams(self) -> list[str]:
+        """The streams with a move request."""
         try:
-            streams = await self.store.children(self.directory)
+            return await self.store.children(self.directory)
         except NoNodeError:
             return []
+
+    async def all(self) -> list[tuple[MoveRequest, int]]:
         found = []
-        for stream in streams:
+        for stream in await self.streams():
             request = await self.get(stream)
             if request is not None:
                 found.append(request)

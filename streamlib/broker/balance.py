@@ -119,7 +119,11 @@ class Balancer:
     async def _move_mine(self) -> None:
         """Unload the streams this broker is asked to move."""
         me = self.broker.broker_id
-        for request, version in await self.moves.all():
+        for stream in await self.moves.streams():
+            found = await self.moves.get(stream) if stream in self.broker.owned else None
+            if found is None:
+                continue  # (not ours: the request is not even read)
+            request, version = found
             if request.done or request.source != me or request.stream not in self.broker.owned:
                 continue
             log.info("broker %s: moving %s to %s (%s)", me, request.stream, request.target,
