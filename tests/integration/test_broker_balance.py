@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from metadata.services.broker_moves import StreamMoves
+from metadata.services.broker_moves import LoadManagerElection, StreamMoves
 from metadata.services.brokers import BrokerRegistry
 from streamlib.stream.positions import EARLIEST
 
@@ -191,15 +191,17 @@ def _all_sent(
 async def test_a_broker_that_joins_gets_streams_without_waiting_for_the_shed_interval(
     any_cluster,
 ):
-    """The leader runs a pass once a newcomer has reported, not a shed interval later
-    (on each real metadata store: the election is kazoo's on ZooKeeper)."""
+    """The leader runs a pass once a newcomer has reported, not a shed interval later;
+    a leader that stops hands the election on (on each real metadata store: the
+    election is kazoo's on ZooKeeper)."""
     cluster = any_cluster
     cluster.start_bookies(3)
     slow = ["--load-report-interval", "1", "--load-shed-interval", "600",
             "--session-timeout", "5"]  # fmt: skip
     cluster.start_brokers(2, extra=slow)
     client = await cluster.service_client()
-    registry = BrokerRegistry((await cluster.client()).store)
+    direct = await cluster.client()
+    registry = BrokerRegistry(direct.store)
     producers = [await client.create_producer(f"bal-{i}") for i in range(8)]
     for producer in producers:
         await producer.send(b"before")
@@ -211,3 +213,16 @@ async def test_a_broker_that_joins_gets_streams_without_waiting_for_the_shed_int
     await eventually("the new broker owns a stream", third_owns_some, timeout_s=60)
     for producer in producers:  # (each follows its stream wherever it went)
         await asyncio.wait_for(producer.send(b"after"), 60)
+
+    # The leader stops (SIGTERM: it gives its streams up and resigns); another leads.
+    election = LoadManagerElection(direct.store, "test")
+    leader = await election.leader()
+    stopping = next(b for b in cluster.brokers if b.broker_id == leader)
+    assert await asyncio.to_thread(stopping.stop) == 0
+
+    async def another_leads() -> bool:
+        return await election.leader() not in (None, leader)
+
+    await eventually("another broker leads", another_leads)
+    for producer in producers:
+        await asyncio.wait_for(producer.send(b"after the leader stopped"), 60)
