@@ -18,6 +18,11 @@ Layout under the root:
     underreplication/ledgers/N  UnderReplicatedLedger; .../locks/N ephemeral;
                                 .../disabled present = auto-recovery disabled
     auditor/election            the auditor's election
+    brokers/available/ID        BrokerInfo (with its load report), ephemeral
+    brokers/owners/STREAM       the stream's lease: its owner's BrokerInfo, ephemeral
+    brokers/leader              the brokers' load manager's election
+    brokers/moves/STREAM        MoveRequest: the load manager moves the stream
+    brokers/pins/STREAM         the broker id the stream is pinned to
 
 Must never import: streamlib or bookie.
 """

@@ -41,6 +41,17 @@ class BrokerInfo:
     incarnation: str = ""
     host: str = ""
     started: int = 0
+    # Its load report (streamlib/broker/load.py; streamlib/protocol/load.py weighs it),
+    # renewed every --load-report-interval: per second over the last interval. Absent
+    # (0) in a lease, and from a broker that does not report.
+    msgs_in_rate: float = 0.0
+    msgs_out_rate: float = 0.0
+    bytes_in_rate: float = 0.0
+    bytes_out_rate: float = 0.0
+    cpu_percent: float = 0.0  # the process's, of one core
+    reported: float = 0.0  # wall-clock time of the report (0: none yet)
+    # Its busiest streams: (stream, msgs/s, bytes/s), in + out -- what may be shed.
+    stream_rates: tuple[tuple[str, float, float], ...] = ()
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -60,6 +71,16 @@ class BrokerInfo:
                 str(raw.get("incarnation", "")),
                 str(raw.get("host", "")),
                 int(raw.get("started", 0)),
+                float(raw.get("msgs_in_rate", 0.0)),
+                float(raw.get("msgs_out_rate", 0.0)),
+                float(raw.get("bytes_in_rate", 0.0)),
+                float(raw.get("bytes_out_rate", 0.0)),
+                float(raw.get("cpu_percent", 0.0)),
+                float(raw.get("reported", 0.0)),
+                tuple(
+                    (str(name), float(msgs), float(size))
+                    for name, msgs, size in raw.get("stream_rates", ())
+                ),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidValueError(f"not a broker registration: {data[:80]!r}") from error
@@ -74,6 +95,11 @@ def same_process(a: BrokerInfo, b: BrokerInfo) -> bool:
 
 
 class BrokerRegistry(Service):
+    @property
+    def live_directory(self) -> str:
+        """Where live brokers register (watch its children for brokers that come and go)."""
+        return self.path("brokers", "available")
+
     def _live_path(self, broker_id: str) -> str:
         return self.path("brokers", "available", validate_name("broker", broker_id))
 

@@ -1,5 +1,5 @@
 """`streamlib broker`: run a broker of the stream service; `streamlib admin broker
-list | unload STREAM`.
+list | load | owner STREAM | unload STREAM | pin STREAM BROKER_ID | unpin STREAM | pins`.
 
 The broker prints one line when it serves: ``broker ID listening on HOST:PORT``.
 """
@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import sys
 from typing import Any
 
 from streamlib.broker.access import (
@@ -22,7 +21,7 @@ from streamlib.broker.access import (
 )
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S
-from streamlib.commands.common import positive_float, token_source
+from streamlib.commands.common import fail, positive_float, token_source
 
 Subparsers = Any
 _FOLLOWING: set[asyncio.Task[None]] = set()
@@ -116,13 +115,18 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         )
     _pulsar_arguments(serve)
     _pulsar_admin_arguments(serve)
+    _balance_arguments(serve)
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
     serve.set_defaults(run=_run_broker)
 
     admin = admin_commands.add_parser("broker", help="the stream service's brokers")
-    admin.add_argument("action", choices=["list", "unload", "owner"])
-    admin.add_argument("stream", nargs="?", help="the stream (unload, owner)")
+    admin.add_argument(
+        "action", choices=["list", "load", "unload", "owner", "pin", "unpin", "pins"]
+    )
+    admin.add_argument("stream", nargs="?", help="the stream (unload, owner, pin, unpin)")
+    admin.add_argument("broker_id", nargs="?", help="the broker to pin the stream to (pin)")
+    admin.add_argument("--json", action="store_true", help="load: one JSON object a broker")
     admin.add_argument("--metadata", default=os.environ.get("STREAMLIB_METADATA"), required=False)
     admin.set_defaults(run=_run_admin)
 
@@ -137,6 +141,52 @@ def _pulsar_arguments(serve: argparse.ArgumentParser) -> None:
         help="serve Pulsar's binary protocol on this port too (the bare flag: "
         f"{PULSAR_PORT}; 0: any free one): the official Pulsar clients connect unmodified "
         "(pulsar://, or pulsar+ssl:// when the broker has --tls-cert)",
+    )
+
+
+def _balance_arguments(serve: argparse.ArgumentParser) -> None:
+    from streamlib.broker.balance import DEFAULT_SHED_INTERVAL_S, BalanceConfig
+
+    defaults = BalanceConfig()
+    serve.add_argument(
+        "--load-report-interval",
+        type=positive_float,
+        default=defaults.report_interval_s,
+        metavar="SECONDS",
+        help="renew this broker's load report (streams, msgs/s, bytes/s, CPU) this often "
+        f"(default {defaults.report_interval_s:g})",
+    )
+    serve.add_argument(
+        "--load-shed-interval",
+        type=positive_float,
+        default=DEFAULT_SHED_INTERVAL_S,
+        metavar="SECONDS",
+        help="the elected load manager's shedding pass runs this often (Pulsar's "
+        f"loadBalancerSheddingIntervalMinutes; default {DEFAULT_SHED_INTERVAL_S:g}); a moved "
+        "stream stays where it went for 5 passes",
+    )
+    serve.add_argument(
+        "--load-shed-threshold",
+        type=float,
+        default=defaults.threshold,
+        metavar="FRACTION",
+        help="a broker whose load is above the cluster's average by more than this sheds "
+        f"streams (1.0: an average broker's load; default {defaults.threshold:g}, as Pulsar's "
+        "ThresholdShedder's 10 %%)",
+    )
+    serve.add_argument(
+        "--load-shed-max-streams",
+        type=_positive,
+        default=defaults.max_streams,
+        metavar="N",
+        help=f"streams moved per shedding pass, at most (default {defaults.max_streams})",
+    )
+    serve.add_argument(
+        "--load-shedding",
+        choices=["true", "false"],
+        default="true",
+        help="whether this broker campaigns to run the shedding passes (Pulsar's "
+        "loadBalancerSheddingEnabled; default true)",
     )
 
 
@@ -167,8 +217,8 @@ def _positive(text: str) -> int:
 
 
 def _fail(message: str) -> int:
-    print(message, file=sys.stderr)
-    return 1
+    """One line, as every command's errors (streamlib.commands.common.fail)."""
+    return fail(message)
 
 
 def _run_broker(args: argparse.Namespace) -> int:
@@ -220,6 +270,15 @@ async def _serve(args: argparse.Namespace) -> int:
         **({"token": args.token} if args.token else {}),
     )
     budgets = Budgets(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Budgets)})
+    from streamlib.broker.balance import BalanceConfig
+
+    balance = BalanceConfig(
+        report_interval_s=args.load_report_interval,
+        shed_interval_s=args.load_shed_interval,
+        threshold=args.load_shed_threshold,
+        max_streams=args.load_shed_max_streams,
+        shedding=args.load_shedding == "true",
+    )
     broker = Broker(
         client,
         args.broker_id or address,
@@ -228,6 +287,7 @@ async def _serve(args: argparse.Namespace) -> int:
         budgets=budgets,
         dedup_inactivity_timeout_s=args.dedup_inactivity_timeout,
         dedup_snapshot_interval_s=args.dedup_snapshot_interval,
+        balance=balance,
     )
     access = await _access_control(args, client)
     limits = SessionLimits(args.max_sessions, args.max_sessions_per_principal)
@@ -362,8 +422,10 @@ def _run_admin(args: argparse.Namespace) -> int:
 
     if not args.metadata:
         return _fail("give --metadata URI (or set STREAMLIB_METADATA)")
-    if args.action in ("unload", "owner") and not args.stream:
+    if args.action in ("unload", "owner", "pin", "unpin") and not args.stream:
         return _fail(f"admin broker {args.action} needs a STREAM")
+    if args.action == "pin" and not args.broker_id:
+        return _fail("admin broker pin needs a STREAM and a BROKER_ID")
     try:
         return asyncio.run(_admin(args))
     except (StreamlibError, MetadataError, ValueError, OSError) as exc:
@@ -384,6 +446,10 @@ async def _admin(args: argparse.Namespace) -> int:
                 print(json.dumps({"broker_id": info.broker_id, "address": info.address,
                                   "owned": info.owned, "pid": info.pid}))  # fmt: skip
             return 0
+        if args.action in ("load", "pin", "unpin", "pins"):
+            from streamlib.broker.load_admin import run
+
+            return await run(store, registry, args)
         owner = await registry.owner(args.stream)
         if args.action == "owner":
             print(owner.broker_id + " " + owner.address if owner else "none")

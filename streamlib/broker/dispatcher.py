@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamlib.broker.access import Budgets
+from streamlib.broker.load import Traffic
 from streamlib.broker.sessions import ConsumerSession, Done, StreamGone
 from streamlib.closing import CloseOnce
 from streamlib.protocol.dispatch import ConsumerBusy, Kind, Pending, key_slot
@@ -63,8 +64,10 @@ class SubscriptionDispatcher:
         nack_delay_s: float,
         on_fail: Callable[[SubscriptionDispatcher, BaseException], None] | None = None,
         budgets: Budgets | None = None,
+        traffic: Traffic | None = None,
     ) -> None:
         self.inner = inner
+        self.traffic = traffic or Traffic()  # (what it hands out: the load report)
         self.source: Any = inner.source  # (a DirectSubscription: entries, ranges)
         self.dispatch = (budgets or Budgets()).dispatch(kind)
         self.sessions: dict[int, ConsumerSession] = {}
@@ -317,7 +320,10 @@ class SubscriptionDispatcher:
         """Hand out what the rules allow: to each consumer, an entry once however many
         of its parts (key_shared's slots) go to it together."""
         grouped: dict[int, dict[tuple[int, int, int], Handed]] = collections.defaultdict(dict)
+        traffic = self.traffic
         for cid, pending in self.dispatch.deliveries():
+            traffic.msgs_out += pending.count
+            traffic.bytes_out += pending.size
             handed = pending.ref
             handed.cid = cid
             entry = handed.entry

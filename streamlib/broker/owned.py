@@ -25,6 +25,7 @@ from typing import Any
 from streamlib.broker import dedup_store
 from streamlib.broker.dedup import MAX_NAME_CHARS, Dedup
 from streamlib.broker.dispatcher import SubscriptionDispatcher
+from streamlib.broker.load import Traffic
 from streamlib.broker.sessions import ConsumerSession, Done, ProducerSession, StreamGone
 from streamlib.protocol.dispatch import Kind
 from streamlib.protocol.errors import (
@@ -83,6 +84,7 @@ class OwnedStream:
         self._taking_over = asyncio.Lock()
         self._next_snapshot_at = 0.0  # (the loop's clock)
         self.tasks = HeldTasks(f"stream {stream!r}")  # (snapshots, wake-ups, closes)
+        self.traffic = Traffic()  # (counted per entry: the broker's load report)
 
     async def ensure_writer(self) -> None:
         """Take the stream over as its writer, once (its first producer's open waits for
@@ -269,6 +271,8 @@ class OwnedStream:
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         count = len(decoded.payloads)  # (the closure below keeps no decoded payload alive)
         del decoded
+        self.traffic.msgs_in += count
+        self.traffic.bytes_in += len(send.entry)
         self._in_flight += 1
 
         def written(done: asyncio.Future[tuple[int, int]]) -> None:
@@ -428,6 +432,7 @@ class OwnedStream:
                     nack_delay_ms / 1000.0,
                     on_fail=self._dispatcher_failed,
                     budgets=self.broker.budgets,
+                    traffic=self.traffic,
                 )
                 self.subscriptions[subscription] = dispatcher
             if resume and name:

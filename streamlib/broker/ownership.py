@@ -3,7 +3,8 @@ metadata store, the streams it owns (owned.py) and giving them up. The core any 
 front end serves (server.py: the gRPC one).
 
 Ownership: a lease per stream in the metadata store (metadata/services/brokers.py). A
-stream nobody owns goes to the live broker owning the fewest (lookup); that broker
+stream nobody owns goes to its pin, or to the least loaded live broker (lookup; the load
+reports and the leader's shedding: balance.py, streamlib/protocol/load.py); that broker
 takes the lease, then the stream over by fencing, and only then serves it. A broker
 whose session expires loses its leases and stops serving; if it still runs unaware
 (SIGSTOP, a partition), the next owner's fencing makes its writes fail: it can
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -21,12 +23,15 @@ from typing import Any
 from metadata.services.brokers import BrokerInfo, BrokerRegistry, same_process
 from streamlib import liveness
 from streamlib.broker.access import Budgets, ByteBudget
+from streamlib.broker.balance import BalanceConfig, Balancer
 from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
+from streamlib.broker.load import broker_load
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S, OwnedStream
 from streamlib.broker.sessions import StreamGone
 from streamlib.protocol.errors import (
     StreamlibError,
 )
+from streamlib.protocol.load import assign
 from streamlib.protocol.ownership import Evidence, Incarnation, Probe, owner_gone
 from streamlib.retry import registration
 from streamlib.tasks import HeldTasks
@@ -57,6 +62,7 @@ class Broker:
         budgets: Budgets | None = None,
         dedup_inactivity_timeout_s: float = INACTIVITY_TIMEOUT_S,
         dedup_snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
+        balance: BalanceConfig | None = None,
     ) -> None:
         if not dedup_inactivity_timeout_s > 0:
             raise ValueError(
@@ -91,9 +97,29 @@ class Broker:
         # Owners found alive lately (incarnation -> loop time of the probe): a lookup
         # does not connect to the same owner again for ALIVE_FOR_S.
         self._alive: dict[str, float] = {}
+        self.balancer = Balancer(self, balance)
+        # Streams moving to another broker (stream -> loop time): not owned here again
+        # until then -- a client that looked one up before its lease went comes here.
+        self._leaving: dict[str, float] = {}
 
     @property
     def info(self) -> BrokerInfo:
+        """Its registration: who it is, and its last load report."""
+        report = self.balancer.meter.report
+        return dataclasses.replace(
+            self.lease_info,
+            msgs_in_rate=report.msgs_in_rate,
+            msgs_out_rate=report.msgs_out_rate,
+            bytes_in_rate=report.bytes_in_rate,
+            bytes_out_rate=report.bytes_out_rate,
+            cpu_percent=report.cpu_percent,
+            reported=report.reported,
+            stream_rates=report.stream_rates,
+        )
+
+    @property
+    def lease_info(self) -> BrokerInfo:
+        """What its leases hold: who it is (no load report: a lease is written once)."""
         return BrokerInfo(
             self.broker_id,
             self.address,
@@ -124,6 +150,7 @@ class Broker:
         await registration(session_timeout_s).run(f"broker {self.broker_id}: registering", register)
         self.client.store.add_session_listener(self._on_session)
         self._spawn(self._keep_registered())
+        self.balancer.start()
 
     async def _keep_registered(self) -> None:
         """Register again whenever the registration is gone while the session lives: a
@@ -181,11 +208,13 @@ class Broker:
                 if not await self._evict_if_gone(stream, owner, epoch):
                     return owner
                 continue
-            live = await self.registry.live()
-            if not live:
-                return self.info
-            least = min(live, key=lambda b: (b.owned, b.broker_id))
-            if least.broker_id == self.broker_id or least.owned >= len(self.owned):
+            # (this broker, as it is now rather than as last written: a candidate too)
+            live = {b.broker_id: b for b in await self.registry.live()}
+            live[self.broker_id] = self.info
+            placement = await self.balancer.placement(stream)
+            chosen = assign(map(broker_load, live.values()), placement, prefer=self.broker_id)
+            least = live[chosen or self.broker_id]
+            if least.broker_id == self.broker_id:
                 self._start_owning(stream)
                 return self.info
             if not await self._evict_if_gone(None, least, -1):
@@ -254,8 +283,12 @@ class Broker:
     async def _acquire(self, stream: str) -> OwnedStream:
         """The lease (the stream must exist: the caller created it if it may). The
         writer's takeover waits for the first producer (OwnedStream.ensure_writer)."""
+        loop = asyncio.get_running_loop()
+        if self._leaving.get(stream, 0.0) > loop.time():
+            raise NotOwnerError(f"stream {stream!r} is moving to another broker: look it up")
+        self._leaving.pop(stream, None)
         await self.client.streams.read(stream)  # (NoSuchStream, bad names: before the lease)
-        if not await self.registry.try_own(stream, self.info):
+        if not await self.registry.try_own(stream, self.lease_info):
             owner = await self.registry.owner(stream)
             where = owner.address if owner is not None else "(released meanwhile)"
             raise NotOwnerError(f"stream {stream!r} is owned by broker at {where}")
@@ -286,16 +319,24 @@ class Broker:
             await self.registry.release(stream, self.info)
         await self._update_load()
 
-    async def unload(self, stream: str) -> bool:
+    async def unload(self, stream: str, refuse_s: float = 0.0) -> bool:
+        """Give the stream up (its dedup snapshot written first); refuse_s: and do not
+        own it again for that long (it moves to another broker)."""
         owned = self.owned.get(stream)
         if owned is None:
             return False
+        if refuse_s > 0:
+            now = asyncio.get_running_loop().time()
+            if len(self._leaving) > 1000:  # (bounded: those past go)
+                self._leaving = {s: t for s, t in self._leaving.items() if t > now}
+            self._leaving[stream] = now + refuse_s
         await owned.write_snapshot()  # the next owner scans less
         await self._drop(stream, owned, StreamGone(f"stream {stream!r} was unloaded"))
         return True
 
     async def close(self) -> None:
         self.closed = True
+        await self.balancer.close()
         for stream, owned in list(self.owned.items()):
             await owned.write_snapshot()
             await self._drop(stream, owned, StreamGone(f"broker {self.broker_id} stopped"))

@@ -1009,7 +1009,7 @@ class _Producer(_Session):
             sequence_id, highest, outcome, size = await self._pending.get()
             if isinstance(outcome, asyncio.Future):
                 try:
-                    outcome = await outcome
+                    outcome = await asyncio.shield(outcome)  # (see server.py _settle)
                 except Exception as failed:
                     outcome = StreamGone(f"the stream's writer failed: {failed}")
             self.held.give_back(size)

@@ -393,7 +393,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                     continue
                 duplicate = not isinstance(outcome, asyncio.Future)
                 try:
-                    where = outcome if duplicate else await outcome
+                    # (shielded: a session that ends must not cancel the write's future --
+                    # the stream's dedup keeps it for a resend of the same message)
+                    where = outcome if duplicate else await asyncio.shield(outcome)
                 except Exception as error:  # the write failed: not this entry's fault
                     if batch.receipts:
                         await receipts.put(pb.ProduceResponse(receipts=batch))

@@ -275,3 +275,20 @@ def test_streams_administration_through_a_broker_and_what_needs_direct_mode(sand
                     ("admin", "cursors", "peek", "via-broker-partition-0", "s")):  # fmt: skip
         refused = run_cli(*command, metadata=url)
         assert_one_line_error(refused, "needs direct mode", "not the stream service's brokers")
+
+
+def test_broker_load_and_pins(uri: str) -> None:
+    table = run_cli("admin", "broker", "load", metadata=uri)
+    assert table.code == 0, table
+    assert table.lines[0].split()[:3] == ["BROKER", "STREAMS", "MSGS_IN/S"]
+    reports = [json.loads(line) for line in run_cli(
+        "admin", "broker", "load", "--json", metadata=uri).lines]  # fmt: skip
+    assert len(reports) == len(table.lines) - 2  # (the header, and the leader's note)
+    assert all({"broker_id", "streams", "cpu_percent", "load"} <= set(r) for r in reports)
+
+    pinned = run_cli("admin", "broker", "pin", "orders", "no-such-broker", metadata=uri)
+    assert pinned.code == 0 and "not live now" in pinned.out, pinned
+    assert "orders no-such-broker" in run_cli("admin", "broker", "pins", metadata=uri).lines
+    assert "unpinned" in run_cli("admin", "broker", "unpin", "orders", metadata=uri).out
+    assert run_cli("admin", "broker", "pins", metadata=uri).lines == []
+    assert_one_line_error(run_cli("admin", "broker", "pin", "orders", metadata=uri), "BROKER_ID")
