@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -133,11 +134,14 @@ def _publish_task(
     if context is None:
         raise BadRequestError("the sink's write() runs in a Spark task")
     partition = context.partitionId()
+    first = next(rows, None)
+    if first is None:  # (many micro-batch partitions are empty: no connection for them)
+        return Published(TaskOutcome(partition, batch_id, 0, 0))
 
     async def main() -> TaskOutcome:
         client = await Client.connect(options.url)
         try:
-            records = (_record(row) for row in rows)
+            records = (_record(row) for row in itertools.chain([first], rows))
             return await publish_task(
                 client, options.stream, writer_id, partition, batch_id, records
             )
