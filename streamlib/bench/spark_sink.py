@@ -47,9 +47,16 @@ def _write(df: Any, target: tuple[str, str], stream: str) -> float:
     return time.perf_counter() - start
 
 
-def _count(spark: Any, uri: str, stream: str) -> int:
-    reader = spark.read.format("streamlib").option("metadata", uri).option("stream", stream)
-    return int(reader.load().count())
+def _count(spark: Any, uri: str, stream: str, expected: int) -> int:
+    """The rows readers see in the stream, once they see `expected` (or after 20 s): a
+    service writer's last entry becomes visible with its explicit LAC, a moment after
+    its acknowledgement."""
+    deadline = time.monotonic() + 20
+    while True:
+        reader = spark.read.format("streamlib").option("metadata", uri).option("stream", stream)
+        count = int(reader.load().count())
+        if count >= expected or time.monotonic() > deadline:
+            return count
 
 
 def _measure(
@@ -62,7 +69,7 @@ def _measure(
         for run in range(args.runs):
             stream = f"bench-sink-{target[0]}-{tasks}-{run}"
             elapsed = _write(df, target, stream)
-            stored = _count(spark, uri, stream)
+            stored = _count(spark, uri, stream, args.messages)
             if stored != args.messages:
                 raise RuntimeError(f"{stream}: {stored} rows stored, {args.messages} written")
             rates.append(args.messages / elapsed)

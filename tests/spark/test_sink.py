@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,16 @@ def _messages(uri: str, stream: str) -> list[Message]:
         return found
 
     return run(uri, work)
+
+
+def _visible(uri: str, stream: str, count: int, timeout_s: float = 20.0) -> list[Message]:
+    """The stream's messages once at least `count` are visible to readers (a service
+    writer's last entry becomes visible with its explicit LAC, a moment after its
+    acknowledgement)."""
+    deadline = time.monotonic() + timeout_s
+    while len(found := _messages(uri, stream)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a condition with a deadline, not a timed wait
+    return found
 
 
 def test_write_publishes_every_row(spark: SparkSession, uri: str) -> None:
@@ -175,7 +186,7 @@ def test_write_through_the_service_publishes_from_the_tasks(
     assert sorted(o.partition for o in outcomes) == [0, 1, 2, 3]
     assert sum(o.rows for o in outcomes) == 400 and all(o.duplicates == 0 for o in outcomes)
 
-    out = _messages(uri, "svc-write")
+    out = _visible(uri, "svc-write", 400)
     assert sorted((m.data, m.key) for m in out) == sorted(rows)  # every row, once
     # Each task's producer: spark-<job id>-<partition>, its rows numbered from 0.
     by_name: dict[str, list[int]] = {}
@@ -200,7 +211,7 @@ def test_a_task_retried_after_publishing_part_of_its_rows_publishes_each_row_onc
     outcomes = {o.partition: o for o in _outcomes(read_commits(record))}
     assert outcomes[0].duplicates == 60  # the retry skipped what the first attempt stored
     assert outcomes[1].duplicates == 0
-    values = [m.data for m in _messages(uri, "svc-retry")]
+    values = [m.data for m in _visible(uri, "svc-retry", 300)]
     assert sorted(values) == sorted(v for (v,) in rows)
 
 
@@ -251,7 +262,7 @@ def test_stream_sink_through_the_service_is_exactly_once_across_a_replay(
     outcomes = [o for o in _outcomes(read_commits(record)) if o.batch_id == last]
     # Batch N's rows were sent twice and stored once.
     assert sum(o.duplicates for o in outcomes) == replayed[0]["numInputRows"]
-    out = _messages(uri, "svc-eo-out")
+    out = _visible(uri, "svc-eo-out", 65)
     assert sorted(m.data for m in out) == sorted(
         [f"a{i}".encode() for i in range(40)] + [f"b{i}".encode() for i in range(25)]
     )
@@ -289,7 +300,7 @@ def test_publish_task_resends_nothing_and_refuses_an_earlier_batch(
     # Another query reusing the name would have its rows dropped as resends: refused.
     with pytest.raises(ReusedWriterIdError, match="already published batch 5"):
         _publish_direct(service_url, "svc-task", "w", 4, records)
-    out = _messages(uri, "svc-task")
+    out = _visible(uri, "svc-task", 20)
     assert [m.data for m in out] == [r[0] for r in records]
     assert [m.sequence_id for m in out] == [sequence_id(5, i) for i in range(20)]
 
@@ -301,5 +312,8 @@ def test_publish_task_to_a_partitioned_stream_routes_the_same_way_every_attempt(
     records = [(f"q{i}".encode(), f"k{i}" if i % 2 else None, {}, None) for i in range(60)]
     _publish_direct(service_url, "svc-parts", "w", 0, records[:25])  # an attempt that died
     assert _publish_direct(service_url, "svc-parts", "w", 0, records).duplicates == 25
-    values = [m.data for i in range(3) for m in _messages(uri, f"svc-parts-partition-{i}")]
+    values: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(values) < 60 and time.monotonic() < deadline:
+        values = [m.data for i in range(3) for m in _messages(uri, f"svc-parts-partition-{i}")]
     assert sorted(values) == sorted(r[0] for r in records)
