@@ -32,6 +32,9 @@ FIRST_CONNECT         service client: a producer's /  30 s                0.1..2
                       consumer's first connection
 RECONNECT             service client: connecting      none (until closed) 0.1..1 s,
                       again after a break                                 jittered
+SPARK_TASK_PRODUCER   a Spark task's named producer:  30 s                0.1..2 s,
+                      its name still held by a dead                       jittered
+                      attempt's session
 registration(t)       a broker registering its id     3 t + 5 s           50 ms..1 s
 ===================== ============================== =================== =================
 """
@@ -64,6 +67,7 @@ from streamlib.protocol.errors import (
     BookieIOError,
     InvalidTermError,
     LedgerFencedError,
+    ProducerBusyError,
     RecoveryAbortedError,
     RetriesExhausted,
     StreamFencedError,
@@ -281,6 +285,18 @@ FIRST_CONNECT = RetryPolicy(
 # of the session's end, the target of `streamlib bench failover`;
 # jittered: after a failover, a broker's many clients do not all come back in step)
 RECONNECT = FIRST_CONNECT.replace(stop_after_s=None, wait_max_s=1.0, jitter=True)
+
+# A Spark task publishing from an executor names its producer after its query and
+# partition (streamlib/spark/publish.py): a retry of a task whose executor died finds the
+# name still connected until the broker notices the dead connection (heartbeats: a few
+# seconds), and waits for it rather than failing the task again.
+SPARK_TASK_PRODUCER = RetryPolicy(
+    stop_after_s=30.0,
+    wait_initial_s=0.1,
+    wait_max_s=2.0,
+    retry_on=only(ProducerBusyError),
+    advice="another attempt of the same task still publishes under its name",
+)
 
 
 def registration(session_timeout_s: float) -> RetryPolicy:

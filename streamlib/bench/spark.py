@@ -1,5 +1,6 @@
 """`streamlib bench spark`: rows/s of micro-batch reads of a stream into Spark's noop
-sink, in a local[N] session, on three local bookies (E3/Qw2/Qa2).
+sink, in a local[N] session, on three local bookies (E3/Qw2/Qa2). (`--sink`: the
+streamlib sink's rows/s instead: streamlib/bench/spark_sink.py.)
 
 Each run is one Trigger.AvailableNow query over the whole stream, after a warm-up query
 that pays for starting Spark's Python workers. Two rates per run:
@@ -83,24 +84,35 @@ def _measure(spark: Any, uri: str, stream: str, args: argparse.Namespace) -> Run
     return Run(rows, len(batches), elapsed, batch_ms / 1000, other)
 
 
-def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need streamlib
+def session(cores: int) -> Any:
+    """A local[cores] SparkSession with the streamlib format registered."""
     from pyspark.sql import SparkSession
 
     import streamlib.spark
 
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .getOrCreate()
+    )
+    streamlib.spark.register(spark)
+    return spark
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.sink:
+        from streamlib.bench import spark_sink
+
+        return spark_sink.run(args)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need streamlib
+    args.cores = args.cores or 2
     runs = []
     with local_cluster(args.bookies) as cluster:
         asyncio.run(_fill(cluster.metadata_uri, "bench-spark", args.messages, args.message_bytes))
-        spark = (
-            SparkSession.builder.master(f"local[{args.cores}]")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(args.cores))
-            .getOrCreate()
-        )
+        spark = session(args.cores)
         try:
-            streamlib.spark.register(spark)
             _measure(spark, cluster.metadata_uri, "bench-spark", args)  # warm-up
             for _ in range(args.runs):
                 runs.append(_measure(spark, cluster.metadata_uri, "bench-spark", args))
@@ -128,10 +140,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(which: Any) -> None:
-    parser = which.add_parser("spark", help="rows/s of a micro-batch read into a noop sink")
+    parser = which.add_parser(
+        "spark",
+        help="rows/s of a micro-batch read into a noop sink (--sink: of the streamlib sink)",
+    )
+    parser.add_argument(
+        "--sink",
+        action="store_true",
+        help="measure df.write.format('streamlib') with 1, 2 and 4 tasks instead",
+    )
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--message-bytes", type=int, default=100)
-    parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
+    parser.add_argument(
+        "--cores", type=int, default=0, help="Spark local[N] (default 2; 4 with --sink)"
+    )
     parser.add_argument(
         "--entries-per-partition",
         type=int,

@@ -1,29 +1,41 @@
 """The `streamlib` sink: df.write and writeStream publish rows to one stream.
 
-A Producer takes over its stream (it fences the previous writer), so tasks cannot
-publish side by side: each task hands its rows to the driver in its commit message and
-the driver publishes the whole batch through one Producer. That keeps the order of
-the rows (partition by partition) and bounds a batch by the driver's memory.
+Two paths, by where the sink publishes to:
 
-Delivery: df.write is at-least-once (a retried job publishes again). writeStream is
-exactly-once for micro-batches that replay the same rows in the same order (a
-streamlib source with stateless transformations does): every message carries
-`spark.batch` = "<queryId>:<batchId>:<digest of the batch's rows>" and `spark.seq` =
-its index in the batch. Taking over the stream makes its tail final, so before
-publishing the driver reads the last message: if it belongs to this batch, the batch
-(or its first seq+1 messages) is already there, and only the rest is published.
-A replay whose rows differ gets a different digest and is published again
-(at-least-once).
+- The stream service (option "url", streamlib://HOST:PORT,...): every task publishes its
+  own rows from its executor, side by side, through a producer named after the query
+  (a job id for df.write) and its partition, with sequence ids from the batch id and the
+  row index; the broker's deduplication drops what a retried task or a replayed
+  micro-batch sends again (streamlib.spark.publish). Exactly-once, in parallel, and no
+  row goes through the driver: commit messages carry counts.
+
+- Direct mode (option "metadata", the metadata store URI): a direct-mode Producer takes
+  over its stream (it fences the previous writer), so tasks cannot publish side by side,
+  and direct mode has no broker to deduplicate by name. Each task hands its rows to the
+  driver in its commit message and the driver publishes the whole batch through one
+  Producer. That keeps the order of the rows (partition by partition) and bounds a batch
+  by the driver's memory. df.write is at-least-once (a retried job publishes again).
+  writeStream is exactly-once for micro-batches that replay the same rows in the same
+  order (a streamlib source with stateless transformations does): every message carries
+  `spark.batch` = "<queryId>:<batchId>:<digest of the batch's rows>" and `spark.seq` =
+  its index in the batch. Taking over the stream makes its tail final, so before
+  publishing the driver reads the last message: if it belongs to this batch, the batch
+  (or its first seq+1 messages) is already there, and only the rest is published. A
+  replay whose rows differ gets a different digest and is published again
+  (at-least-once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
@@ -31,6 +43,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from streamlib.client import Client
 from streamlib.protocol.errors import BadRequestError
 from streamlib.spark.plan import end_position
+from streamlib.spark.publish import Record, TaskOutcome, check_outcomes, publish_task
 from streamlib.stream.positions import EARLIEST
 from streamlib.stream.reader import decode_entry
 from streamlib.stream.writer import STREAM_PASSWORD
@@ -47,13 +60,24 @@ class MissingValueColumnError(BadRequestError):
     """The DataFrame written has no `value` column (binary or string)."""
 
 
-# One message to publish: (value, key, properties, event time ms or None).
-Record = tuple[bytes, str | None, dict[str, str], int | None]
+# Local properties Spark gives the tasks of a micro-batch: the query's id (kept in its
+# checkpoint: the same after a restart) and the batch id.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 @dataclass
 class Collected(WriterCommitMessage):
+    """Direct mode: a task's rows, for the driver to publish."""
+
     records: list[Record]
+
+
+@dataclass
+class Published(WriterCommitMessage):
+    """The stream service: what a task published itself (counts only)."""
+
+    outcome: TaskOutcome
 
 
 class SinkOptions:
@@ -63,8 +87,17 @@ class SinkOptions:
                 "a stream is append-only: use mode('append') to publish to it"
             )
         self.metadata = options.get("metadata") or ""
-        if not self.metadata:
-            raise BadRequestError("option 'metadata' is required: the metadata store URI")
+        self.url = options.get("url") or ""
+        if bool(self.metadata) == bool(self.url):
+            raise BadRequestError(
+                "give one of the options 'url' (the stream service, streamlib://HOST:PORT,...: "
+                "tasks publish in parallel, exactly-once) and 'metadata' (the metadata store "
+                "URI: the driver publishes)"
+            )
+        if self.url and not self.url.startswith("streamlib://"):
+            raise BadRequestError(
+                f"option 'url' is the stream service's, streamlib://HOST:PORT,...: {self.url!r}"
+            )
         self.stream = (options.get("stream") or "").strip()
         if not self.stream or "," in self.stream:
             raise BadRequestError("option 'stream' is required: the one stream to publish to")
@@ -91,6 +124,35 @@ def _record(row: Row) -> Record:
 
 def _collect(rows: Iterator[Row]) -> Collected:
     return Collected([_record(row) for row in rows])
+
+
+def _publish_task(
+    options: SinkOptions, writer_id: str, batch_id: int, rows: Iterator[Row]
+) -> Published:
+    """Publish a task's rows from the executor (the stream service)."""
+    context = TaskContext.get()
+    if context is None:
+        raise BadRequestError("the sink's write() runs in a Spark task")
+    partition = context.partitionId()
+    first = next(rows, None)
+    if first is None:  # (many micro-batch partitions are empty: no connection for them)
+        return Published(TaskOutcome(partition, batch_id, 0, 0))
+
+    async def main() -> TaskOutcome:
+        client = await Client.connect(options.url)
+        try:
+            records = (_record(row) for row in itertools.chain([first], rows))
+            return await publish_task(
+                client, options.stream, writer_id, partition, batch_id, records
+            )
+        finally:
+            await client.close()
+
+    return Published(asyncio.run(main()))
+
+
+def _outcomes(messages: Sequence[WriterCommitMessage | None]) -> list[TaskOutcome]:
+    return [m.outcome for m in messages if isinstance(m, Published)]
 
 
 def _records(messages: Sequence[WriterCommitMessage | None]) -> list[Record]:
@@ -161,15 +223,23 @@ def _publish(options: SinkOptions, records: list[Record], marker: str | None) ->
 
 
 class StreamlibWriter(DataSourceWriter):
-    """df.write.format("streamlib"): at-least-once."""
+    """df.write.format("streamlib"): through the stream service, exactly-once across task
+    retries (a job run again publishes again); direct, at-least-once."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         self.options = SinkOptions(options, schema, overwrite)
+        # Made in the driver and pickled to every task: a retried task has the same.
+        self.job_id = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        if self.options.url:
+            return _publish_task(self.options, self.job_id, 0, iterator)
         return _collect(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.options.url:
+            check_outcomes(_outcomes(messages), 0)
+            return
         _publish(self.options, _records(messages), None)
 
 
@@ -181,9 +251,22 @@ class StreamlibStreamWriter(DataSourceStreamWriter):
         self.options = SinkOptions(options, schema, False)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return _collect(iterator)
+        if not self.options.url:
+            return _collect(iterator)
+        context = TaskContext.get()
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context else None
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
+        if not query_id or batch_id is None:
+            raise BadRequestError(
+                f"a micro-batch's task has no {QUERY_ID_PROPERTY!r} / {BATCH_ID_PROPERTY!r} "
+                "local property: this Spark does not say which query and batch it runs"
+            )
+        return _publish_task(self.options, query_id, int(batch_id), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.options.url:
+            check_outcomes(_outcomes(messages), batchId)
+            return
         records = _records(messages)
         marker = f"{self.options.query_id}:{batchId}:{batch_digest(records)}"
         _publish(self.options, records, marker)

@@ -239,6 +239,10 @@ class StreamlibDataSource(DataSource):
     maxMessagesPerTrigger, numPartitions (input partitions of a read; default the cores of
     the planning machine: set it to the executors' cores on a cluster) and
     entriesPerPartition (more partitions if one would hold more entries than this).
+
+    Write options: stream (one), and url (the stream service, streamlib://HOST:PORT,...:
+    every task publishes its rows, exactly-once) or metadata (direct mode: the driver
+    publishes every row); see streamlib/spark/sink.py.
     """
 
     @classmethod

@@ -69,8 +69,19 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
                 "takeovers nobody needed",
             ],
         ),
+        (
+            ["spark", "--sink", "--messages", "300", "--runs", "1"],
+            [
+                "spark sink",
+                "service, 1 task ",
+                "service, 2 tasks",
+                "service, 4 tasks",
+                "the driver publishing every row",
+                "rows/s",
+            ],
+        ),
     ],
-    ids=["protocol", "metadata", "ledger", "stream", "service", "failover"],
+    ids=["protocol", "metadata", "ledger", "stream", "service", "failover", "spark-sink"],
 )
 def test_benchmark_prints_its_figures(args, expected):
     result = subprocess.run([*STREAMLIB, *args], capture_output=True, text=True, timeout=300)

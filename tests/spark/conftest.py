@@ -1,6 +1,10 @@
 """One local[2] SparkSession and one cluster of three real bookies (sqlite metadata) for
-the whole directory: a JVM and three bookie processes are slow to start, so they are
-shared; every test uses streams of its own names. Both are stopped at the end."""
+the whole directory, and a broker of the stream service over them for the tests that
+ask for it: a JVM and these processes are slow to start, so they are shared; every test
+uses streams of its own names. All are stopped at the end.
+
+The session's master is local[2, 2]: a failed task is tried once more, as on a cluster
+(spark.task.maxFailures), so the sink's task retries can be tested."""
 
 from __future__ import annotations
 
@@ -34,6 +38,16 @@ def bookies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerCluster]
 
 
 @pytest.fixture(scope="session")
+def service_url(bookies: LedgerCluster) -> Iterator[str]:
+    """streamlib://HOST:PORT of one broker of the stream service over the bookies."""
+    [broker] = bookies.start_brokers(1)
+    try:
+        yield bookies.service_url
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     # Python workers must run this venv's interpreter (streamlib, pyarrow), not the
@@ -41,7 +55,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2, 2]")
         .appName("streamlib-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
