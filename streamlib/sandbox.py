@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,34 @@ def make_private_dir(path: Path) -> Path:
 
 def default_metadata_uri(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     return f"sqlite://{data_dir.resolve() / 'meta.db'}"
+
+
+async def wait_for_bookies(
+    metadata_uri: str, enough: Callable[[set[str]], bool], timeout_s: float
+) -> None:
+    """Until the ids of the registered bookies are `enough` (TimeoutError after
+    timeout_s; a watch on the registrations, not a poll)."""
+    import metadata
+    from metadata.services.bookies import BookieRegistry
+
+    store = await metadata.connect(metadata_uri)
+    try:
+        registry = BookieRegistry(store)
+        deadline = time.monotonic() + timeout_s
+        watch = store.watch(registry.path("bookies", "available"), children=True)
+        try:
+            while not enough({b.bookie_id for b in await registry.list()}):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the bookies did not register in {timeout_s}s")
+                try:
+                    await watch.next(min(remaining, 1.0))
+                except TimeoutError:
+                    pass  # re-check: the directory may not have existed yet
+        finally:
+            await watch.close()
+    finally:
+        await store.close()
 
 
 class SandboxError(RuntimeError):
@@ -125,28 +154,11 @@ class Sandbox:
         return self
 
     async def _wait_registered(self, timeout_s: float) -> None:
-        import metadata
-        from metadata.services.bookies import BookieRegistry
-
-        store = await metadata.connect(self.metadata_uri)
+        wanted = {p.bookie_id for p in self.processes}
         try:
-            registry = BookieRegistry(store)
-            wanted = {p.bookie_id for p in self.processes}
-            deadline = time.monotonic() + timeout_s
-            watch = store.watch(registry.path("bookies", "available"), children=True)
-            try:
-                while not wanted <= {b.bookie_id for b in await registry.list()}:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise SandboxError(f"bookies {sorted(wanted)} did not all register")
-                    try:
-                        await watch.next(min(remaining, 1.0))
-                    except TimeoutError:
-                        pass  # re-check: the directory may not have existed yet
-            finally:
-                await watch.close()
-        finally:
-            await store.close()
+            await wait_for_bookies(self.metadata_uri, lambda ids: wanted <= ids, timeout_s)
+        except TimeoutError:
+            raise SandboxError(f"bookies {sorted(wanted)} did not all register") from None
 
     async def _stream_defaults(self) -> None:
         """With fewer than three bookies, new streams default to as many as there are

@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from metadata.errors import BadVersionError, InvalidValueError, NodeExistsError, NoNodeError
-from metadata.services._base import DEFAULT_ROOT, Service, validate_name
-from metadata.store import MetadataStore
+from metadata.services._base import Service, validate_name
+from metadata.services.auditor import ElectedRole
 
 
 @dataclass(frozen=True)
@@ -46,26 +46,10 @@ class MoveRequest:
             raise InvalidValueError(f"not a move request: {data[:80]!r}") from error
 
 
-class LoadManagerElection(Service):
+class LoadManagerElection(ElectedRole):
     """The brokers' load manager's election (ARCHITECTURE.md §4a): one sheds at a time."""
 
-    def __init__(self, store: MetadataStore, identifier: str, root: str = DEFAULT_ROOT) -> None:
-        super().__init__(store, root)
-        self._election = store.election(self.path("brokers", "leader"), identifier)
-
-    async def campaign(self) -> None:
-        """Return once this broker leads."""
-        await self._election.campaign()
-
-    async def resign(self) -> None:
-        await self._election.resign()
-
-    @property
-    def is_leader(self) -> bool:
-        return self._election.is_leader
-
-    async def leader(self) -> str | None:
-        return await self._election.leader()
+    path_parts = ("brokers", "leader")
 
 
 class StreamMoves(Service):

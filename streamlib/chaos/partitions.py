@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from streamlib.chaos.plan import Fault, last_end_s
 from streamlib.chaos.run import ChaosRun, create_streams
 from streamlib.chaos.service import ServiceRun
 from streamlib.chaos.zookeeper import ZooKeeper
+from streamlib.sandbox import wait_for_bookies
 
 BOOKIE_PORT = 3181
 BROKER_PORT = 6650
@@ -285,27 +285,7 @@ class PartitionedServiceRun(Partitioned, ServiceRun):
 
 async def wait_registered(metadata_uri: str, bookies: int, timeout_s: float) -> None:
     """Until `bookies` bookies are registered (bounded; a watch, not a poll)."""
-    import metadata
-    from metadata.services.bookies import BookieRegistry
-
-    store = await metadata.connect(metadata_uri)
-    try:
-        registry = BookieRegistry(store)
-        deadline = time.monotonic() + timeout_s
-        watch = store.watch(registry.path("bookies", "available"), children=True)
-        try:
-            while len(await registry.list()) < bookies:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{bookies} bookies did not register in {timeout_s}s")
-                try:
-                    await watch.next(min(remaining, 1.0))
-                except TimeoutError:
-                    pass  # re-check: the directory may not have existed yet
-        finally:
-            await watch.close()
-    finally:
-        await store.close()
+    await wait_for_bookies(metadata_uri, lambda ids: len(ids) >= bookies, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
