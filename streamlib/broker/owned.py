@@ -278,14 +278,26 @@ class OwnedStream:
         def written(done: asyncio.Future[tuple[int, int]]) -> None:
             self._in_flight -= 1
             self._room.set()
+            # The write's own outcome, for the dedup state and the stream: `future` may
+            # have been cancelled by a waiter meanwhile, and setting it then raised before
+            # the outcome reached _written (a failed write was neither given up nor
+            # cleared from the dedup state; seen in an hour of chaos, as InvalidStateError).
+            outcome: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
             if done.cancelled():
-                future.set_exception(StreamGone("cancelled"))
+                outcome.set_exception(StreamGone("cancelled"))
             elif (error := done.exception()) is not None:
-                future.set_exception(error)
+                outcome.set_exception(error)
             else:
                 ledger_id, entry_id = done.result()
-                future.set_result(MessageId(ledger_id, entry_id, count - 1))
-            self._written(session.name, last, future, 0 if piece else count)
+                outcome.set_result(MessageId(ledger_id, entry_id, count - 1))
+            failure = outcome.exception()
+            if future.done():
+                pass  # (cancelled by a waiter: nobody reads it)
+            elif failure is not None:
+                future.set_exception(failure)
+            else:
+                future.set_result(outcome.result())
+            self._written(session.name, last, outcome, 0 if piece else count)
 
         appended.add_done_callback(written)
         if not piece:
