@@ -43,9 +43,7 @@ def start_time(pid: int) -> int | None:
         os.kill(pid, 0)
     except ProcessLookupError:
         return None
-    except PermissionError:
-        return -1
-    except OSError:
+    except OSError:  # (EPERM among them: it exists)
         return -1
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:

@@ -36,6 +36,7 @@ from typing import Any
 
 from metadata.services.brokers import BrokerRegistry
 from metadata.uri import connect as connect_store
+from streamlib.bench import percentile
 from streamlib.bench.cluster import local_cluster
 from streamlib.broker.launcher import BrokerProcess
 
@@ -176,9 +177,8 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     if not ordered:
         return {}
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "p50": statistics.median(ordered), "p99": pick(0.99),
-            "max": ordered[-1]}  # fmt: skip
+    return {"n": len(ordered), "p50": statistics.median(ordered),
+            "p99": percentile(ordered, 0.99), "max": ordered[-1]}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamlib.bench import percentile
 from streamlib.bench.cluster import local_cluster
+from streamlib.chaos.resources import sample_process
 
 # argv: uri first count seconds. Says "ready" once connected, opens its streams' producers
 # and consumers on "go" and says "opened SECONDS"; on the next "go" sends for `seconds`
@@ -84,12 +86,13 @@ asyncio.run(main())
 
 def _broker_sample(pid: int) -> tuple[float, float]:
     """(RSS in MiB, CPU seconds so far) of a process."""
-    with open(f"/proc/{pid}/status") as status:
-        rss_kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    sampled = sample_process(pid)
+    if sampled is None:
+        raise RuntimeError(f"the broker (pid {pid}) is gone")
     with open(f"/proc/{pid}/stat", "rb") as stat:
         fields = stat.read().rsplit(b")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return rss_kib / 1024, (int(fields[11]) + int(fields[12])) / ticks
+    return sampled[0], (int(fields[11]) + int(fields[12])) / ticks
 
 
 def _tell(procs: list[subprocess.Popen[str]], word: str) -> list[str]:
@@ -177,8 +180,8 @@ def run_many(args: argparse.Namespace) -> int:
                 broker_rss_mib=rss2,
                 broker_cpu=(cpu2 - cpu1) / (time.monotonic() - started),
                 messages=len(latencies),
-                e2e_p50_ms=latencies[len(latencies) // 2] if latencies else float("nan"),
-                e2e_p99_ms=latencies[int(0.99 * len(latencies))] if latencies else float("nan"),
+                e2e_p50_ms=percentile(latencies, 0.5),
+                e2e_p99_ms=percentile(latencies, 0.99),
             )
             figures["ledgers"], figures["open_ledgers"] = asyncio.run(
                 _count_open(cluster.metadata_uri)
