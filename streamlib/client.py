@@ -144,11 +144,17 @@ class Client(ClientParts):
         self._open.append(producer)
         return producer
 
-    async def take_over(self, stream: str) -> StreamWriter:
+    async def take_over(self, stream: str, *, fail_stop: bool = False) -> StreamWriter:
         """The stream's writer, started: it fenced the previous one (a producer's, or a
-        broker's for the stream service)."""
+        broker's for the stream service). fail_stop: it gives up at its first failed
+        append, and nothing appended after that one is stored (a broker's: its producers
+        resend by sequence id; see streamlib.protocol.stream_writer)."""
         writer = StreamWriter(
-            self.ledgers, self.streams.registry, stream, on_roll=lambda: self._spawn_trim(stream)
+            self.ledgers,
+            self.streams.registry,
+            stream,
+            on_roll=lambda: self._spawn_trim(stream),
+            fail_stop=fail_stop,
         )
         await writer.start()
         return writer

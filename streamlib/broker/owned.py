@@ -106,7 +106,7 @@ class OwnedStream:
     async def _take_over(self) -> None:
         """Take the stream over (fencing whoever wrote it), then rebuild the dedup state
         from the snapshot and the tail after it."""
-        writer = await self.client.take_over(self.stream)
+        writer = await self.client.take_over(self.stream, fail_stop=True)
         try:
             await self._restore_dedup()
         except BaseException:

@@ -28,6 +28,12 @@ the driver's commands.
   close the ledger at its LAC, then roll as above; an unbounded stream takes its ledger
   over again instead. Fenced anywhere (a ledger fenced, a term taken, the list moved on)
   means another writer has the stream: GiveUp.
+- A fail-stop writer (``fail_stop``: a broker's, whose producers resend by sequence id)
+  gives up at a ledger's first failure instead, fenced or not: a resend is deduplicated
+  against the highest sequence id stored, so nothing may be stored after an entry that
+  failed -- the next owner's takeover decides what of the failed ledger is kept. (The
+  driver keeps the other half of that rule: appends go to one ledger at a time, so a
+  roll's new ledger takes nothing until every entry of the old one is acknowledged.)
 """
 
 from __future__ import annotations
@@ -264,9 +270,12 @@ class Op(enum.Enum):
 
 
 class StreamWriterMachine:
-    def __init__(self, name: str, *, max_takeover_attempts: int = 10) -> None:
+    def __init__(
+        self, name: str, *, max_takeover_attempts: int = 10, fail_stop: bool = False
+    ) -> None:
         self.name = name
         self.max_takeover_attempts = max_takeover_attempts
+        self.fail_stop = fail_stop
         self.state = State.STARTING
         self.error: StreamlibError | None = None
         self.current: int | None = None  # the ledger served
@@ -492,6 +501,10 @@ class StreamWriterMachine:
             return []
         if fenced:
             return self._fenced(f"stream {self.name!r} was taken over by another writer ({error})")
+        if self.fail_stop:  # (any of its ledgers: the one a roll moved away from too)
+            return self._give_up(
+                StreamFencedError(f"stream {self.name!r}: ledger {ledger_id} failed ({error})")
+            )
         if ledger_id == self.current and self.state is State.SERVING:
             self.state = State.BROKEN
             self.error = error

@@ -122,11 +122,14 @@ class StreamWriter:
         *,
         max_takeover_attempts: int = 10,
         on_roll: Callable[[], None] | None = None,
+        fail_stop: bool = False,
     ) -> None:
         self._ledgers = ledgers
         self._registry = registry
         self.name = name
-        self._machine = StreamWriterMachine(name, max_takeover_attempts=max_takeover_attempts)
+        self._machine = StreamWriterMachine(
+            name, max_takeover_attempts=max_takeover_attempts, fail_stop=fail_stop
+        )
         self._handles: dict[int, WriteHandle] = {}  # ledgers we write, until closed
         self._md = StreamMetadata()  # the list as last read (WriteList rewrites it)
         self._current: WriteHandle | None = None
@@ -134,7 +137,9 @@ class StreamWriter:
         self._age_checks: asyncio.Task[None] | None = None  # idle streams roll by age too
         self._closing = False
         self._pending: collections.deque[_Pending] = collections.deque()
-        self._held: list[tuple[bytes, asyncio.Future[tuple[int, int]]]] = []  # while broken
+        # Appends waiting: while the ledger is broken, or entries of the ledger a roll
+        # moved away from are still in flight (one ledger at a time, see append_nowait)
+        self._held: list[tuple[bytes, asyncio.Future[tuple[int, int]]]] = []
         self._replacing: asyncio.Task[None] | None = None
         self._outcome: asyncio.Future[None] | None = None  # of start() or a replace()
         self._op_done = asyncio.Event()  # set while the machine has no operation going
@@ -373,6 +378,13 @@ class StreamWriter:
                 self._replacing = loop.create_task(self._replace())
             return outer
         handle = self._current
+        if self._held or (self._pending and self._pending[-1].ledger_id != handle.ledger_id):
+            # One ledger at a time: a roll's new ledger takes nothing while entries of the
+            # old one are in flight. Were one of those to fail, what went to the new one
+            # would be stored after it -- and a resend of the failed one deduplicated
+            # against it (a broker's), lost. They go once the old ones are in (_drain).
+            self._held.append((data, outer))
+            return outer
         try:
             inner = handle.append_nowait([data])[0]
         except StreamlibError as error:
@@ -410,9 +422,28 @@ class StreamWriter:
                         f"stream {self.name!r} was taken over by another writer ({error})"
                     )
             item.outer.set_exception(error)
+        if self._held and not self._pending and self._replacing is None:
+            self._release_held()  # (the old ledger's entries are in: the new one's turn)
         handle = self._current
         if handle is not None and handle.metadata.unbounded and not self._stopped():
             self._maybe_roll_fragment(handle)  # fragments roll as the LAC moves
+
+    def _release_held(self, error: StreamlibError | None = None) -> None:
+        """Append what was held, in order (or fail it with `error`). A fenced or
+        fail-stop writer that gave up meanwhile fails it: nothing goes after a failure."""
+        held, self._held = self._held, []
+        for data, outer in held:
+            if outer.done():
+                continue
+            if error is not None:
+                outer.set_exception(error)
+                continue
+            try:
+                inner = self.append_nowait(data)
+            except StreamlibError as failed:
+                outer.set_exception(failed)
+            else:
+                inner.add_done_callback(functools.partial(_copy_outcome, outer=outer))
 
     def _stopped(self) -> bool:
         return self._fenced is not None or self._closing
@@ -435,19 +466,7 @@ class StreamWriter:
             log.warning("stream %s: could not replace the failed ledger: %s", self.name, error)
         finally:
             self._replacing = None
-        held, self._held = self._held, []
-        for data, outer in held:
-            if outer.done():
-                continue
-            if error is not None:
-                outer.set_exception(error)
-                continue
-            try:
-                inner = self.append_nowait(data)
-            except StreamlibError as failed:
-                outer.set_exception(failed)
-            else:
-                inner.add_done_callback(functools.partial(_copy_outcome, outer=outer))
+        self._release_held(error)
 
     # -- rolling --------------------------------------------------------------------------
 
