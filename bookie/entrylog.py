@@ -26,7 +26,7 @@ LOCATION = struct.Struct(">IQI")
 # Entry logs kept open for reads at once (the least recently read beyond it are closed):
 # one descriptor per log ever read would grow with the data a bookie holds -- each
 # failed write starts a new log, so a bookie with a flaky disk makes many.
-MAX_READ_FDS = 64
+MAX_READ_FDS = 16
 
 
 class _ReadFd:

@@ -433,3 +433,12 @@ def test_a_restarted_process_is_a_series_of_its_own_with_its_own_warm_up():
     assert verdict["series"]["bookie-2#2"]["grows"] is False
     assert verdict["series"]["producer P1#4"]["grows"] is None  # too short to judge
     assert verdict["growing"] == ["bookie-2#1"] and verdict["judged"] == 2
+
+
+def test_the_verifiers_own_growth_is_reported_but_not_judged():
+    hour = 3600.0
+    # The chaos process keeps every event for the verdict: it grows with the messages.
+    verifier = series("chaos#1", [100.0 + 50.0 * i for i in range(60)], [30] * 60)
+    verdict = judge_resources([verifier], hour)
+    assert verdict["series"]["chaos#1"]["grows"] is True
+    assert verdict["growing"] == [] and verdict["flat"]
