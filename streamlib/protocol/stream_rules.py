@@ -128,6 +128,23 @@ def may_roll(previous_closed: bool) -> bool:
     return previous_closed
 
 
+def may_append(ledger_id: int, in_flight_on: int | None) -> bool:
+    """Appends go to one ledger at a time: a ledger takes an append only while no entry
+    of another is in flight (in_flight_on: the ledger of the last entry in flight, None
+    when none is). A roll's new ledger waits for the old one's entries: were one of those
+    to fail, what went to the new ledger would be stored after it."""
+    return in_flight_on is None or in_flight_on == ledger_id
+
+
+def gives_up_on_failure(fenced: bool, fail_stop: bool) -> bool:
+    """Whether a writer whose ledger failed gives the stream up (rather than replacing
+    the ledger): when it was fenced (another writer has the stream), and -- fail-stop
+    writers, a broker's -- at any failure. A broker deduplicates a resend against the
+    highest sequence id stored, so nothing may be stored after an entry that failed:
+    the next owner's takeover (fence, recover) decides what of it is kept."""
+    return fenced or fail_stop
+
+
 @dataclass(frozen=True)
 class RolloverPolicy:
     max_entries: int = 0  # 0 = no limit

@@ -49,7 +49,12 @@ from streamlib.protocol.errors import (
     StreamFencedError,
     StreamlibError,
 )
-from streamlib.protocol.stream_rules import LedgerSpan, ledgers_to_recover, may_roll
+from streamlib.protocol.stream_rules import (
+    LedgerSpan,
+    gives_up_on_failure,
+    ledgers_to_recover,
+    may_roll,
+)
 
 LIST_CAS_ATTEMPTS = 20  # a roll's list CAS retried this often (retention, cursor moves)
 
@@ -501,7 +506,7 @@ class StreamWriterMachine:
             return []
         if fenced:
             return self._fenced(f"stream {self.name!r} was taken over by another writer ({error})")
-        if self.fail_stop:  # (any of its ledgers: the one a roll moved away from too)
+        if gives_up_on_failure(fenced, self.fail_stop):  # (any ledger: a rolled-from one too)
             return self._give_up(
                 StreamFencedError(f"stream {self.name!r}: ledger {ledger_id} failed ({error})")
             )

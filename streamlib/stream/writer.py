@@ -38,6 +38,7 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.stream_rules import (
     LedgerSpan,
     RolloverPolicy,
+    may_append,
     roll_deadline_ms,
     should_roll,
 )
@@ -378,7 +379,8 @@ class StreamWriter:
                 self._replacing = loop.create_task(self._replace())
             return outer
         handle = self._current
-        if self._held or (self._pending and self._pending[-1].ledger_id != handle.ledger_id):
+        in_flight_on = self._pending[-1].ledger_id if self._pending else None
+        if self._held or not may_append(handle.ledger_id, in_flight_on):
             # One ledger at a time: a roll's new ledger takes nothing while entries of the
             # old one are in flight. Were one of those to fail, what went to the new one
             # would be stored after it -- and a resend of the failed one deduplicated

@@ -9,8 +9,16 @@ The model: one stream, a list of ledgers; a ledger takes an append or a fence as
 step (its quorum rules are the other simulations' subject), delivered after a seeded
 delay, and a fenced ledger refuses appends. The metadata store is linearizable: a
 session expires when its heartbeats stop for SESSION ticks, and its leases and
-registration go with it. Two producers publish numbered messages, resend what is not
-acknowledged after each reconnection, and a broker deduplicates by (name, sequence).
+registration go with it. Three producers publish numbered messages, resend what is not
+acknowledged after each reconnection, and a broker deduplicates by (name, sequence) as
+the real one: a sequence id not above the highest taken is a duplicate, answered at
+once unless it is in flight. An owner rolls to a new ledger now and then (a list CAS),
+and a ledger can fail without being fenced (its bookies ran out): an append to it fails.
+The broker's writer keeps the REAL rules of streamlib.protocol.stream_rules for that:
+appends go to one ledger at a time (may_append: a roll's new ledger waits for the old
+one's entries in flight), and a broker's writer gives the stream up at a failure
+(gives_up_on_failure, fail-stop) instead of replacing the ledger and going on. A
+takeover fences and closes the list's last two ledgers.
 
 Invariants:
 - every acknowledged message is in the stream, none twice, each producer's in order
@@ -24,7 +32,10 @@ Invariants:
 Mutations (each must be caught): ``evict_on_silence`` (a probe that times out is taken
 for evidence), ``trust_evidence`` (a takeover after an eviction skips the fence: the
 owner is "dead"), ``skip_lease_check`` (a broker fences without confirming its lease),
-``receipt_on_send`` (a receipt when an entry is sent, not when it is acknowledged).
+``receipt_on_send`` (a receipt when an entry is sent, not when it is acknowledged),
+``replace_failed_ledger`` (a broker's writer replaces a failed ledger and goes on, as a
+direct-mode writer does), ``roll_without_waiting`` (a roll's new ledger takes appends
+while the old one's are in flight).
 """
 
 from __future__ import annotations
@@ -42,9 +53,18 @@ from streamlib.protocol.ownership import (
     may_take_over,
     owner_gone,
 )
+from streamlib.protocol.stream_rules import gives_up_on_failure, may_append
 from tests.sim.scenario import InvariantViolation
 
-MUTATIONS = ("none", "evict_on_silence", "trust_evidence", "skip_lease_check", "receipt_on_send")
+MUTATIONS = (
+    "none",
+    "evict_on_silence",
+    "trust_evidence",
+    "skip_lease_check",
+    "receipt_on_send",
+    "replace_failed_ledger",
+    "roll_without_waiting",
+)
 SESSION = 30  # ticks without a heartbeat until a session expires
 HEARTBEAT = 5
 MESSAGES = 30  # per producer
@@ -57,7 +77,9 @@ PRODUCERS = ("P", "Q", "R")
 class Ledger:
     entries: dict[int, tuple[str, int]] = field(default_factory=dict)  # by entry id
     fenced: bool = False
+    failed: bool = False  # out of bookies: appends fail (not fenced)
     length: int | None = None  # closed at this many entries
+    next_entry: int = 0  # (its writer's next entry id)
 
     def prefix(self) -> int:
         """Entries stored without a gap from the first (what a recovery keeps: the
@@ -78,10 +100,12 @@ class Owned:
     gone: bool = False
     durable: dict[str, int] = field(default_factory=dict)  # name -> highest stored seq
     sent: dict[str, int] = field(default_factory=dict)  # name -> highest appended seq
-    next_entry: int = 0
-    pending: dict[int, tuple[Producer, int]] = field(default_factory=dict)  # by entry id
+    next_op: int = 0  # appends, numbered in the order taken (over its ledgers)
+    pending: dict[int, tuple[Producer, int, int]] = field(default_factory=dict)  # op: +ledger
     confirmed: set[int] = field(default_factory=set)  # stored, not yet acknowledged
-    acked_upto: int = 0  # entries acknowledged in order below this
+    failed: set[int] = field(default_factory=set)  # failed: never acknowledged
+    acked_upto: int = 0  # appends acknowledged (or failed) in order below this
+    held: list[tuple[Producer, int]] = field(default_factory=list)  # waiting for a ledger
     waiting: list[str] = field(default_factory=list)  # producers to answer Ready
 
 
@@ -334,27 +358,30 @@ class ServiceScenario:
             return
         if not holds:
             raise InvariantViolation(f"{broker.id} fences the stream without its lease")
-        version, last = self.list_version, self.list[-1]
-        ledger = self.ledgers[last]
+        version, last = self.list_version, self.list[-2:]
         if self.mutation == "trust_evidence" and owned.evicted:
-            self.closed_at(broker, owned, version, last, ledger.prefix())
+            stored = [self.ledgers[no].prefix() for no in last]
+            self.closed_at(broker, owned, version, last, stored)
             return
         incarnation = broker.incarnation
 
-        def fence() -> None:
-            ledger.fenced = True
-            stored = ledger.prefix()
+        def fence() -> None:  # (the last two ledgers: a roll leaves two open)
+            for no in last:
+                self.ledgers[no].fenced = True
+            stored = [self.ledgers[no].prefix() for no in last]
             self.to_broker(broker, lambda: self.closed_at(broker, owned, version, last, stored),
                            incarnation)  # fmt: skip
 
         self.at(self.delay(), fence)
 
-    def closed_at(self, broker: Broker, owned: Owned, version: int, last: int, n: int) -> None:
+    def closed_at(
+        self, broker: Broker, owned: Owned, version: int, last: list[int], stored: list[int]
+    ) -> None:
         if owned.gone:
             return
-        ledger = self.ledgers[last]
-        if ledger.length is None:
-            ledger.length = n
+        for no, n in zip(last, stored, strict=True):
+            if self.ledgers[no].length is None:
+                self.ledgers[no].length = n
         if self.list_version != version:  # the list moved on: someone else took over
             self.give_up_waiting(broker, owned)
             return
@@ -409,38 +436,102 @@ class ServiceScenario:
             self.receipt(producer, seq)
             return
         if seq <= owned.sent.get(name, -1):
-            return  # in flight: its acknowledgement answers it
+            if any(p is producer and s == seq for p, s, _ in owned.pending.values()):
+                return  # in flight: its acknowledgement answers it
+            if any(p is producer and s == seq for p, s in owned.held):
+                return
+            self.receipt(producer, seq)  # taken before: a duplicate (the real dedup's answer)
+            return
         if seq != owned.sent.get(name, -1) + 1:
             return  # (a gap: the producer resends in order after it reconnects)
         owned.sent[name] = seq
+        self.append(broker, owned, producer, seq)
+
+    def append(self, broker: Broker, owned: Owned, producer: Producer, seq: int) -> None:
         ledger_no, incarnation = owned.writer, broker.incarnation
-        entry = owned.next_entry
-        owned.next_entry += 1
-        owned.pending[entry] = (producer, seq)
+        assert ledger_no is not None
+        in_flight_on = owned.pending[max(owned.pending)][2] if owned.pending else None
+        waits = owned.held or not may_append(ledger_no, in_flight_on)
+        if waits and self.mutation != "roll_without_waiting":
+            owned.held.append((producer, seq))
+            return
+        op = owned.next_op
+        owned.next_op += 1
+        ledger = self.ledgers[ledger_no]
+        entry = ledger.next_entry
+        ledger.next_entry += 1
+        owned.pending[op] = (producer, seq, ledger_no)
         if self.mutation == "receipt_on_send":  # (a broker bug: the receipt before the add)
             self.receipt(producer, seq)
 
         def append() -> None:
-            ledger = self.ledgers[ledger_no]
             if ledger.fenced:
                 self.to_broker(broker, lambda: self.fenced(broker, owned), incarnation)
                 return
-            ledger.entries[entry] = (name, seq)
-            self.to_broker(broker, lambda: self.stored(owned, entry), incarnation)
+            if ledger.failed:
+                self.to_broker(broker, lambda: self.append_failed(broker, owned, op), incarnation)
+                return
+            ledger.entries[entry] = (producer.name, seq)
+            self.to_broker(broker, lambda: self.stored(owned, op), incarnation)
 
         self.at(self.delay(), append)
+        if self.rnd.random() < 0.08:
+            self.roll(broker, owned)
 
-    def stored(self, owned: Owned, entry: int) -> None:
-        """The ledger stored `entry`: acknowledged once every entry before it is."""
+    def roll(self, broker: Broker, owned: Owned) -> None:
+        """A new ledger by CAS of the list, served from now on (the old one is closed
+        once its entries are in: readers read an unclosed one to what is stored)."""
+        if self.list[-1] != owned.writer:  # the list moved on without it: fenced
+            self.fenced(broker, owned)
+            return
+        self.ledgers.append(Ledger())
+        self.list.append(len(self.ledgers) - 1)
+        self.list_version += 1
+        owned.writer = self.list[-1]
+        self.log(f"{broker.id} rolls to ledger {owned.writer}")
+
+    def stored(self, owned: Owned, op: int) -> None:
+        """The ledger stored append `op`: acknowledged once every one before it is."""
         if owned.gone:
             return
-        owned.confirmed.add(entry)
-        while owned.acked_upto in owned.confirmed:
-            owned.confirmed.discard(owned.acked_upto)
-            producer, seq = owned.pending.pop(owned.acked_upto)
+        owned.confirmed.add(op)
+        self.settle(owned)
+
+    def settle(self, owned: Owned) -> None:
+        while owned.acked_upto in owned.confirmed or owned.acked_upto in owned.failed:
+            op = owned.acked_upto
             owned.acked_upto += 1
+            producer, seq, _ = owned.pending.pop(op)
+            if op in owned.failed:
+                owned.failed.discard(op)
+                continue
+            owned.confirmed.discard(op)
             owned.durable[producer.name] = max(owned.durable.get(producer.name, -1), seq)
             self.receipt(producer, seq)
+        broker = next((b for b in self.brokers if b.owned is owned), None)
+        if owned.held and not owned.pending and broker is not None:
+            held, owned.held = owned.held, []  # (the old ledger's entries are in)
+            for producer, seq in held:
+                self.append(broker, owned, producer, seq)
+
+    def append_failed(self, broker: Broker, owned: Owned, op: int) -> None:
+        """An append failed, not fenced: the ledger ran out of bookies."""
+        if owned.gone or broker.owned is not owned or op not in owned.pending:
+            return  # (or failed already, with its ledger)
+        ledger_no = owned.pending[op][2]
+        fail_stop = self.mutation != "replace_failed_ledger"
+        if gives_up_on_failure(fenced=False, fail_stop=fail_stop):
+            self.log(f"{broker.id}: ledger {ledger_no} failed, gives the stream up")
+            self.give_up(broker)
+            return
+        # (A writer that is not fail-stop: the failed appends fail, the ledger is closed
+        # where it stands and replaced, and appends go on to the replacement.)
+        owned.failed.update(o for o, (_, _, no) in owned.pending.items() if no == ledger_no)
+        if self.ledgers[ledger_no].length is None:
+            self.ledgers[ledger_no].length = self.ledgers[ledger_no].prefix()
+        if owned.writer == ledger_no:
+            self.roll(broker, owned)
+        self.settle(owned)
 
     def fenced(self, broker: Broker, owned: Owned) -> None:
         if not owned.gone and broker.owned is owned:
@@ -507,8 +598,13 @@ class ServiceScenario:
 
     def fault(self) -> None:
         broker = self.rnd.choice(self.brokers)
-        kind = self.rnd.choice(("kill", "pause", "cut", "reject", "reject", "kill", "pause"))
-        if broker.state != "up":
+        kinds = ("kill", "pause", "cut", "reject", "reject", "kill", "pause", "ledger", "ledger")
+        kind = self.rnd.choice(kinds)
+        if kind == "ledger":  # one of the last two ledgers runs out of bookies for good
+            no = self.rnd.choice(self.list[-2:])
+            self.log(f"ledger {no} fails")
+            self.ledgers[no].failed = True
+        elif broker.state != "up":
             pass
         elif kind == "kill":
             self.log(f"kill {broker.id}.{broker.incarnation}")

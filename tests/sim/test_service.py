@@ -1,6 +1,7 @@
 """The stream service's ownership rules in the simulator (tests/sim/service.py): brokers
-killed, restarted, stopped and cut off past their sessions, and falsely evicted behind a
-firewall, lose and duplicate nothing acknowledged; each unsafe variant is caught."""
+killed, restarted, stopped and cut off past their sessions, falsely evicted behind a
+firewall, rolling ledgers and losing them to failures, lose and duplicate nothing
+acknowledged; each unsafe variant is caught."""
 
 import pytest
 
