@@ -175,9 +175,13 @@ async def test_the_sweeper_deletes_leaked_snapshot_ledgers_and_keeps_the_current
     cluster.start_brokers(1, extra=EVERY_SNAPSHOT)
     client = await cluster.service_client()
     producer = await client.create_producer("swept")
-    await producer.send(b"one")  # (the takeover wrote the stream's first snapshot)
     direct = await cluster.client()
-    current = snapshots.Pointer.parse(await dedup_node(direct, "swept"))
+    assert await dedup_node(direct, "swept") is None  # (a new stream's empty state: none)
+    sends = [producer.send_async(b"one")] + [producer.send_async(b"x") for _ in range(999)]
+    last = (await asyncio.gather(*[await s for s in sends]))[-1]
+    current = snapshots.Pointer.parse(
+        json.dumps(await snapshot_covering(direct, "swept", last)).encode()
+    )
     assert current is not None
     # What a broker killed between its new snapshot's pointer and the old one's delete
     # (or before its pointer) leaves: a snapshot ledger no pointer names.
@@ -189,4 +193,5 @@ async def test_the_sweeper_deletes_leaked_snapshot_ledgers_and_keeps_the_current
     assert await direct.streams.sweep(grace_s=0) == [leaked.ledger_id]
     assert (await direct.ledgers.metadata(current.ledger_id)).is_closed  # still there
     await producer.send(b"two")
-    assert [m.data for m in await read_all(cluster, "swept", 2)] == [b"one", b"two"]
+    read = [m.data for m in await read_all(cluster, "swept", 1001)]
+    assert read == [b"one"] + [b"x"] * 999 + [b"two"]
