@@ -39,7 +39,7 @@ from streamlib.protocol.ownership import may_take_over
 from streamlib.pulsar import entries as pulsar_entries
 from streamlib.pulsar.entries import is_pulsar_entry
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, DecodedBatch, decode_batch
-from streamlib.stream.positions import EARLIEST, MessageId
+from streamlib.stream.positions import MessageId
 from streamlib.stream.producer import (
     ACCESS_MODES,
     CHUNK_BYTES,
@@ -144,10 +144,11 @@ class OwnedStream:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
                     scanned += 1
         self.dedup = dedup
-        # The next owner starts from here -- unless there is nothing to start from (a
-        # new stream: the snapshot would be a ledger written for an empty state, a
-        # broker opening thousands of streams would write thousands).
-        if scanned or (found is None and dedup.position != EARLIEST):
+        # The next owner starts from here -- unless the scan found nothing: then the
+        # state is the one it started from (none at all for a new stream, where the
+        # snapshot would be a ledger written for an empty state, and a broker opening
+        # thousands of streams would write thousands).
+        if scanned:
             await self.write_snapshot(force=True)
 
     def mark_gone(self, error: BaseException) -> None:

@@ -300,6 +300,8 @@ class StreamWriterMachine:
 
     def step(self, event: StreamEvent) -> list[StreamAction]:
         """Take one input (the answer to an output, or a ledger writer's failure)."""
+        if self.state in (State.FENCED, State.CLOSED):
+            return self._after_the_end(event)
         match event:
             case ListRead(ledgers, version, unbounded):
                 return self.on_list_read(ledgers, version, unbounded)
@@ -326,6 +328,22 @@ class StreamWriterMachine:
             case LedgerFailed(ledger_id, error, fenced):
                 return self.on_ledger_failed(ledger_id, error, fenced)
         raise TypeError(f"a stream writer takes no {type(event).__name__} ({event!r})")
+
+    def _after_the_end(self, event: StreamEvent) -> list[StreamAction]:
+        """A writer that gave up or closed serves nothing again, whatever its operations
+        in flight answer (a roll's list CAS that succeeds after a fail-stop writer gave
+        up would otherwise serve the new ledger, and take appends after the failure):
+        their answers only clean up. A ledger made and not in the list is discarded; one
+        the list took stays, for the next writer's takeover to recover."""
+        match event:
+            case LedgerCreated(ledger_id):
+                return [DiscardLedger(ledger_id)]
+            case ListRead() | ListConflict():  # (before the CAS, or the CAS failed)
+                new, self._new = self._new, None
+                return [DiscardLedger(new)] if new is not None else []
+            case ListWritten() | ListFailed():  # (in the list, or maybe: left there)
+                self._new = None
+        return []
 
     # -- takeover -----------------------------------------------------------------------
 

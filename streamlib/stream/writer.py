@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import random
 import secrets
@@ -367,12 +366,18 @@ class StreamWriter:
     def append_nowait(self, data: bytes) -> asyncio.Future[tuple[int, int]]:
         """Append one entry; the future gives (ledger id, entry id) once acknowledged,
         in append order."""
+        outer: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        return self._append(data, outer)
+
+    def _append(
+        self, data: bytes, outer: asyncio.Future[tuple[int, int]]
+    ) -> asyncio.Future[tuple[int, int]]:
+        """append_nowait, settling `outer` (a held entry's own future, when it goes)."""
         if self._fenced is not None:
             raise StreamFencedError(str(self._fenced))  # (it names the stream)
         if self._current is None:
             raise StreamFencedError(f"stream {self.name!r}: the writer has not started")
         loop = asyncio.get_running_loop()
-        outer: asyncio.Future[tuple[int, int]] = loop.create_future()
         if self._machine.state is State.BROKEN or self._replacing is not None:
             self._held.append((data, outer))  # sent once the ledger is replaced
             if self._replacing is None:
@@ -394,7 +399,7 @@ class StreamWriter:
                 raise
             # It failed with nothing in flight: replace it now.
             self._step(LedgerFailed(handle.ledger_id, error, False))
-            return self.append_nowait(data)
+            return self._append(data, outer)
         self._pending.append(_Pending(inner, outer, handle.ledger_id))
         inner.add_done_callback(self._drain)
         self._maybe_roll()
@@ -431,8 +436,9 @@ class StreamWriter:
             self._maybe_roll_fragment(handle)  # fragments roll as the LAC moves
 
     def _release_held(self, error: StreamlibError | None = None) -> None:
-        """Append what was held, in order (or fail it with `error`). A fenced or
-        fail-stop writer that gave up meanwhile fails it: nothing goes after a failure."""
+        """Append what was held, in order (or fail it with `error`), each settling its
+        own future in its place (before anything appended later). A fenced or fail-stop
+        writer that gave up meanwhile fails it: nothing goes after a failure."""
         held, self._held = self._held, []
         for data, outer in held:
             if outer.done():
@@ -441,11 +447,9 @@ class StreamWriter:
                 outer.set_exception(error)
                 continue
             try:
-                inner = self.append_nowait(data)
+                self._append(data, outer)
             except StreamlibError as failed:
                 outer.set_exception(failed)
-            else:
-                inner.add_done_callback(functools.partial(_copy_outcome, outer=outer))
 
     def _stopped(self) -> bool:
         return self._fenced is not None or self._closing
@@ -568,16 +572,3 @@ class StreamWriter:
                         RecordSize(closed.ledger_id, closed.last_entry_id + 1, closed.length)
                     )
         await self._tasks.wait()
-
-
-def _copy_outcome(
-    done: asyncio.Future[tuple[int, int]], outer: asyncio.Future[tuple[int, int]]
-) -> None:
-    if outer.done():
-        return
-    if done.cancelled():
-        outer.cancel()
-    elif done.exception() is not None:
-        outer.set_exception(done.exception())  # type: ignore[arg-type]
-    else:
-        outer.set_result(done.result())

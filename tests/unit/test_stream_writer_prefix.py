@@ -29,6 +29,7 @@ from streamlib.protocol.stream_rules import LedgerSpan
 from streamlib.protocol.stream_writer import (
     CloseLedger,
     CreateLedger,
+    DiscardLedger,
     GiveUp,
     LedgerCreated,
     LedgerFailed,
@@ -240,3 +241,63 @@ def test_the_machine_of_another_writer_replaces_its_current_ledger_only():
     assert m.state is State.SERVING  # (the ledger rolled away from)
     assert m.step(LedgerFailed(2, NotEnoughBookiesError("none left"), False)) == []
     assert m.state is State.BROKEN
+
+
+async def test_a_roll_that_completes_after_a_fail_stop_writer_gave_up_serves_nothing():
+    writer, ledgers, store = await _writer(fail_stop=True)
+    try:
+        old = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
+        cas = asyncio.Event()
+        write = writer._registry.write
+
+        async def held_cas(*args: Any, **kwargs: Any) -> int:
+            await cas.wait()
+            return await write(*args, **kwargs)
+
+        writer._registry.write = held_cas  # type: ignore[method-assign]
+        first = writer.append_nowait(b"X")
+        writer._execute(writer._machine.roll())  # its list CAS waits
+        await _until(lambda: writer._machine._new is not None)
+        old.fail(NotEnoughBookiesError("no bookie left for an ensemble change"))
+        assert isinstance((await _settled([first]))[0], StreamlibError)
+        cas.set()  # the CAS goes through now: the new ledger is in the list
+        await _until(lambda: writer._machine._new is None)
+        assert writer._machine.state is State.FENCED and writer.ledger_id == old.ledger_id
+        with pytest.raises(StreamlibError):
+            writer.append_nowait(b"Y")
+        assert ledgers.stored() == []
+    finally:
+        await store.close()
+
+
+async def test_held_appends_settle_in_append_order_with_those_after_them():
+    writer, ledgers, store = await _writer(fail_stop=True)
+    try:
+        old = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
+        order: list[str] = []
+        a = writer.append_nowait(b"A")
+        await writer._run(writer._machine.roll())
+        new = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
+        x = writer.append_nowait(b"X")  # held: A is in flight on the old ledger
+        old.ack_all()
+        await _until(lambda: len(new.pending) == 1)
+        z = writer.append_nowait(b"Z")
+        for name, future in (("A", a), ("X", x), ("Z", z)):
+            future.add_done_callback(lambda _, name=name: order.append(name))
+        new.ack_all()
+        await _settled([a, x, z])
+        assert order == ["A", "X", "Z"]
+    finally:
+        await store.close()
+
+
+def test_after_giving_up_the_machine_only_cleans_up_what_its_operations_answer():
+    m = StreamWriterMachine("s", fail_stop=True)
+    m.start()
+    m.step(ListRead([], 0, False))
+    m.step(LedgerCreated(1))
+    m.step(ListWritten(1))
+    assert m.roll() == [CreateLedger()]
+    m.step(LedgerFailed(1, NotEnoughBookiesError("none left"), False))  # gives up
+    assert m.step(LedgerCreated(2)) == [DiscardLedger(2)]  # (not in the list)
+    assert m.step(ListWritten(3)) == [] and m.state is State.FENCED and m.current == 1
