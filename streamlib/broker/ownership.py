@@ -83,6 +83,8 @@ class Broker:
         self.owned: dict[str, OwnedStream] = {}
         self._owning: dict[str, asyncio.Task[OwnedStream]] = {}
         self._tasks = HeldTasks(f"broker {broker_id}")
+        self._load_dirty = False  # (the registration is behind what it owns: _update_load)
+        self._load_writer: asyncio.Task[None] | None = None
         self.closed = False
         # Its Pulsar ports (streamlib/pulsar/), set before start when it serves them:
         # what lookups through them answer with.
@@ -294,13 +296,23 @@ class Broker:
             raise NotOwnerError(f"stream {stream!r} is owned by broker at {where}")
         owned = OwnedStream(self, stream)
         self.owned[stream] = owned
-        await self._update_load()
+        self._update_load()
         log.info("broker %s owns %s", self.broker_id, stream)
         return owned
 
-    async def _update_load(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.registry.update(self.info)
+    def _update_load(self) -> None:
+        """Rewrite the registration (the streams it owns: what lookups balance on) soon:
+        one write at a time, covering every change made while the last was under way --
+        a broker opening thousands of streams at once wrote its registration for each."""
+        self._load_dirty = True
+        if self._load_writer is None or self._load_writer.done():
+            self._load_writer = self._spawn(self._write_load())
+
+    async def _write_load(self) -> None:
+        while self._load_dirty:
+            self._load_dirty = False
+            with contextlib.suppress(Exception):
+                await self.registry.update(self.info)
 
     def give_up(self, owned: OwnedStream, error: BaseException | None) -> None:
         """The stream's writer failed (fenced: someone else owns it now)."""
@@ -317,7 +329,7 @@ class Broker:
         await owned.close(error)
         with contextlib.suppress(Exception):
             await self.registry.release(stream, self.info)
-        await self._update_load()
+        self._update_load()
 
     async def unload(self, stream: str, refuse_s: float = 0.0) -> bool:
         """Give the stream up (its dedup snapshot written first); refuse_s: and do not
