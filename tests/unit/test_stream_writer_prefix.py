@@ -15,7 +15,9 @@ driver with a fake ledger layer whose appends the test settles by hand:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,14 +120,19 @@ class FakeLedgers:
         return [data for _, ledger in sorted(self.ledgers.items()) for data in ledger.stored]
 
 
-async def _writer(fail_stop: bool) -> tuple[StreamWriter, FakeLedgers, Any]:
+@contextlib.asynccontextmanager
+async def _writer(fail_stop: bool) -> AsyncIterator[tuple[StreamWriter, FakeLedgers]]:
+    """A started writer of stream "s" on FakeLedgers (and a memory metadata store)."""
     store = await metadata.connect(f"memory://prefix-{uuid.uuid4().hex}")
-    registry = StreamRegistry(store)
-    await registry.create(StreamMetadata(name="s"))
-    ledgers = FakeLedgers()
-    writer = StreamWriter(ledgers, registry, "s", fail_stop=fail_stop)  # type: ignore[arg-type]
-    await writer.start()
-    return writer, ledgers, store
+    try:
+        registry = StreamRegistry(store)
+        await registry.create(StreamMetadata(name="s"))
+        ledgers = FakeLedgers()
+        writer = StreamWriter(ledgers, registry, "s", fail_stop=fail_stop)  # type: ignore[arg-type]
+        await writer.start()
+        yield writer, ledgers
+    finally:
+        await store.close()
 
 
 async def _settled(futures: list[asyncio.Future[Any]]) -> list[Any]:
@@ -141,8 +148,7 @@ async def _until(predicate: Any) -> None:
 
 
 async def test_a_roll_takes_no_append_to_the_new_ledger_while_the_old_has_some_in_flight():
-    writer, ledgers, store = await _writer(fail_stop=True)
-    try:
+    async with _writer(fail_stop=True) as (writer, ledgers):
         old = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
         before = [writer.append_nowait(b"m0"), writer.append_nowait(b"m1")]
         await writer._run(writer._machine.roll())  # serves the new ledger from here on
@@ -156,13 +162,10 @@ async def test_a_roll_takes_no_append_to_the_new_ledger_while_the_old_has_some_i
         assert ledgers.stored() == []  # m2 and m3 were never written after the failure
         with pytest.raises(StreamlibError):
             writer.append_nowait(b"m4")  # fail-stop: the writer gave up
-    finally:
-        await store.close()
 
 
 async def test_held_appends_go_to_the_new_ledger_in_order_once_the_old_ones_are_in():
-    writer, ledgers, store = await _writer(fail_stop=True)
-    try:
+    async with _writer(fail_stop=True) as (writer, ledgers):
         old = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
         before = [writer.append_nowait(b"m0"), writer.append_nowait(b"m1")]
         await writer._run(writer._machine.roll())
@@ -175,13 +178,10 @@ async def test_held_appends_go_to_the_new_ledger_in_order_once_the_old_ones_are_
         outcomes = await _settled(before + after)
         assert [o[0] for o in outcomes] == [old.ledger_id] * 2 + [new.ledger_id] * 2
         assert ledgers.stored() == [b"m0", b"m1", b"m2", b"m3"]
-    finally:
-        await store.close()
 
 
 async def test_a_fail_stop_writer_stores_nothing_appended_after_a_failed_entry():
-    writer, ledgers, store = await _writer(fail_stop=True)
-    try:
+    async with _writer(fail_stop=True) as (writer, ledgers):
         ledger = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
         first = writer.append_nowait(b"m0")
         ledger.fail(NotEnoughBookiesError("no bookie left for an ensemble change"))
@@ -193,13 +193,10 @@ async def test_a_fail_stop_writer_stores_nothing_appended_after_a_failed_entry()
         with pytest.raises(StreamlibError):
             writer.append_nowait(b"m2")
         assert ledgers.stored() == [] and len(ledgers.ledgers) == 1  # nothing replaced it
-    finally:
-        await store.close()
 
 
 async def test_a_writer_that_is_not_fail_stop_still_replaces_a_broken_ledger():
-    writer, ledgers, store = await _writer(fail_stop=False)
-    try:
+    async with _writer(fail_stop=False) as (writer, ledgers):
         ledger = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
         first = writer.append_nowait(b"m0")
         ledger.fail(NotEnoughBookiesError("no bookie left for an ensemble change"))
@@ -209,8 +206,6 @@ async def test_a_writer_that_is_not_fail_stop_still_replaces_a_broken_ledger():
         ledgers.ledgers[writer.ledger_id].ack_all()  # type: ignore[index]
         assert (await _settled([second]))[0][0] == writer.ledger_id
         assert ledgers.stored() == [b"m1"]
-    finally:
-        await store.close()
 
 
 def _rolled(fail_stop: bool) -> StreamWriterMachine:
@@ -244,8 +239,7 @@ def test_the_machine_of_another_writer_replaces_its_current_ledger_only():
 
 
 async def test_a_roll_that_completes_after_a_fail_stop_writer_gave_up_serves_nothing():
-    writer, ledgers, store = await _writer(fail_stop=True)
-    try:
+    async with _writer(fail_stop=True) as (writer, ledgers):
         old = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
         cas = asyncio.Event()
         write = writer._registry.write
@@ -266,13 +260,10 @@ async def test_a_roll_that_completes_after_a_fail_stop_writer_gave_up_serves_not
         with pytest.raises(StreamlibError):
             writer.append_nowait(b"Y")
         assert ledgers.stored() == []
-    finally:
-        await store.close()
 
 
 async def test_held_appends_settle_in_append_order_with_those_after_them():
-    writer, ledgers, store = await _writer(fail_stop=True)
-    try:
+    async with _writer(fail_stop=True) as (writer, ledgers):
         old = ledgers.ledgers[writer.ledger_id]  # type: ignore[index]
         order: list[str] = []
         a = writer.append_nowait(b"A")
@@ -287,8 +278,6 @@ async def test_held_appends_settle_in_append_order_with_those_after_them():
         new.ack_all()
         await _settled([a, x, z])
         assert order == ["A", "X", "Z"]
-    finally:
-        await store.close()
 
 
 def test_after_giving_up_the_machine_only_cleans_up_what_its_operations_answer():
