@@ -32,8 +32,8 @@ the driver's commands.
   gives up at a ledger's first failure instead, fenced or not: a resend is deduplicated
   against the highest sequence id stored, so nothing may be stored after an entry that
   failed -- the next owner's takeover decides what of the failed ledger is kept. (The
-  driver keeps the other half of that rule: appends go to one ledger at a time, so a
-  roll's new ledger takes nothing until every entry of the old one is acknowledged.)
+  driver keeps the other half of that rule for it: appends go to one ledger at a time, so
+  a roll's new ledger takes nothing until every entry of the old one is acknowledged.)
 """
 
 from __future__ import annotations

@@ -385,11 +385,15 @@ class StreamWriter:
             return outer
         handle = self._current
         in_flight_on = self._pending[-1].ledger_id if self._pending else None
-        if self._held or not may_append(handle.ledger_id, in_flight_on):
-            # One ledger at a time: a roll's new ledger takes nothing while entries of the
-            # old one are in flight. Were one of those to fail, what went to the new one
-            # would be stored after it -- and a resend of the failed one deduplicated
-            # against it (a broker's), lost. They go once the old ones are in (_drain).
+        if self._held or (
+            self._machine.fail_stop and not may_append(handle.ledger_id, in_flight_on)
+        ):
+            # One ledger at a time (a fail-stop writer's): a roll's new ledger takes
+            # nothing while entries of the old one are in flight. Were one of those to
+            # fail, what went to the new one would be stored after it -- and a resend of
+            # the failed one deduplicated against it (a broker's), lost. They go once the
+            # old ones are in (_drain). (A writer that replaces a failed ledger and goes on
+            # stores after a failure anyway: it pipelines through its rolls.)
             self._held.append((data, outer))
             return outer
         try:
