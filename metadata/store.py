@@ -236,6 +236,10 @@ class MetadataStore(abc.ABC):
 
     def __init__(self) -> None:
         self._watches: set[Watch] = set()
+        # The same watches by path: an event reaches those of its path only (a broker
+        # tailing thousands of ledgers has thousands of watches, and an event for each
+        # write: offering every event to every watch was quadratic).
+        self._watches_at: dict[str, set[Watch]] = {}
         self._watch_guard = threading.Lock()
         self._session_listeners: list[Callable[[str], None]] = []
         self._loop = asyncio.get_running_loop()
@@ -307,18 +311,24 @@ class MetadataStore(abc.ABC):
         watch = Watch(validate_path(path), children, self._unwatch)
         with self._watch_guard:
             self._watches.add(watch)
+            self._watches_at.setdefault(watch.path, set()).add(watch)
         self._watch_added(watch)
         return watch
 
     def _unwatch(self, watch: Watch) -> None:
         with self._watch_guard:
             self._watches.discard(watch)
+            at = self._watches_at.get(watch.path)
+            if at is not None:
+                at.discard(watch)
+                if not at:
+                    del self._watches_at[watch.path]
         self._watch_removed(watch)
 
     def _dispatch(self, events: Sequence[WatchEvent]) -> None:
         with self._watch_guard:
-            watches = list(self._watches)
-        for event in events:
+            found = [(event, list(self._watches_at.get(event.path, ()))) for event in events]
+        for event, watches in found:
             for watch in watches:
                 watch.deliver(event)
 

@@ -154,3 +154,21 @@ async def test_zookeeper_store_rides_out_a_server_restart(tmp_path):
             assert await store.exists("/mine") == 0
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_an_event_reaches_the_watches_of_its_path_only(tmp_path):
+    async with await metadata.connect(f"sqlite://{tmp_path}/meta.db") as store:
+        watches = {path: store.watch(path) for path in ("/a", "/b", "/c")}
+        children = store.watch("/", children=True)
+        await store.create("/b", b"x")
+        assert (await watches["/b"].next(WAIT_S)).kind == "created"
+        assert (await children.next(WAIT_S)).kind == "children"
+        for path in ("/a", "/c"):
+            with pytest.raises(TimeoutError):
+                await watches[path].next(0.2)  # (a bounded wait: nothing comes)
+        await watches["/b"].close()
+        await store.set("/b", b"y")  # (a closed watch is out of the index)
+        assert store._watches_at.keys() == {"/a", "/c", "/"}
+        for watch in (*watches.values(), children):
+            await watch.close()
+        assert store._watches_at == {}
