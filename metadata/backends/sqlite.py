@@ -24,13 +24,6 @@ ZooKeeper gives them must come from the database file itself:
 
 All database work runs on one thread per store (sqlite3 connections are not shared
 across threads), reached from asyncio through run_in_executor.
-
-Writes commit in groups: the operations (create, set, delete, multi) that queue up while
-the thread is busy commit together, each in a SAVEPOINT of one transaction -- one that
-fails (a version conflict, a missing node) is rolled back alone and gets its own error,
-the others commit. With synchronous=FULL a commit is an fsync: a process doing
-thousands of small writes at once (a broker opening thousands of streams, persisting
-their cursors) pays one per group, not one per write, as ZooKeeper's group commit.
 """
 
 from __future__ import annotations
@@ -43,7 +36,6 @@ import os
 import socket
 import sqlite3
 import stat
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -72,10 +64,6 @@ from metadata.store import Create, Election, Lock, MetadataStore, Op, Versioned,
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-# A write waiting for a group commit: what it does (its result and watch events), and
-# the future its caller awaits.
-_Write = tuple[Callable[[], tuple[object, list["WatchEvent"]]], "asyncio.Future[object]"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -206,10 +194,6 @@ class SqliteStore(MetadataStore):
         self._synchronous = synchronous
         self.session_id = ""
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="metadata-sqlite")
-        # Writes waiting for the next group commit (_commit_group), and their futures.
-        self._group: list[_Write] = []
-        self.group_commits = 0  # transactions that committed writes (each an fsync)
-        self._group_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._table: _tree.NodeTable | None = None
         self._last_change = 0
@@ -414,104 +398,20 @@ class SqliteStore(MetadataStore):
         return await self._call(lambda: self._read(children))
 
     async def _transaction(self, ops: list[Op]) -> list[object]:
-        def apply() -> tuple[object, list[WatchEvent]]:
+        def apply() -> tuple[list[object], list[WatchEvent]]:
             if any(isinstance(op, Create) and op.ephemeral for op in ops):
                 self._check_session()
             return _tree.apply(self._tab(), ops, self.session_id)
 
         try:
-            results = await self._grouped(apply)
+            results, events, gap = await self._call(lambda: self._write_and_drain(apply))
         except SessionExpiredError:
             if not self._closed:
                 await self._call(self._renew_session)
                 self._session_expired()
             raise
-        return results  # type: ignore[return-value]
-
-    async def _grouped(self, apply: Callable[[], tuple[object, list[WatchEvent]]]) -> object:
-        """apply's result, once committed with whatever other writes came meanwhile (its
-        watch events published first, as a write of its own would)."""
-        if self._conn is None and self._table is not None:
-            raise SessionExpiredError(f"store {self.uri} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[object] = loop.create_future()
-        with self._group_lock:
-            self._group.append((apply, future))
-            first = len(self._group) == 1
-        if first:  # (later ones join the group this one's commit takes)
-            try:
-                committing = loop.run_in_executor(self._executor, self._commit_group, loop)
-            except RuntimeError:  # (the store's thread was shut down: closed)
-                with self._group_lock:
-                    group, self._group = self._group, []
-                closed = SessionExpiredError(f"store {self.uri} is closed")
-                self._settle_group(group, [(False, closed)] * len(group), [], False)
-            else:
-                committing.add_done_callback(_retrieved)
-        return await future
-
-    def _commit_group(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the store's thread: every write queued so far, in one transaction."""
-        with self._group_lock:
-            group, self._group = self._group, []
-        if not group:
-            return
-        outcomes: list[tuple[bool, object]] = []
-
-        def attempt() -> None:
-            conn = self._db()
-            outcomes.clear()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for apply, _ in group:
-                    conn.execute("SAVEPOINT one")
-                    try:
-                        result, events = apply()
-                        self._log(events)
-                    except sqlite3.Error:
-                        raise  # (the database's failure: the whole group's)
-                    except Exception as error:  # this write's own: it alone is undone
-                        conn.execute("ROLLBACK TO one")
-                        conn.execute("RELEASE one")
-                        outcomes.append((False, error))
-                    else:
-                        conn.execute("RELEASE one")
-                        outcomes.append((True, result))
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            self.group_commits += 1
-
-        events: list[WatchEvent] = []
-        gap = False
-        try:
-            self._retrying(attempt)
-        except Exception as error:  # the group failed as a whole
-            outcomes[:] = [(False, error)] * len(group)
-        try:
-            events, gap = self._retrying(self._drain)
-        except Exception as error:
-            log.warning("%s: reading the change log after a commit failed: %s", self.uri, error)
-        loop.call_soon_threadsafe(self._settle_group, group, outcomes, events, gap)
-
-    def _settle_group(
-        self,
-        group: list[_Write],
-        outcomes: list[tuple[bool, object]],
-        events: list[WatchEvent],
-        gap: bool,
-    ) -> None:
         self._publish(events, gap)
-        for (_, future), (ok, value) in zip(group, outcomes, strict=True):
-            if future.done():
-                continue  # (its caller was cancelled: the write happened all the same)
-            if ok:
-                future.set_result(value)
-            else:
-                assert isinstance(value, BaseException)
-                future.set_exception(value)
+        return results
 
     async def _delete_recursive(self, path: str, version: int) -> None:
         _, events, gap = await self._call(
@@ -625,10 +525,3 @@ class SqliteStore(MetadataStore):
                 self._session_expired()
             self._publish(events, gap)
             tick += 1
-
-
-def _retrieved(done: asyncio.Future[None]) -> None:
-    """A group commit's own task: its outcome went to each write's future (an error
-    here is a bug of the commit itself, logged)."""
-    if not done.cancelled() and done.exception() is not None:
-        log.error("metadata group commit failed", exc_info=done.exception())

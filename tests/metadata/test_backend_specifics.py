@@ -37,29 +37,6 @@ async def test_sqlite_busy_database_gives_store_busy_after_the_retry_budget(tmp_
         assert await store.set("/n", b"after") == 1
 
 
-async def test_sqlite_writes_that_come_together_commit_together_and_fail_alone(tmp_path):
-    uri = f"sqlite://{tmp_path}/meta.db"
-    async with await metadata.connect(uri) as store, await metadata.connect(uri) as other:
-        await store.create("/n", b"0")
-        watch = store.watch("/n")  # (the writer's own watch: published with the commit)
-        before = store.group_commits
-        writes = [store.create(f"/c{i}", b"x") for i in range(200)]
-        writes += [store.set("/n", b"stale", version=7), store.create("/c3", b"again")]
-        writes += [store.set("/n", b"1", version=0)]
-        outcomes = await asyncio.gather(*writes, return_exceptions=True)
-        assert all(not isinstance(o, BaseException) for o in outcomes[:200])
-        assert isinstance(outcomes[200], metadata.BadVersionError)
-        assert isinstance(outcomes[201], metadata.NodeExistsError)
-        assert outcomes[202] == 1
-        assert store.group_commits - before < 50  # (grouped: not one commit per write)
-        assert (await watch.next(WAIT_S)).kind == "changed"
-        await watch.close()
-        # Committed as one: another process sees every write but the two that failed.
-        assert len(await other.children("/")) == 201  # 200 creates and /n
-        assert await other.get("/n") == metadata.Versioned(b"1", 1)
-        assert await other.get("/c3") == metadata.Versioned(b"x", 0)
-
-
 async def test_sqlite_watchers_see_another_connections_write_within_100_ms(tmp_path):
     uri = f"sqlite://{tmp_path}/meta.db"
     async with await metadata.connect(uri) as watcher, await metadata.connect(uri) as writer:
