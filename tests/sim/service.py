@@ -385,10 +385,7 @@ class ServiceScenario:
         if self.list_version != version:  # the list moved on: someone else took over
             self.give_up_waiting(broker, owned)
             return
-        self.ledgers.append(Ledger())
-        self.list.append(len(self.ledgers) - 1)
-        self.list_version += 1
-        owned.writer = self.list[-1]
+        owned.writer = self.new_ledger()
         owned.durable = self.stored_seqs()
         owned.sent = dict(owned.durable)
         owned.taking_over = False
@@ -450,7 +447,7 @@ class ServiceScenario:
     def append(self, broker: Broker, owned: Owned, producer: Producer, seq: int) -> None:
         ledger_no, incarnation = owned.writer, broker.incarnation
         assert ledger_no is not None
-        in_flight_on = owned.pending[max(owned.pending)][2] if owned.pending else None
+        in_flight_on = owned.pending[next(reversed(owned.pending))][2] if owned.pending else None
         waits = owned.held or not may_append(ledger_no, in_flight_on)
         if waits and self.mutation != "roll_without_waiting":
             owned.held.append((producer, seq))
@@ -484,11 +481,15 @@ class ServiceScenario:
         if self.list[-1] != owned.writer:  # the list moved on without it: fenced
             self.fenced(broker, owned)
             return
+        owned.writer = self.new_ledger()
+        self.log(f"{broker.id} rolls to ledger {owned.writer}")
+
+    def new_ledger(self) -> int:
+        """A new ledger, appended to the list (a CAS: the list's version moves)."""
         self.ledgers.append(Ledger())
         self.list.append(len(self.ledgers) - 1)
         self.list_version += 1
-        owned.writer = self.list[-1]
-        self.log(f"{broker.id} rolls to ledger {owned.writer}")
+        return self.list[-1]
 
     def stored(self, owned: Owned, op: int) -> None:
         """The ledger stored append `op`: acknowledged once every one before it is."""
