@@ -27,6 +27,7 @@ from streamlib.protocol.errors import BadRequestError
 from streamlib.security import client_config
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.admin import StreamManager, partition_name, partitions_of
+from streamlib.stream.compacted import CompactedScanner, check_read_compacted
 from streamlib.stream.consumer import Consumer, DeadLetterPolicy
 from streamlib.stream.durable import DirectSubscription, ranges_from_state, ranges_to_state
 from streamlib.stream.multi import subscribe_each
@@ -178,6 +179,7 @@ class Client(ClientParts):
         dead_letter_policy: DeadLetterPolicy | None = None,
         message_listener: Callable[[Consumer, Message], object] | None = None,
         schema: Any = None,
+        read_compacted: bool = False,
     ) -> Consumer:
         """A durable subscription. A new one starts at the `initial_position`
         ("latest" or "earliest"); an existing one resumes from its cursor. Given a list
@@ -195,8 +197,11 @@ class Client(ClientParts):
         sends a message delivered again too often to a dead-letter stream instead.
         message_listener(consumer, message) is called for each message on the loop (a
         coroutine function is awaited) instead of calling receive(). schema (see
-        streamlib.schema): what message.value() decodes with."""
+        streamlib.schema): what message.value() decodes with. read_compacted: read the
+        stream's compacted view up to its horizon, then the stream (exclusive and
+        failover subscriptions, as Pulsar's; streamlib/stream/compacted.py)."""
         initial_position = parse_initial_position(initial_position)
+        check_read_compacted(read_compacted, consumer_type)
         if isinstance(stream, str) and (count := await self.streams.partitions(stream)):
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
@@ -216,6 +221,7 @@ class Client(ClientParts):
                     consumer_name=consumer_name,
                     dead_letter_policy=dead_letter_policy,
                     schema=schema,
+                    read_compacted=read_compacted,
                 ),
             )
             self._open.append(multi)  # closed first: its receives in flight end cleanly
@@ -231,12 +237,13 @@ class Client(ClientParts):
         )
         await gate.enter()
         try:
-            scanner = StreamScanner(self.ledgers, registry, stream, EARLIEST)
+            scanner = self.scanner(stream, read_compacted)
             stored = await registry.read_cursor(stream, subscription)
             if stored is None:
                 start = EARLIEST if initial_position == "earliest" else await scanner.end_position()
                 acks = AckRanges(start)
-                version = await registry.write_cursor(stream, subscription, ranges_to_state(acks))
+                state = ranges_to_state(acks, read_compacted=read_compacted)
+                version = await registry.write_cursor(stream, subscription, state)
                 await registry.cursor_moved_back(stream)  # retention must now see this cursor
             else:
                 acks, version = ranges_from_state(stored[0]), stored[1]
@@ -270,15 +277,24 @@ class Client(ClientParts):
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
         schema: Any = None,
+        read_compacted: bool = False,
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
         begins with the message after it, or with it when start_message_id_inclusive --
-        LATEST inclusive reads the last message first -- as Pulsar's readers)."""
+        LATEST inclusive reads the last message first -- as Pulsar's readers).
+        read_compacted: the stream's compacted view up to its horizon, then the stream
+        (each key once, at its latest, then every update; streamlib/stream/compacted.py)."""
         begin = parse_start(start)  # bad input first, before any lookup
+        check_read_compacted(read_compacted)
         partitions = await self.streams.partitions(stream)
-        scanner = StreamScanner(self.ledgers, self.streams.registry, stream, EARLIEST)
+        scanner = self.scanner(stream, read_compacted)
         feed = ScannerFeed(scanner, receiver_queue_size, schema)
         return await self._reader(stream, partitions, feed, begin, start_message_id_inclusive)
+
+    def scanner(self, stream: str, read_compacted: bool = False) -> StreamScanner:
+        """A scanner of the stream (compacted: a CompactedScanner) from its start."""
+        kind = CompactedScanner if read_compacted else StreamScanner
+        return kind(self.ledgers, self.streams.registry, stream, EARLIEST)
 
     async def close(self) -> None:
         await self._close_parts()

@@ -22,6 +22,7 @@ from streamlib.stream.consumer import Consumer
 from streamlib.stream.positions import EARLIEST, MessageId
 from streamlib.stream.producer import Producer
 from streamlib.stream.reader import Feed, Reader
+from streamlib.stream.table_view import TableView
 
 _PRODUCER_COUNTS = ("sent", "send_errors", "pending_messages", "latency_sum_s")
 _CONSUMER_COUNTS = ("received", "acknowledged", "negatively_acknowledged", "dead_lettered")
@@ -178,6 +179,15 @@ class ClientParts:
         reader = Reader(feed, stream, EARLIEST if after is None else after, inclusive)
         self._open.append(reader)
         return reader
+
+    async def create_table_view(self, stream: str, schema: Any = None) -> TableView:
+        """pulsar-client's TableView: a live read-only mapping of the latest value of
+        every key of `stream` (decoded with `schema`), kept by a compacted reader; it
+        returns once it holds every key up to the end of the stream now. See
+        streamlib/stream/table_view.py."""
+        view = await TableView.create(self, stream, schema)
+        self._open.append(view)
+        return view
 
     def stats(self) -> dict[str, Any]:
         """What this client's producers (by stream) and consumers (by

@@ -18,6 +18,7 @@ from metadata.errors import SchemaError
 from metadata.schemas.metadata_pb2 import (
     BookieInfo,
     ClusterInstance,
+    Compaction,
     Cookie,
     CursorState,
     DigestType,
@@ -75,6 +76,7 @@ __all__ = [
     "FORMAT_VERSION",
     "BookieInfo",
     "ClusterInstance",
+    "Compaction",
     "Cookie",
     "CursorState",
     "DigestType",

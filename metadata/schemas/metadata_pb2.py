@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmetadata/schemas/metadata.proto\x12\x15streamlib.metadata.v1\"\x86\x01\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x62ookies\x18\x02 \x03(\t\x12\x17\n\x0f\x63reated_time_ms\x18\x03 \x01(\x03\x12\x19\n\x0cstart_length\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04term\x18\x05 \x01(\x04\x42\x0f\n\r_start_length\"\xcc\x04\n\x0eLedgerMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x15\n\rensemble_size\x18\x03 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x04 \x01(\r\x12\x12\n\nack_quorum\x18\x05 \x01(\r\x12\x31\n\x05state\x18\x06 \x01(\x0e\x32\".streamlib.metadata.v1.LedgerState\x12\x15\n\rlast_entry_id\x18\x07 \x01(\x03\x12\x0e\n\x06length\x18\x08 \x01(\x03\x12\x32\n\tfragments\x18\t \x03(\x0b\x32\x1f.streamlib.metadata.v1.Fragment\x12\x36\n\x0b\x64igest_type\x18\n \x01(\x0e\x32!.streamlib.metadata.v1.DigestType\x12\x15\n\rpassword_hash\x18\x0b \x01(\x0c\x12\x0c\n\x04term\x18\x0c \x01(\x04\x12\x11\n\tunbounded\x18\r \x01(\x08\x12\x16\n\x0e\x66irst_entry_id\x18\x0e \x01(\x03\x12R\n\x0f\x63ustom_metadata\x18\x0f \x03(\x0b\x32\x39.streamlib.metadata.v1.LedgerMetadata.CustomMetadataEntry\x12\x18\n\x10\x63reation_time_ms\x18\x10 \x01(\x03\x12\x13\n\x0bkey_version\x18\x11 \x01(\r\x1a\x35\n\x13\x43ustomMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"]\n\nLedgerInfo\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x03\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x17\n\x0f\x63reated_time_ms\x18\x04 \x01(\x03\"\x87\x01\n\x0cLedgerConfig\x12\x15\n\rensemble_size\x18\x01 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\r\x12\x12\n\nack_quorum\x18\x03 \x01(\r\x12\x36\n\x0b\x64igest_type\x18\x04 \x01(\x0e\x32!.streamlib.metadata.v1.DigestType\"L\n\x0eRolloverPolicy\x12\x13\n\x0bmax_entries\x18\x01 \x01(\x03\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\x12\x12\n\nmax_age_ms\x18\x03 \x01(\x03\"6\n\x0fRetentionPolicy\x12\x0f\n\x07time_ms\x18\x01 \x01(\x03\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\"\xe2\x03\n\x0eStreamMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x04mode\x18\x03 \x01(\x0e\x32!.streamlib.metadata.v1.StreamMode\x12\x32\n\x07ledgers\x18\x04 \x03(\x0b\x32!.streamlib.metadata.v1.LedgerInfo\x12I\n\nproperties\x18\x05 \x03(\x0b\x32\x35.streamlib.metadata.v1.StreamMetadata.PropertiesEntry\x12:\n\rledger_config\x18\x06 \x01(\x0b\x32#.streamlib.metadata.v1.LedgerConfig\x12\x37\n\x08rollover\x18\x07 \x01(\x0b\x32%.streamlib.metadata.v1.RolloverPolicy\x12\x39\n\tretention\x18\x08 \x01(\x0b\x32&.streamlib.metadata.v1.RetentionPolicy\x12\x17\n\x0f\x63reated_time_ms\x18\t \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x08Position\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\x05\"o\n\rPositionRange\x12.\n\x05lower\x18\x01 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\x12.\n\x05upper\x18\x02 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\"\xb0\x02\n\x0b\x43ursorState\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x34\n\x0bmark_delete\x18\x02 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\x12@\n\x12individually_acked\x18\x03 \x03(\x0b\x32$.streamlib.metadata.v1.PositionRange\x12\x46\n\nproperties\x18\x04 \x03(\x0b\x32\x32.streamlib.metadata.v1.CursorState.PropertiesEntry\x12\x16\n\x0elast_active_ms\x18\x05 \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xda\x01\n\nBookieInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x12\n\nfree_bytes\x18\x06 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x03\x12\x17\n\x0fmetrics_address\x18\x08 \x01(\t\x12\x15\n\rregistered_ms\x18\t \x01(\x03\x12\x16\n\x0e\x66ramed_address\x18\n \x01(\t\"\xa1\x01\n\x06\x43ookie\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x13\n\x0bjournal_dir\x18\x04 \x01(\t\x12\x11\n\tdata_dirs\x18\x05 \x03(\t\x12\x12\n\ncreated_ms\x18\x06 \x01(\x03\x12\x1b\n\x13\x63luster_instance_id\x18\x07 \x01(\t\"R\n\x0f\x43lusterInstance\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\"n\n\x15UnderReplicatedLedger\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x17\n\x0fmissing_bookies\x18\x03 \x03(\t\x12\x11\n\tmarked_ms\x18\x04 \x01(\x03*R\n\x0bLedgerState\x12\x1c\n\x18LEDGER_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0f\n\x0bIN_RECOVERY\x10\x02\x12\n\n\x06\x43LOSED\x10\x03*F\n\nDigestType\x12\x1b\n\x17\x44IGEST_TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06\x43RC32C\x10\x01\x12\x0f\n\x0bHMAC_SHA256\x10\x02*E\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x0b\n\x07MANAGED\x10\x01\x12\r\n\tUNBOUNDED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmetadata/schemas/metadata.proto\x12\x15streamlib.metadata.v1\"\x86\x01\n\x08\x46ragment\x12\x16\n\x0e\x66irst_entry_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x62ookies\x18\x02 \x03(\t\x12\x17\n\x0f\x63reated_time_ms\x18\x03 \x01(\x03\x12\x19\n\x0cstart_length\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04term\x18\x05 \x01(\x04\x42\x0f\n\r_start_length\"\xcc\x04\n\x0eLedgerMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x15\n\rensemble_size\x18\x03 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x04 \x01(\r\x12\x12\n\nack_quorum\x18\x05 \x01(\r\x12\x31\n\x05state\x18\x06 \x01(\x0e\x32\".streamlib.metadata.v1.LedgerState\x12\x15\n\rlast_entry_id\x18\x07 \x01(\x03\x12\x0e\n\x06length\x18\x08 \x01(\x03\x12\x32\n\tfragments\x18\t \x03(\x0b\x32\x1f.streamlib.metadata.v1.Fragment\x12\x36\n\x0b\x64igest_type\x18\n \x01(\x0e\x32!.streamlib.metadata.v1.DigestType\x12\x15\n\rpassword_hash\x18\x0b \x01(\x0c\x12\x0c\n\x04term\x18\x0c \x01(\x04\x12\x11\n\tunbounded\x18\r \x01(\x08\x12\x16\n\x0e\x66irst_entry_id\x18\x0e \x01(\x03\x12R\n\x0f\x63ustom_metadata\x18\x0f \x03(\x0b\x32\x39.streamlib.metadata.v1.LedgerMetadata.CustomMetadataEntry\x12\x18\n\x10\x63reation_time_ms\x18\x10 \x01(\x03\x12\x13\n\x0bkey_version\x18\x11 \x01(\r\x1a\x35\n\x13\x43ustomMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"]\n\nLedgerInfo\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x03\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x17\n\x0f\x63reated_time_ms\x18\x04 \x01(\x03\"\x87\x01\n\x0cLedgerConfig\x12\x15\n\rensemble_size\x18\x01 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x02 \x01(\r\x12\x12\n\nack_quorum\x18\x03 \x01(\r\x12\x36\n\x0b\x64igest_type\x18\x04 \x01(\x0e\x32!.streamlib.metadata.v1.DigestType\"L\n\x0eRolloverPolicy\x12\x13\n\x0bmax_entries\x18\x01 \x01(\x03\x12\x11\n\tmax_bytes\x18\x02 \x01(\x03\x12\x12\n\nmax_age_ms\x18\x03 \x01(\x03\"I\n\x0fRetentionPolicy\x12\x0f\n\x07time_ms\x18\x01 \x01(\x03\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x11\n\tcompacted\x18\x03 \x01(\x08\"\x9f\x01\n\nCompaction\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x30\n\x07horizon\x18\x02 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x03\x12\x0c\n\x04keys\x18\x04 \x01(\x03\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x19\n\x11\x63ompacted_time_ms\x18\x06 \x01(\x03\"\xbd\x04\n\x0eStreamMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12/\n\x04mode\x18\x03 \x01(\x0e\x32!.streamlib.metadata.v1.StreamMode\x12\x32\n\x07ledgers\x18\x04 \x03(\x0b\x32!.streamlib.metadata.v1.LedgerInfo\x12I\n\nproperties\x18\x05 \x03(\x0b\x32\x35.streamlib.metadata.v1.StreamMetadata.PropertiesEntry\x12:\n\rledger_config\x18\x06 \x01(\x0b\x32#.streamlib.metadata.v1.LedgerConfig\x12\x37\n\x08rollover\x18\x07 \x01(\x0b\x32%.streamlib.metadata.v1.RolloverPolicy\x12\x39\n\tretention\x18\x08 \x01(\x0b\x32&.streamlib.metadata.v1.RetentionPolicy\x12\x17\n\x0f\x63reated_time_ms\x18\t \x01(\x03\x12\x35\n\ncompaction\x18\n \x01(\x0b\x32!.streamlib.metadata.v1.Compaction\x12\"\n\x1a\x63ompaction_threshold_bytes\x18\x0b \x01(\x03\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x08Position\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\x05\"o\n\rPositionRange\x12.\n\x05lower\x18\x01 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\x12.\n\x05upper\x18\x02 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\"\xc8\x02\n\x0b\x43ursorState\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x34\n\x0bmark_delete\x18\x02 \x01(\x0b\x32\x1f.streamlib.metadata.v1.Position\x12@\n\x12individually_acked\x18\x03 \x03(\x0b\x32$.streamlib.metadata.v1.PositionRange\x12\x46\n\nproperties\x18\x04 \x03(\x0b\x32\x32.streamlib.metadata.v1.CursorState.PropertiesEntry\x12\x16\n\x0elast_active_ms\x18\x05 \x01(\x03\x12\x16\n\x0eread_compacted\x18\x06 \x01(\x08\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xda\x01\n\nBookieInfo\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04rack\x18\x04 \x01(\t\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x12\n\nfree_bytes\x18\x06 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x03\x12\x17\n\x0fmetrics_address\x18\x08 \x01(\t\x12\x15\n\rregistered_ms\x18\t \x01(\x03\x12\x16\n\x0e\x66ramed_address\x18\n \x01(\t\"\xa1\x01\n\x06\x43ookie\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tbookie_id\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\x13\n\x0bjournal_dir\x18\x04 \x01(\t\x12\x11\n\tdata_dirs\x18\x05 \x03(\t\x12\x12\n\ncreated_ms\x18\x06 \x01(\x03\x12\x1b\n\x13\x63luster_instance_id\x18\x07 \x01(\t\"R\n\x0f\x43lusterInstance\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x12\n\ncreated_ms\x18\x03 \x01(\x03\"n\n\x15UnderReplicatedLedger\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x11\n\tledger_id\x18\x02 \x01(\x03\x12\x17\n\x0fmissing_bookies\x18\x03 \x03(\t\x12\x11\n\tmarked_ms\x18\x04 \x01(\x03*R\n\x0bLedgerState\x12\x1c\n\x18LEDGER_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0f\n\x0bIN_RECOVERY\x10\x02\x12\n\n\x06\x43LOSED\x10\x03*F\n\nDigestType\x12\x1b\n\x17\x44IGEST_TYPE_UNSPECIFIED\x10\x00\x12\n\n\x06\x43RC32C\x10\x01\x12\x0f\n\x0bHMAC_SHA256\x10\x02*E\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x0b\n\x07MANAGED\x10\x01\x12\r\n\tUNBOUNDED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,12 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMMETADATA_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_CURSORSTATE_PROPERTIESENTRY']._loaded_options = None
   _globals['_CURSORSTATE_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_LEDGERSTATE']._serialized_start=2709
-  _globals['_LEDGERSTATE']._serialized_end=2791
-  _globals['_DIGESTTYPE']._serialized_start=2793
-  _globals['_DIGESTTYPE']._serialized_end=2863
-  _globals['_STREAMMODE']._serialized_start=2865
-  _globals['_STREAMMODE']._serialized_end=2934
+  _globals['_LEDGERSTATE']._serialized_start=3005
+  _globals['_LEDGERSTATE']._serialized_end=3087
+  _globals['_DIGESTTYPE']._serialized_start=3089
+  _globals['_DIGESTTYPE']._serialized_end=3159
+  _globals['_STREAMMODE']._serialized_start=3161
+  _globals['_STREAMMODE']._serialized_end=3230
   _globals['_FRAGMENT']._serialized_start=59
   _globals['_FRAGMENT']._serialized_end=193
   _globals['_LEDGERMETADATA']._serialized_start=196
@@ -56,25 +56,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOVERPOLICY']._serialized_start=1019
   _globals['_ROLLOVERPOLICY']._serialized_end=1095
   _globals['_RETENTIONPOLICY']._serialized_start=1097
-  _globals['_RETENTIONPOLICY']._serialized_end=1151
-  _globals['_STREAMMETADATA']._serialized_start=1154
-  _globals['_STREAMMETADATA']._serialized_end=1636
-  _globals['_STREAMMETADATA_PROPERTIESENTRY']._serialized_start=1587
-  _globals['_STREAMMETADATA_PROPERTIESENTRY']._serialized_end=1636
-  _globals['_POSITION']._serialized_start=1638
-  _globals['_POSITION']._serialized_end=1706
-  _globals['_POSITIONRANGE']._serialized_start=1708
-  _globals['_POSITIONRANGE']._serialized_end=1819
-  _globals['_CURSORSTATE']._serialized_start=1822
-  _globals['_CURSORSTATE']._serialized_end=2126
-  _globals['_CURSORSTATE_PROPERTIESENTRY']._serialized_start=2077
-  _globals['_CURSORSTATE_PROPERTIESENTRY']._serialized_end=2126
-  _globals['_BOOKIEINFO']._serialized_start=2129
-  _globals['_BOOKIEINFO']._serialized_end=2347
-  _globals['_COOKIE']._serialized_start=2350
-  _globals['_COOKIE']._serialized_end=2511
-  _globals['_CLUSTERINSTANCE']._serialized_start=2513
-  _globals['_CLUSTERINSTANCE']._serialized_end=2595
-  _globals['_UNDERREPLICATEDLEDGER']._serialized_start=2597
-  _globals['_UNDERREPLICATEDLEDGER']._serialized_end=2707
+  _globals['_RETENTIONPOLICY']._serialized_end=1170
+  _globals['_COMPACTION']._serialized_start=1173
+  _globals['_COMPACTION']._serialized_end=1332
+  _globals['_STREAMMETADATA']._serialized_start=1335
+  _globals['_STREAMMETADATA']._serialized_end=1908
+  _globals['_STREAMMETADATA_PROPERTIESENTRY']._serialized_start=1859
+  _globals['_STREAMMETADATA_PROPERTIESENTRY']._serialized_end=1908
+  _globals['_POSITION']._serialized_start=1910
+  _globals['_POSITION']._serialized_end=1978
+  _globals['_POSITIONRANGE']._serialized_start=1980
+  _globals['_POSITIONRANGE']._serialized_end=2091
+  _globals['_CURSORSTATE']._serialized_start=2094
+  _globals['_CURSORSTATE']._serialized_end=2422
+  _globals['_CURSORSTATE_PROPERTIESENTRY']._serialized_start=2373
+  _globals['_CURSORSTATE_PROPERTIESENTRY']._serialized_end=2422
+  _globals['_BOOKIEINFO']._serialized_start=2425
+  _globals['_BOOKIEINFO']._serialized_end=2643
+  _globals['_COOKIE']._serialized_start=2646
+  _globals['_COOKIE']._serialized_end=2807
+  _globals['_CLUSTERINSTANCE']._serialized_start=2809
+  _globals['_CLUSTERINSTANCE']._serialized_end=2891
+  _globals['_UNDERREPLICATEDLEDGER']._serialized_start=2893
+  _globals['_UNDERREPLICATEDLEDGER']._serialized_end=3003
 # @@protoc_insertion_point(module_scope)

@@ -130,15 +130,33 @@ class RolloverPolicy(_message.Message):
     def __init__(self, max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_age_ms: _Optional[int] = ...) -> None: ...
 
 class RetentionPolicy(_message.Message):
-    __slots__ = ("time_ms", "size_bytes")
+    __slots__ = ("time_ms", "size_bytes", "compacted")
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
     time_ms: int
     size_bytes: int
-    def __init__(self, time_ms: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    compacted: bool
+    def __init__(self, time_ms: _Optional[int] = ..., size_bytes: _Optional[int] = ..., compacted: _Optional[bool] = ...) -> None: ...
+
+class Compaction(_message.Message):
+    __slots__ = ("ledger_id", "horizon", "entries", "keys", "size_bytes", "compacted_time_ms")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    horizon: Position
+    entries: int
+    keys: int
+    size_bytes: int
+    compacted_time_ms: int
+    def __init__(self, ledger_id: _Optional[int] = ..., horizon: _Optional[_Union[Position, _Mapping]] = ..., entries: _Optional[int] = ..., keys: _Optional[int] = ..., size_bytes: _Optional[int] = ..., compacted_time_ms: _Optional[int] = ...) -> None: ...
 
 class StreamMetadata(_message.Message):
-    __slots__ = ("format_version", "name", "mode", "ledgers", "properties", "ledger_config", "rollover", "retention", "created_time_ms")
+    __slots__ = ("format_version", "name", "mode", "ledgers", "properties", "ledger_config", "rollover", "retention", "created_time_ms", "compaction", "compaction_threshold_bytes")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +173,8 @@ class StreamMetadata(_message.Message):
     ROLLOVER_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     CREATED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_THRESHOLD_BYTES_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     name: str
     mode: StreamMode
@@ -164,7 +184,9 @@ class StreamMetadata(_message.Message):
     rollover: RolloverPolicy
     retention: RetentionPolicy
     created_time_ms: int
-    def __init__(self, format_version: _Optional[int] = ..., name: _Optional[str] = ..., mode: _Optional[_Union[StreamMode, str]] = ..., ledgers: _Optional[_Iterable[_Union[LedgerInfo, _Mapping]]] = ..., properties: _Optional[_Mapping[str, str]] = ..., ledger_config: _Optional[_Union[LedgerConfig, _Mapping]] = ..., rollover: _Optional[_Union[RolloverPolicy, _Mapping]] = ..., retention: _Optional[_Union[RetentionPolicy, _Mapping]] = ..., created_time_ms: _Optional[int] = ...) -> None: ...
+    compaction: Compaction
+    compaction_threshold_bytes: int
+    def __init__(self, format_version: _Optional[int] = ..., name: _Optional[str] = ..., mode: _Optional[_Union[StreamMode, str]] = ..., ledgers: _Optional[_Iterable[_Union[LedgerInfo, _Mapping]]] = ..., properties: _Optional[_Mapping[str, str]] = ..., ledger_config: _Optional[_Union[LedgerConfig, _Mapping]] = ..., rollover: _Optional[_Union[RolloverPolicy, _Mapping]] = ..., retention: _Optional[_Union[RetentionPolicy, _Mapping]] = ..., created_time_ms: _Optional[int] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., compaction_threshold_bytes: _Optional[int] = ...) -> None: ...
 
 class Position(_message.Message):
     __slots__ = ("ledger_id", "entry_id", "batch_index")
@@ -185,7 +207,7 @@ class PositionRange(_message.Message):
     def __init__(self, lower: _Optional[_Union[Position, _Mapping]] = ..., upper: _Optional[_Union[Position, _Mapping]] = ...) -> None: ...
 
 class CursorState(_message.Message):
-    __slots__ = ("format_version", "mark_delete", "individually_acked", "properties", "last_active_ms")
+    __slots__ = ("format_version", "mark_delete", "individually_acked", "properties", "last_active_ms", "read_compacted")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,12 +220,14 @@ class CursorState(_message.Message):
     INDIVIDUALLY_ACKED_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
     LAST_ACTIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    READ_COMPACTED_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     mark_delete: Position
     individually_acked: _containers.RepeatedCompositeFieldContainer[PositionRange]
     properties: _containers.ScalarMap[str, int]
     last_active_ms: int
-    def __init__(self, format_version: _Optional[int] = ..., mark_delete: _Optional[_Union[Position, _Mapping]] = ..., individually_acked: _Optional[_Iterable[_Union[PositionRange, _Mapping]]] = ..., properties: _Optional[_Mapping[str, int]] = ..., last_active_ms: _Optional[int] = ...) -> None: ...
+    read_compacted: bool
+    def __init__(self, format_version: _Optional[int] = ..., mark_delete: _Optional[_Union[Position, _Mapping]] = ..., individually_acked: _Optional[_Iterable[_Union[PositionRange, _Mapping]]] = ..., properties: _Optional[_Mapping[str, int]] = ..., last_active_ms: _Optional[int] = ..., read_compacted: _Optional[bool] = ...) -> None: ...
 
 class BookieInfo(_message.Message):
     __slots__ = ("format_version", "bookie_id", "address", "rack", "read_only", "free_bytes", "total_bytes", "metrics_address", "registered_ms", "framed_address")

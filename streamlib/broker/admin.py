@@ -26,10 +26,14 @@ CALLS: dict[str, tuple[Operation, bool]] = {
     "set_defaults": (Operation.ADMINISTER, False),
     "trim": (Operation.ADMINISTER, False),
     "trim_fragments": (Operation.ADMINISTER, False),
+    "compact": (Operation.ADMINISTER, False),
+    "set_policies": (Operation.ADMINISTER, False),
     "skip": (Operation.MANAGE_SUBSCRIPTION, True),
     "reset_cursor": (Operation.MANAGE_SUBSCRIPTION, True),
     "unsubscribe": (Operation.MANAGE_SUBSCRIPTION, True),
 }
+# Arguments only a caller in the same process can give (a callback is no JSON value).
+LOCAL_ONLY = frozenset({"on_step"})
 # Calls that name no stream.
 NO_STREAM = frozenset({"list", "defaults", "set_defaults"})
 
@@ -41,6 +45,10 @@ async def run(streams: Any, caller: Caller, call: str, arguments: Any) -> Any:
         raise BadRequestError(f"admin call {call!r} is not one of {', '.join(sorted(CALLS))}")
     if not isinstance(arguments, dict):
         raise BadRequestError("an admin call's arguments are a JSON object")
+    if LOCAL_ONLY & arguments.keys():
+        raise BadRequestError(
+            f"admin call {call!r} takes no {', '.join(LOCAL_ONLY & arguments.keys())}"
+        )
     operation, names_subscription = CALLS[call]
     stream = "" if call in NO_STREAM else arguments.get("name")
     if call not in NO_STREAM and not isinstance(stream, str):

@@ -423,7 +423,11 @@ class OwnedStream:
         persist_interval_ms: int = 100,
         resume: bool = False,
         principal: str | None = None,
+        read_compacted: bool = False,
     ) -> tuple[SubscriptionDispatcher, ConsumerSession]:
+        """A consumer session of the subscription's dispatcher (made for the first one:
+        its initial position, persist interval and read_compacted are the
+        subscription's on this broker)."""
         if self.gone is not None:
             raise self.gone
         async with self._subscribing:
@@ -437,6 +441,7 @@ class OwnedStream:
                     consumer_name=self.broker.broker_id,
                     receiver_queue_size=1000,
                     cursor_persist_interval_ms=persist_interval_ms,
+                    read_compacted=read_compacted,
                 )
                 if self.gone is not None:  # (it went while this one subscribed)
                     await inner.close()

@@ -72,7 +72,7 @@ from streamlib.stream.batch import DecodedBatch, MessageDecodeError, decode_batc
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import MAX_ENTRY_BYTES
-from streamlib.stream.reader import ScannerFeed, StreamScanner
+from streamlib.stream.reader import ScannerFeed
 from streamlib.stream.subscription import parse_consumer_type
 
 log = logging.getLogger(__name__)
@@ -675,14 +675,17 @@ class Connection:
             0,  # (the client waits its own negative-ack delay, then asks)
             100,
             principal=self._caller().principal,
+            read_compacted=request.read_compacted,
         )
         try:
             await self.core.still_owner(owned)
         except BaseException:
             await owned.remove_consumer(subscription, dispatcher, session)
             raise
-        return _Consumer(self, request.consumer_id, owned, subscription, dispatcher, session,
-                         request.consumer_epoch)  # fmt: skip
+        consumer = _Consumer(self, request.consumer_id, owned, subscription, dispatcher,
+                             session, request.consumer_epoch)  # fmt: skip
+        consumer.read_compacted = request.read_compacted
+        return consumer
 
     async def _non_durable(self, stream: str, request: Any) -> _Reader:
         self._check(Operation.READ, stream)
@@ -699,15 +702,18 @@ class Connection:
         if at_time is not None:
             start, inclusive = EARLIEST, False
         reader = await self.broker.client.create_reader(
-            stream, start, start_message_id_inclusive=inclusive
-        )
+            stream, start, start_message_id_inclusive=inclusive,
+            read_compacted=request.read_compacted,
+        )  # fmt: skip
         try:
             if at_time is not None:
                 await reader.seek(at_time)
         except BaseException:
             await reader.close()
             raise
-        return _Reader(self, request.consumer_id, reader, request.subscription)
+        made = _Reader(self, request.consumer_id, reader, request.subscription)
+        made.read_compacted = request.read_compacted
+        return made
 
     def _consumer(self, consumer_id: int) -> _Consumer | _Reader | None:
         return self.consumers.get(consumer_id)
@@ -794,14 +800,18 @@ class Connection:
         if consumer is None:
             self._error(request.request_id, BadRequestError("no such consumer"))
             return
-        self._spawn(self._last_message_id(request, consumer.stream))
+        self._spawn(self._last_message_id(request, consumer.stream, consumer.read_compacted))
 
-    async def _last_message_id(self, request: Any, stream: str) -> None:
-        client = self.broker.client
-        scanner = StreamScanner(client.ledgers, client.streams.registry, stream, EARLIEST)
+    async def _last_message_id(self, request: Any, stream: str, read_compacted: bool) -> None:
+        scanner = self.broker.client.scanner(stream, read_compacted)
+        last: tuple[int, int, Any] | None
         try:
-            last = await scanner.last_entry()
-            index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
+            if read_compacted:  # (the view's last when the stream's was compacted out)
+                found_id = await scanner.last_message()
+                last, index = (None, -1) if found_id is None else (found_id, found_id[2])
+            else:
+                last = await scanner.last_entry()
+                index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
         except Exception as error:
             self._error(request.request_id, error)
             return
@@ -846,6 +856,7 @@ class _Session:
     how one is closed, once (its tasks stopped, what it holds given back)."""
 
     kind = "producer"  # or "consumer": which of the connection's it is, and how it is closed
+    read_compacted = False  # (a consumer or reader of the compacted view)
 
     def __init__(self, connection: Connection, session_id: int) -> None:
         self.connection = connection
@@ -1276,9 +1287,15 @@ class _Reader(_Session):
             entry = await feed.take_entry(None)
             while True:
                 # (Whole, from a seek by time too: Pulsar resets to an entry; a seek by id's
-                # client drops what is before it.)
+                # client drops what is before it. A compacted view's entry goes whole too,
+                # its messages' indexes as the stream's, with an ack_set that has the
+                # client skip the places kept before them.)
                 indexes = list(range(len(entry.payloads)))
-                connection._write(*message_frame(self.consumer_id, Handed(entry, indexes), 0))
+                skip = entry.start if entry.compacted else 0
+                command, block = message_frame(self.consumer_id, Handed(entry, indexes), 0)
+                if skip:
+                    command.message.ack_set.extend(ack_set(skip, len(entry.payloads)))
+                connection._write(command, block)
                 self.permits -= len(indexes)
                 if self.permits <= 0 or (entry := feed.take_entry_nowait()) is None:  # type: ignore[assignment]
                     break
@@ -1382,6 +1399,19 @@ def _batch_indexed(one: Any) -> bool:
     """Whether an ack's MessageIdData names messages of its entry (a batch index, or an
     ack_set), not the entry whole."""
     return bool(one.ack_set) or (one.HasField("batch_index") and one.batch_index >= 0)
+
+
+def ack_set(first: int, count: int) -> list[int]:
+    """The words of a java.util.BitSet with bits first..count-1 set (a MESSAGE's ack_set:
+    the messages of the batch the client delivers; the others it skips), as signed
+    64-bit integers (the field is int64)."""
+    words = []
+    for base in range(0, count, 64):
+        word = 0
+        for bit in range(max(first, base), min(count, base + 64)):
+            word |= 1 << (bit - base)
+        words.append(word - (1 << 64) if word >= 1 << 63 else word)
+    return words
 
 
 def _bit(words: Any, index: int) -> bool:

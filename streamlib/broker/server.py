@@ -43,7 +43,7 @@ from streamlib.protocol.ownership import may_answer_ready
 from streamlib.protocol.service_access import Caller, Operation, may_create
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, MessageDecodeError
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
-from streamlib.stream.reader import ScannerFeed, StreamScanner
+from streamlib.stream.reader import ScannerFeed
 from streamlib.stream.subscription import parse_consumer_type
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
@@ -159,7 +159,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         caller = await self._caller(context)
         await self._allowed(context, caller, Operation.READ, request.stream)
         client = self.broker.client
-        scanner = StreamScanner(client.ledgers, client.streams.registry, request.stream, EARLIEST)
+        scanner = client.scanner(request.stream, request.read_compacted)
         try:
             if request.HasField("before_time_ms"):
                 found = await scanner.position_before_time(request.before_time_ms)
@@ -478,6 +478,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 _within(opened.cursor_persist_interval_ms or 100, 10, 60_000),
                 resume=opened.resume,
                 principal=caller.principal,
+                read_compacted=opened.read_compacted,
             )
             try:
                 await self.still_owner(owned)
@@ -568,8 +569,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             else:
                 start = EARLIEST
             reader = await self.broker.client.create_reader(
-                opened.stream, start, start_message_id_inclusive=opened.start_inclusive
-            )
+                opened.stream, start, start_message_id_inclusive=opened.start_inclusive,
+                read_compacted=opened.read_compacted,
+            )  # fmt: skip
         except Exception as error:
             yield pb.ConsumeResponse(error=error_pb(error))
             return

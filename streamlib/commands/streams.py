@@ -1,4 +1,5 @@
-"""`streamlib admin streams list | show NAME | delete NAME | trim NAME`."""
+"""`streamlib admin streams list | create | defaults | show NAME | delete NAME | trim NAME |
+compact NAME | set-policies NAME`."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from streamlib.commands.common import (
 )
 from streamlib.commands.cursors import backlog_text
 from streamlib.protocol.errors import NoSuchStreamError
+from streamlib.stream.positions import MessageId, describe
 
 if TYPE_CHECKING:
     from streamlib.client import Client
 
 
 def add_parsers(admin_commands: Subparsers) -> None:
-    group = admin_commands.add_parser("streams", help="list, show, delete or trim streams")
+    group = admin_commands.add_parser(
+        "streams", help="list, create, show, delete, trim or compact streams"
+    )
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="every stream, with its size and subscriptions")
     add_common(listing)
@@ -41,6 +45,7 @@ def add_parsers(admin_commands: Subparsers) -> None:
         "--partitions", type=non_negative_int, default=0, metavar="N",
         help="N partition streams NAME-partition-0..N-1 behind NAME (0: not partitioned)",
     )  # fmt: skip
+    _compaction_threshold_argument(create)
     add_common(create)
     create.set_defaults(run=run_with_client(_create))
     defaults = actions.add_parser(
@@ -49,10 +54,24 @@ def add_parsers(admin_commands: Subparsers) -> None:
     _policy_arguments(defaults)
     add_common(defaults)
     defaults.set_defaults(run=run_with_client(_defaults))
+    policies = actions.add_parser(
+        "set-policies", help="change a stream's retention or compaction threshold"
+    )
+    policies.add_argument("stream", metavar="NAME")
+    for flag, what in (
+        ("--retention-ms", "keep consumed ledgers N ms (0: no time limit)"),
+        ("--retention-bytes", "keep at most N bytes of consumed ledgers (0: no limit)"),
+    ):
+        policies.add_argument(flag, type=non_negative_int, metavar="N", help=what)
+    _retention_compacted_argument(policies)
+    _compaction_threshold_argument(policies)
+    add_common(policies)
+    policies.set_defaults(run=run_with_client(_set_policies))
     for name, text, body in (
         ("show", "a stream's policies, ledgers and subscriptions", _show),
         ("delete", "delete a stream, its cursors and its ledgers", _delete),
         ("trim", "apply the stream's retention now (delete consumed, expired ledgers)", _trim),
+        ("compact", "write the stream's compacted view now (the latest message per key)", _compact),
     ):
         p = actions.add_parser(name, help=text)
         p.add_argument("stream", metavar="NAME")
@@ -72,6 +91,23 @@ def _policy_arguments(parser: argparse.ArgumentParser) -> None:
         ("--retention-bytes", "keep at most N bytes of consumed ledgers (0: no limit)"),
     ):
         parser.add_argument(flag, type=non_negative_int, metavar="N", help=what)
+    _retention_compacted_argument(parser)
+
+
+def _retention_compacted_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--retention-compacted", action=argparse.BooleanOptionalAction, default=None,
+        help="delete what the compaction horizon has passed, whatever its age (a changelog's "
+        "retention: its keys live on in the compacted view)",
+    )  # fmt: skip
+
+
+def _compaction_threshold_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compaction-threshold-bytes", type=non_negative_int, metavar="N",
+        help="the auditor compacts the stream when its rolled ledgers past the compaction "
+        "horizon hold more than N bytes (0: only `compact` does)",
+    )  # fmt: skip
 
 
 def _policies(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,8 +122,11 @@ def _policies(args: argparse.Namespace) -> dict[str, Any]:
     if any(v is not None for v in roll.values()):
         given["rollover"] = {k: v or 0 for k, v in roll.items()}
     keep = {"time_ms": args.retention_ms, "size_bytes": args.retention_bytes}
-    if any(v is not None for v in keep.values()):
+    if any(v is not None for v in keep.values()) or args.retention_compacted is not None:
         given["retention"] = {k: v or 0 for k, v in keep.items()}
+        given["retention"]["compacted"] = bool(args.retention_compacted)
+    if getattr(args, "compaction_threshold_bytes", None) is not None:
+        given["compaction_threshold_bytes"] = args.compaction_threshold_bytes
     return given
 
 
@@ -102,7 +141,12 @@ def _config_record(md: Any) -> dict[str, Any]:
             "max_bytes": md.rollover.max_bytes,
             "max_age_ms": md.rollover.max_age_ms,
         },
-        "retention": {"time_ms": md.retention.time_ms, "size_bytes": md.retention.size_bytes},
+        "retention": {
+            "time_ms": md.retention.time_ms,
+            "size_bytes": md.retention.size_bytes,
+            "compacted": md.retention.compacted,
+        },
+        "compaction_threshold_bytes": md.compaction_threshold_bytes,
     }
 
 
@@ -150,7 +194,14 @@ def policy_fields(config: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "retention",
-            f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}",
+            f"time {_limit(keep['time_ms'], ' ms')}, size {_limit(keep['size_bytes'], ' B')}"
+            + (", compacted" if keep.get("compacted") else ""),
+        ),
+        (
+            "compaction threshold",
+            _limit(config.get("compaction_threshold_bytes", 0), " B").replace(
+                "unlimited", "none (only when asked)"
+            ),
         ),
     ]
 
@@ -159,6 +210,14 @@ async def stream_record(client: Client, name: str) -> dict[str, Any]:
     md, _ = await client.streams.read(name)
     stats = await client.streams.stats(name)
     stats["config"] = {**_config_record(md), "created_ms": md.created_time_ms}
+    view = md.compaction if md.HasField("compaction") else None
+    stats["compaction"] = None if view is None else {
+        "ledger_id": view.ledger_id,
+        "horizon": describe(MessageId(view.horizon.ledger_id, view.horizon.entry_id,
+                                      view.horizon.batch_index)),
+        "keys": view.keys, "entries": view.entries, "size_bytes": view.size_bytes,
+        "compacted_ms": view.compacted_time_ms,
+    }  # fmt: skip
     return stats
 
 
@@ -190,6 +249,15 @@ async def _list(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _view_text(view: dict[str, Any] | None) -> str:
+    if view is None:
+        return "none"
+    return (
+        f"{view['keys']} keys up to {view['horizon']} in ledger {view['ledger_id']} "
+        f"({size_to_text(view['size_bytes'])}, {ms_to_text(view['compacted_ms'])})"
+    )
+
+
 def _limit(value: int, unit: str = "") -> str:
     return f"{value}{unit}" if value else "unlimited"
 
@@ -207,6 +275,7 @@ async def _show(client: Client, args: argparse.Namespace) -> int:
             *policy_fields(config),
             ("entries", record["entries"]),
             ("size", size_to_text(record["size_bytes"])),
+            ("compacted view", _view_text(record["compaction"])),
         ]
     )
     print_table(
@@ -257,4 +326,43 @@ async def _trim(client: Client, args: argparse.Namespace) -> int:
         print(f"trimmed {args.stream!r}: dropped {len(gone)} fragments of its ledger")
     else:
         print(f"trimmed {args.stream!r}: deleted ledgers {' '.join(map(str, gone))}")
+    return 0
+
+
+async def _compact(client: Client, args: argparse.Namespace) -> int:
+    with progress(f"compacting {args.stream}", None, enabled=not args.json):
+        result = await client.streams.compact(args.stream)
+    if args.json:
+        print_json(result.as_dict())
+    elif not result.compacted:
+        print(f"compacted {args.stream!r}: nothing new since the view up to {result.horizon}")
+    else:
+        print(
+            f"compacted {args.stream!r} up to {result.horizon}: {result.keys} keys from "
+            f"{result.read_messages} messages, in ledger {result.ledger_id} "
+            f"({result.entries} entries, {size_to_text(result.size_bytes)})"
+        )
+    return 0
+
+
+async def _set_policies(client: Client, args: argparse.Namespace) -> int:
+    given = _policies(args)
+    if "retention" in given:
+        md, _ = await client.streams.read(args.stream)
+        current = {"time_ms": md.retention.time_ms, "size_bytes": md.retention.size_bytes,
+                   "compacted": md.retention.compacted}  # fmt: skip
+        for key, value in (("time_ms", args.retention_ms), ("size_bytes", args.retention_bytes),
+                           ("compacted", args.retention_compacted)):  # fmt: skip
+            if value is not None:
+                current[key] = value
+        given["retention"] = current
+    if not given:
+        print("set-policies: give at least one policy (see --help)")
+        return 2
+    md = await client.streams.set_policies(args.stream, **given)
+    record = _config_record(md)
+    if args.json:
+        print_json(record)
+    else:
+        print_fields(policy_fields(record))
     return 0

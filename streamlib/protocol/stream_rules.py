@@ -31,8 +31,11 @@ Retention (the exact rule). A ledger L of the list may be deleted iff ALL hold:
      mark-delete position (with no durable cursor, every ledger counts as consumed);
   3. L is outside retention: retention time T > 0 and L was closed at least T ago
      (a ledger's close time is the creation time of the next ledger), OR retention
-     size S > 0 and L together with every newer ledger holds more than S bytes.
-     With T = 0 and S = 0 retention is unlimited and nothing is deleted.
+     size S > 0 and L together with every newer ledger holds more than S bytes, OR
+     retention is `compacted` and L comes before the compaction horizon's ledger (its
+     keys live on in the compacted view: streamlib/protocol/compaction.py, which also
+     says which marks bound rule 2 for a compacted stream).
+     With T = 0 and S = 0 and not compacted, retention is unlimited: nothing goes.
 The list is CASed FIRST, and only then are the ledgers deleted: a crash in between
 leaks ledgers (the sweeper collects them), it never leaves the list pointing at a
 deleted ledger.
@@ -174,6 +177,7 @@ def should_roll(
 class RetentionPolicy:
     time_ms: int = 0  # 0 = no time limit
     size_bytes: int = 0  # 0 = no size limit
+    compacted: bool = False  # what the compaction horizon has passed goes (rule 3)
 
 
 def retention_plan(
@@ -181,14 +185,21 @@ def retention_plan(
     mark_delete_ledgers: Sequence[int],
     policy: RetentionPolicy,
     now_ms: int,
+    horizon_ledger: int | None = None,
 ) -> list[int]:
     """Ids of the ledgers the rule above allows to delete (oldest first).
 
     mark_delete_ledgers: for every durable cursor, the ledger id of its mark-delete
-    position (-1 when it has consumed nothing)."""
-    if len(ledgers) < 2 or (policy.time_ms <= 0 and policy.size_bytes <= 0):
+    position (-1 when it has consumed nothing); for a compacted stream, the marks
+    compaction.retention_marks gives (the horizon's among them). horizon_ledger: the
+    compaction horizon's ledger (None: never compacted)."""
+    compacted = policy.compacted and horizon_ledger is not None
+    if len(ledgers) < 2 or (policy.time_ms <= 0 and policy.size_bytes <= 0 and not compacted):
         return []
     slowest = min(mark_delete_ledgers) if mark_delete_ledgers else None
+    if compacted:
+        assert horizon_ledger is not None
+        slowest = horizon_ledger if slowest is None else min(slowest, horizon_ledger)
     candidates = []
     for i, ledger in enumerate(ledgers[:-1]):  # rule 1: never the current ledger
         if slowest is not None and ledger.ledger_id >= slowest:
@@ -197,7 +208,7 @@ def retention_plan(
         too_old = policy.time_ms > 0 and now_ms - closed_ms >= policy.time_ms
         newer_bytes = sum(other.size_bytes for other in ledgers[i:])
         too_big = policy.size_bytes > 0 and newer_bytes > policy.size_bytes
-        if too_old or too_big:
+        if compacted or too_old or too_big:
             candidates.append(ledger.ledger_id)
         else:
             break  # the list is deleted from the front only: keep order, no holes
@@ -218,14 +229,21 @@ def fragment_retention_plan(
     mark_delete_entries: Sequence[int],
     policy: RetentionPolicy,
     now_ms: int,
+    horizon_entry: int | None = None,
 ) -> int:
     """How many leading fragments the fragment rule above allows to drop.
 
     mark_delete_entries: for every durable cursor, the entry id of its mark-delete
-    position (-1 when it has consumed nothing)."""
-    if len(fragments) < 2 or (policy.time_ms <= 0 and policy.size_bytes <= 0):
+    position (-1 when it has consumed nothing); for a compacted stream, the marks
+    compaction.fragment_retention_marks gives. horizon_entry: the compaction horizon's
+    entry in this ledger (None: never compacted)."""
+    compacted = policy.compacted and horizon_entry is not None
+    if len(fragments) < 2 or (policy.time_ms <= 0 and policy.size_bytes <= 0 and not compacted):
         return 0
     slowest = min(mark_delete_entries) if mark_delete_entries else None
+    if compacted:
+        assert horizon_entry is not None
+        slowest = horizon_entry if slowest is None else min(slowest, horizon_entry)
     end_length = fragments[-1].start_length
     count = 0
     for i, fragment in enumerate(fragments[:-1]):  # rule 1: never the last fragment
@@ -240,7 +258,7 @@ def fragment_retention_plan(
             and end_length is not None
             and end_length - fragment.start_length > policy.size_bytes
         )
-        if not (too_old or too_big):
+        if not (compacted or too_old or too_big):
             break  # a prefix only
         count += 1
     return count

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from streamlib.service.connection import Brokers
+from streamlib.stream.compaction import CompactionResult
 from streamlib.stream.positions import MessageId
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire.convert import from_json, to_json
@@ -71,6 +72,12 @@ class ServiceStreams:
 
     async def trim_fragments(self, name: str) -> builtins.list[int]:
         return list(await self._call("trim_fragments", name=name))
+
+    async def compact(self, name: str) -> CompactionResult:
+        return CompactionResult(**await self._call("compact", name=name))
+
+    async def set_policies(self, name: str, **policies: Any) -> Any:
+        return await self._call("set_policies", name=name, **_plain(policies))
 
     async def skip(self, name: str, subscription: str, count: int) -> MessageId:
         found: MessageId = await self._call(

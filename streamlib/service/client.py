@@ -22,6 +22,7 @@ from streamlib.service.appender import ServiceAppender
 from streamlib.service.connection import Brokers
 from streamlib.service.subscription import ServiceFeed, ServiceSubscription
 from streamlib.stream.admin import partition_name
+from streamlib.stream.compacted import check_read_compacted
 from streamlib.stream.consumer import Consumer, DeadLetterPolicy
 from streamlib.stream.multi import subscribe_each
 from streamlib.stream.partitioned import produce_each
@@ -163,13 +164,16 @@ class ServiceClient(ClientParts):
         dead_letter_policy: DeadLetterPolicy | None = None,
         ack_timeout_ms: int = 0,
         cursor_persist_interval_ms: int = 100,
+        read_compacted: bool = False,
     ) -> Consumer:
         """A consumer of a durable subscription through its stream's owner:
         consumer_type "exclusive", "failover", "shared" or "key_shared". The broker
         keeps the cursor, written every cursor_persist_interval_ms (the first consumer
-        of the subscription on its broker says how often)."""
+        of the subscription on its broker says how often, and whether it reads
+        compacted: read_compacted, as direct mode's)."""
         position = parse_initial_position(initial_position)
         kind = parse_consumer_type(consumer_type, service=True)
+        check_read_compacted(read_compacted, kind)
         if isinstance(stream, str) and (count := await self.partitions(stream)):
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
@@ -189,6 +193,7 @@ class ServiceClient(ClientParts):
                     dead_letter_policy=dead_letter_policy,
                     ack_timeout_ms=ack_timeout_ms,
                     cursor_persist_interval_ms=cursor_persist_interval_ms,
+                    read_compacted=read_compacted,
                 ),
             )
             self._open.append(multi)
@@ -202,6 +207,7 @@ class ServiceClient(ClientParts):
             initial_position=position,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
             cursor_persist_interval_ms=cursor_persist_interval_ms,
+            read_compacted=read_compacted,
         )
         source = ServiceSubscription(self.brokers, opened, receiver_queue_size, schema)
         consumer = Consumer(
@@ -222,11 +228,14 @@ class ServiceClient(ClientParts):
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
         schema: Any = None,
+        read_compacted: bool = False,
     ) -> Reader:
-        """A non-durable reader through any broker (readers fence nothing)."""
+        """A non-durable reader through any broker (readers fence nothing);
+        read_compacted as direct mode's."""
         begin = parse_start(start)
+        check_read_compacted(read_compacted)
         partitions = await self.partitions(stream)
-        feed = ServiceFeed(self.brokers, stream, receiver_queue_size, schema)
+        feed = ServiceFeed(self.brokers, stream, receiver_queue_size, schema, read_compacted)
         return await self._reader(stream, partitions, feed, begin, start_message_id_inclusive)
 
     async def close(self) -> None:

@@ -358,8 +358,17 @@ class ServiceFeed(_Delivery):
     """A reader's Feed (streamlib/stream/reader.py) through a broker: any broker serves
     it (reading fences nothing)."""
 
-    def __init__(self, brokers: Brokers, stream: str, queue_size: int, schema: Any) -> None:
-        super().__init__(brokers, pb.ConsumerOpen(stream=stream), queue_size, schema)
+    def __init__(
+        self,
+        brokers: Brokers,
+        stream: str,
+        queue_size: int,
+        schema: Any,
+        read_compacted: bool = False,
+    ) -> None:
+        opened = pb.ConsumerOpen(stream=stream, read_compacted=read_compacted)
+        super().__init__(brokers, opened, queue_size, schema)
+        self._read_compacted = read_compacted
         self._last: MessageId | None = None  # the last message taken
 
     def take_nowait(self) -> Message | None:
@@ -390,8 +399,9 @@ class ServiceFeed(_Delivery):
             self.closed = False
             self.ready = asyncio.get_running_loop().create_future()
         opened = pb.ConsumerOpen(
-            stream=self.stream, start_inclusive=inclusive, protocol_version=PROTOCOL_VERSION
-        )
+            stream=self.stream, start_inclusive=inclusive, protocol_version=PROTOCOL_VERSION,
+            read_compacted=self._read_compacted,
+        )  # fmt: skip
         after: MessageId | None = None
         if isinstance(start, int) and not isinstance(start, MessageId):
             # By time: the position before the first message published then or later (or
@@ -422,7 +432,7 @@ class ServiceFeed(_Delivery):
     async def _ask_position(self, before_time_ms: int | None) -> MessageId | None:
         """The stream's last message's id, or (given a time) the position after which the
         first message published then or later comes; None when there is none."""
-        request = pb.LastMessageIdRequest(stream=self.stream)
+        request = pb.LastMessageIdRequest(stream=self.stream, read_compacted=self._read_compacted)
         if before_time_ms is not None:
             request.before_time_ms = before_time_ms
         answer = await self.brokers.ask(

@@ -8,13 +8,14 @@ from __future__ import annotations
 import builtins
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from metadata.errors import NodeExistsError, StreamExistsError
 from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
 from metadata.schemas import (
+    CursorState,
     LedgerConfig,
     StreamMetadata,
     StreamMode,
@@ -23,6 +24,11 @@ from metadata.schemas import RetentionPolicy as RetentionPb
 from metadata.schemas import RolloverPolicy as RolloverPb
 from metadata.services.streams import StreamRegistry
 from streamlib.ledger.manager import LedgerManager
+from streamlib.protocol.compaction import (
+    backlog_bytes,
+    fragment_retention_marks,
+    retention_marks,
+)
 from streamlib.protocol.errors import (
     BadRequestError,
     ConsumerBusyError,
@@ -43,7 +49,9 @@ from streamlib.protocol.stream_rules import (
 from streamlib.retry import retry_cas
 from streamlib.stream import snapshots
 from streamlib.stream.ack_ranges import AckRanges
-from streamlib.stream.durable import ranges_from_state, ranges_to_state
+from streamlib.stream.compacted import view_of
+from streamlib.stream.compaction import CompactionResult, Compactor
+from streamlib.stream.durable import position_from_pb, ranges_from_state, ranges_to_state
 from streamlib.stream.positions import (
     EARLIEST,
     LATEST,
@@ -77,6 +85,13 @@ PARTITIONS = "partitions"  # the property of a partitioned stream's record
 MAX_PARTITIONS = 1024
 
 
+def _check_threshold(threshold_bytes: object) -> None:
+    if not isinstance(threshold_bytes, int) or isinstance(threshold_bytes, bool):
+        raise BadRequestError(f"a compaction threshold is bytes (an int), got {threshold_bytes!r}")
+    if threshold_bytes < 0:
+        raise BadRequestError(f"a compaction threshold is >= 0 bytes, got {threshold_bytes}")
+
+
 def partitions_of(md: StreamMetadata) -> int:
     """How many partitions a stream's record names (0: it is not partitioned)."""
     return int(md.properties.get(PARTITIONS, "0"))
@@ -87,7 +102,7 @@ def partition_name(name: str, index: int) -> str:
     return f"{name}-partition-{index}"
 
 
-def _fields(stored: Any, cls: type) -> dict[str, int]:
+def _fields(stored: Any, cls: type) -> dict[str, Any]:
     """A stored policy message as the keyword arguments of its dataclass."""
     return {f.name: getattr(stored, f.name) for f in fields(cls)}
 
@@ -171,10 +186,14 @@ class StreamManager:
         mode: str = "managed",
         properties: Mapping[str, str] | None = None,
         partitions: int = 0,
+        compaction_threshold_bytes: int = 0,
     ) -> StreamMetadata:
         """Create a stream. What is not given comes from the cluster's defaults
         (defaults()). rollover: max_entries / max_bytes / max_age_ms; retention:
-        time_ms / size_bytes (0 = unlimited; see stream_rules for the exact rule).
+        time_ms / size_bytes (0 = unlimited; see stream_rules for the exact rule), and
+        compacted (True: what the compaction horizon passed goes, whatever its age).
+        compaction_threshold_bytes: the elected auditor compacts the stream when its
+        rolled ledgers past the horizon hold more (0: only `compact()` does).
         Schema properties (schema.type, schema.definition) must be a schema a stream may
         keep (streamlib.schema.validate_definition), or InvalidSchemaError."""
         if properties:
@@ -195,6 +214,7 @@ class StreamManager:
             retention if retention is not None else _fields(base.retention, RetentionPolicy),
             RetentionPolicy,
         )
+        _check_threshold(compaction_threshold_bytes)
         modes = {"managed": StreamMode.MANAGED, "unbounded": StreamMode.UNBOUNDED}
         if mode not in modes:
             raise BadRequestError(f"mode is 'managed' or 'unbounded', got {mode!r}")
@@ -208,6 +228,7 @@ class StreamManager:
             retention=RetentionPb(**asdict(keep)),
             properties=dict(properties or {}),
             created_time_ms=now_ms(),
+            compaction_threshold_bytes=compaction_threshold_bytes,
         )
         if partitions:
             # Pulsar's partitioned topic: streams NAME-partition-0..N-1 with these
@@ -272,6 +293,46 @@ class StreamManager:
 
         return await retry_cas(f"stream {name!r}: schema", attempt)
 
+    async def set_policies(
+        self,
+        name: str,
+        *,
+        retention: RetentionPolicy | Mapping[str, Any] | None = None,
+        compaction_threshold_bytes: int | None = None,
+    ) -> StreamMetadata:
+        """Change an existing stream's retention and compaction threshold (what is not
+        given stays), by CAS of its metadata; the stream's metadata after."""
+        keep = None if retention is None else _policy(retention, RetentionPolicy)
+        if compaction_threshold_bytes is not None:
+            _check_threshold(compaction_threshold_bytes)
+
+        async def attempt() -> StreamMetadata:
+            md, version = await self.read(name)
+            if keep is not None:
+                md.retention.CopyFrom(RetentionPb(**asdict(keep)))
+            if compaction_threshold_bytes is not None:
+                md.compaction_threshold_bytes = compaction_threshold_bytes
+            await self.registry.write(name, md, version)
+            return md
+
+        return await retry_cas(f"stream {name!r}: policies", attempt)
+
+    async def compact(
+        self, name: str, *, on_step: Callable[[str], object] | None = None
+    ) -> CompactionResult:
+        """Compact the stream now (streamlib/stream/compaction.py): its compacted view
+        then holds the latest message of every key up to the end confirmed now.
+        CompactionSupersededError if another compactor's view was installed meanwhile."""
+        await self.read(name)
+        return await Compactor(self._ledgers, self.registry).compact(name, on_step=on_step)
+
+    async def compaction_backlog(self, name: str) -> int:
+        """The bytes the compaction threshold is held against (compaction.backlog_bytes)."""
+        md, _ = await self.read(name)
+        view = view_of(md)
+        ledgers = [(i.ledger_id, i.size_bytes) for i in md.ledgers]
+        return backlog_bytes(ledgers, None if view is None else view.horizon)
+
     async def ensure(self, name: str) -> StreamMetadata:
         """The stream's metadata, creating the stream with the defaults first if it does
         not exist (a producer's first send)."""
@@ -297,9 +358,10 @@ class StreamManager:
                 await self.delete(partition_name(name, index))
             except NoSuchStreamError:
                 pass
-        for info in md.ledgers:
+        view = view_of(md)
+        for ledger_id in [i.ledger_id for i in md.ledgers] + ([view.ledger_id] if view else []):
             try:
-                await self._ledgers.delete(info.ledger_id)
+                await self._ledgers.delete(ledger_id)
             except NoSuchLedgerError:
                 pass
 
@@ -325,12 +387,16 @@ class StreamManager:
 
     async def _cursor(self, name: str, subscription: str) -> tuple[AckRanges, int]:
         """A subscription's cursor and its version; NoSuchSubscriptionError if none."""
+        state, version = await self._stored_cursor(name, subscription)
+        return ranges_from_state(state), version
+
+    async def _stored_cursor(self, name: str, subscription: str) -> tuple[CursorState, int]:
         stored = await self.registry.read_cursor(name, subscription)
         if stored is None:  # a typo must not create a subscription that pins retention
             raise NoSuchSubscriptionError(
                 f"stream {name!r} has no subscription {subscription!r} (subscribe to create one)"
             )
-        return ranges_from_state(stored[0]), stored[1]
+        return stored
 
     async def backlog_messages(self, name: str, acks: AckRanges) -> int | None:
         """The messages confirmed now that the cursor has not acknowledged (None when
@@ -359,14 +425,16 @@ class StreamManager:
             raise BadRequestError(f"skip needs a count >= 1, got {count}")
 
         async def attempt() -> MessageId:
-            acks, version = await self._cursor(name, subscription)
+            state, version = await self._stored_cursor(name, subscription)
+            acks = ranges_from_state(state)
             skipped = 0
             async for message in self._unacknowledged(name, acks):
                 acks.ack(message.previous, message.message_id)
                 skipped += 1
                 if skipped == count:
                     break
-            await self.registry.write_cursor(name, subscription, ranges_to_state(acks), version)
+            changed = ranges_to_state(acks, read_compacted=state.read_compacted)
+            await self.registry.write_cursor(name, subscription, changed, version)
             return acks.mark_delete
 
         await self.read(name)
@@ -399,6 +467,15 @@ class StreamManager:
         """Each subscription's mark-delete position."""
         return {sub: acks.mark_delete for sub, acks in (await self.cursor_states(name)).items()}
 
+    async def _retention_cursors(self, name: str) -> builtins.list[tuple[MessageId, bool]]:
+        """Each durable cursor's mark-delete position and whether it reads compacted."""
+        found = []
+        for sub in await self.registry.list_cursors(name):
+            stored = await self.registry.read_cursor(name, sub)
+            if stored is not None:
+                found.append((position_from_pb(stored[0].mark_delete), stored[0].read_compacted))
+        return found
+
     async def reset_cursor(self, name: str, subscription: str, position: MessageId | str) -> None:
         """Move a subscription so the message AT `position` is delivered next, as
         Consumer.seek does (EARLIEST replays everything; LATEST skips to the end). A
@@ -410,8 +487,8 @@ class StreamManager:
         await self._reset_mark(name, subscription, target)
 
     async def _reset_mark(self, name: str, subscription: str, mark: MessageId) -> None:
-        _, version = await self._cursor(name, subscription)
-        state = ranges_to_state(AckRanges(mark))
+        stored, version = await self._stored_cursor(name, subscription)
+        state = ranges_to_state(AckRanges(mark), read_compacted=stored.read_compacted)
         await self.registry.write_cursor(name, subscription, state, version)
         await self.registry.cursor_moved_back(name)  # retention must now see it
 
@@ -503,13 +580,18 @@ class StreamManager:
             if md.mode == StreamMode.UNBOUNDED:
                 await self.trim_fragments(name, now=now)
                 return []
-            marks = [m.ledger_id for m in (await self.cursors(name)).values()]
+            view = view_of(md)
+            horizon = None if view is None else view.horizon
+            marks = retention_marks(await self._retention_cursors(name), horizon)
             spans = [
                 LedgerSpan(i.ledger_id, i.entries, i.size_bytes, i.created_time_ms)
                 for i in md.ledgers
             ]
-            policy = RetentionPolicy(md.retention.time_ms, md.retention.size_bytes)
-            doomed = retention_plan(spans, marks, policy, now_ms() if now is None else now)
+            policy = RetentionPolicy(**_fields(md.retention, RetentionPolicy))
+            at = now_ms() if now is None else now
+            doomed = retention_plan(
+                spans, marks, policy, at, None if horizon is None else horizon[0]
+            )
             if not doomed:
                 return []
             kept = [i for i in md.ledgers if i.ledger_id not in doomed]
@@ -543,14 +625,20 @@ class StreamManager:
                 raise BadRequestError(f"stream {name!r} is not unbounded: trim() drops ledgers")
             if not md.ledgers:
                 return []
-            policy = RetentionPolicy(md.retention.time_ms, md.retention.size_bytes)
-            if policy.time_ms <= 0 and policy.size_bytes <= 0:
+            policy = RetentionPolicy(**_fields(md.retention, RetentionPolicy))
+            view = view_of(md)
+            if policy.time_ms <= 0 and policy.size_bytes <= 0 and not (policy.compacted and view):
                 return []
             ledger_id = md.ledgers[0].ledger_id
-            cursors = (await self.cursors(name)).values()
             # A cursor on another ledger (none in one-ledger streams) or at EARLIEST needs
             # everything.
-            marks = [m.entry_id if m.ledger_id == ledger_id else -1 for m in cursors]
+            horizon = None if view is None else view.horizon
+            marks = fragment_retention_marks(
+                await self._retention_cursors(name), horizon, ledger_id
+            )
+            horizon_entry = None
+            if horizon is not None:
+                horizon_entry = horizon.entry_id if horizon.ledger_id == ledger_id else -1
             at = now_ms() if now is None else now
 
             def plan(
@@ -558,12 +646,13 @@ class StreamManager:
                 marks: list[int] = marks,
                 at: int = at,
                 policy: RetentionPolicy = policy,
+                horizon_entry: int | None = horizon_entry,
             ) -> int:
                 spans = [
                     FragmentSpan(f.first_entry_id, f.created_time_ms, f.start_length)
                     for f in ledger.fragments
                 ]
-                return fragment_retention_plan(spans, marks, policy, at)
+                return fragment_retention_plan(spans, marks, policy, at, horizon_entry)
 
             guard = (self.registry.stream_path(name), version)
             try:  # BadVersionError: a cursor moved back, or the stream changed: again
@@ -586,6 +675,8 @@ class StreamManager:
             except NoSuchStreamError:
                 continue
             listed.update(i.ledger_id for i in md.ledgers)
+            if md.HasField("compaction"):
+                listed.add(md.compaction.ledger_id)
         swept = []
         cutoff = time.time() * 1000 - grace_s * 1000
         for ledger_id in await self._ledgers.list():

@@ -235,6 +235,15 @@ class BatchBuilder:
         )
         return batch.SerializeToString()
 
+    def encode_piece(self, chunk: envelope.Chunk) -> bytes:
+        """This batch -- one message's piece -- as a format 4 entry with `chunk` as it
+        was read (a compacted view keeps a piece as stored: streamlib.stream.compaction)."""
+        assert len(self.payloads) == 1
+        batch = self._columns()
+        batch.format_version = CHUNK_FORMAT
+        batch.chunk.CopyFrom(chunk)
+        return batch.SerializeToString()
+
     def _encode_format_1(self) -> bytes:
         """One protobuf Message per message (what readers before format 2 know)."""
         if self.has_deliver_at:

@@ -52,8 +52,11 @@ def position_from_pb(position: Position) -> MessageId:
     return MessageId(position.ledger_id, position.entry_id, position.batch_index)
 
 
-def ranges_to_state(acks: AckRanges, properties: dict[str, int] | None = None) -> CursorState:
+def ranges_to_state(
+    acks: AckRanges, properties: dict[str, int] | None = None, *, read_compacted: bool = False
+) -> CursorState:
     return CursorState(
+        read_compacted=read_compacted,
         mark_delete=position_to_pb(acks.mark_delete),
         individually_acked=[
             PositionRange(lower=position_to_pb(lo), upper=position_to_pb(hi))
@@ -366,7 +369,7 @@ class DirectSubscription:
         async with self._persist_lock:
             while self._dirty:
                 self._dirty = False
-                state = ranges_to_state(self._acks)
+                state = ranges_to_state(self._acks, read_compacted=self._scanner.read_compacted)
                 try:
                     self._version = await self._registry.write_cursor(
                         self.stream, self.subscription, state, self._version

@@ -97,3 +97,15 @@ class Chunk(_message.Message):
     compression: int
     uncompressed_size: int
     def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., total_size: _Optional[int] = ..., compression: _Optional[int] = ..., uncompressed_size: _Optional[int] = ...) -> None: ...
+
+class CompactedEntry(_message.Message):
+    __slots__ = ("ledger_id", "entry_id", "first_index", "batch")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    entry_id: int
+    first_index: int
+    batch: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., first_index: _Optional[int] = ..., batch: _Optional[bytes] = ...) -> None: ...

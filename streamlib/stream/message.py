@@ -180,6 +180,7 @@ class EntryMessages:
 
     __slots__ = (
         "chunk",
+        "compacted",
         "deliver_at",
         "entry_id",
         "event_times",
@@ -229,6 +230,9 @@ class EntryMessages:
         self.raw: bytes | None = None
         # ... and in Pulsar's format, once a broker's Pulsar consumer needed it.
         self.pulsar: bytes | None = None
+        # From a compacted view (streamlib/stream/compacted.py): the messages before
+        # `start` are places kept for the ids, never messages to hand on.
+        self.compacted = False
 
     def __len__(self) -> int:
         return len(self.payloads) - self.start

@@ -79,6 +79,8 @@ class StreamScanner:
     for new messages (long-poll) and follows rolls; with tail=False it stops at the end
     that is confirmed now."""
 
+    read_compacted = False  # (streamlib.stream.compacted.CompactedScanner: True)
+
     def __init__(
         self,
         ledgers: LedgerManager,

@@ -151,7 +151,7 @@ async def write(
         await handle.append_many(entries)
         await handle.close()
     except BaseException:
-        await _discard(ledgers, handle.ledger_id, handle)
+        await discard_ledger(ledgers, handle.ledger_id, handle)
         raise
     pointer = Pointer(handle.ledger_id, len(entries), len(data), position)
     try:
@@ -162,10 +162,10 @@ async def write(
     except (BadVersionError, NodeExistsError, NoNodeError):
         # Not written, for certain: the ledger is nobody's. (After any other failure the
         # pointer may have been written after all: the ledger is left for the sweeper.)
-        await _discard(ledgers, handle.ledger_id)
+        await discard_ledger(ledgers, handle.ledger_id)
         raise
     if previous is not None and previous != pointer.ledger_id:
-        await _discard(ledgers, previous)
+        await discard_ledger(ledgers, previous)
     return pointer
 
 
@@ -177,10 +177,11 @@ def _ledger_of(node: bytes) -> int | None:
     return None
 
 
-async def _discard(
+async def discard_ledger(
     ledgers: LedgerManager, ledger_id: int, handle: WriteHandle | None = None
 ) -> None:
-    """Delete a snapshot's ledger nothing points to (what fails is the sweeper's)."""
+    """Delete a ledger nothing points to -- a snapshot's, a compacted view's (what fails
+    is left to the sweeper)."""
     try:
         if handle is not None:
             with contextlib.suppress(StreamlibError):
@@ -189,7 +190,7 @@ async def _discard(
     except NoSuchLedgerError:
         pass
     except (StreamlibError, MetadataError) as error:
-        log.info("snapshot ledger %d left for the sweeper: %s", ledger_id, error)
+        log.info("ledger %d left for the sweeper: %s", ledger_id, error)
 
 
 async def is_pointed_at(registry: StreamRegistry, tag: bytes, ledger_id: int) -> bool:

@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LastMessageIdRequest(_message.Message):
-    __slots__ = ("stream", "before_time_ms")
+    __slots__ = ("stream", "before_time_ms", "read_compacted")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     BEFORE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    READ_COMPACTED_FIELD_NUMBER: _ClassVar[int]
     stream: str
     before_time_ms: int
-    def __init__(self, stream: _Optional[str] = ..., before_time_ms: _Optional[int] = ...) -> None: ...
+    read_compacted: bool
+    def __init__(self, stream: _Optional[str] = ..., before_time_ms: _Optional[int] = ..., read_compacted: _Optional[bool] = ...) -> None: ...
 
 class LastMessageIdResponse(_message.Message):
     __slots__ = ("message_id",)
@@ -181,7 +183,7 @@ class SendFailed(_message.Message):
     def __init__(self, sequence_ids: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class ConsumerOpen(_message.Message):
-    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "cursor_persist_interval_ms", "protocol_version")
+    __slots__ = ("stream", "subscription", "consumer_type", "consumer_name", "initial_position", "negative_ack_redelivery_delay_ms", "ack_timeout_ms", "start", "start_latest", "start_inclusive", "resume", "cursor_persist_interval_ms", "protocol_version", "read_compacted")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +197,7 @@ class ConsumerOpen(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     CURSOR_PERSIST_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    READ_COMPACTED_FIELD_NUMBER: _ClassVar[int]
     stream: str
     subscription: str
     consumer_type: str
@@ -208,7 +211,8 @@ class ConsumerOpen(_message.Message):
     resume: bool
     cursor_persist_interval_ms: int
     protocol_version: int
-    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., cursor_persist_interval_ms: _Optional[int] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    read_compacted: bool
+    def __init__(self, stream: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_type: _Optional[str] = ..., consumer_name: _Optional[str] = ..., initial_position: _Optional[str] = ..., negative_ack_redelivery_delay_ms: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., start: _Optional[_Union[MessageIdPb, _Mapping]] = ..., start_latest: _Optional[bool] = ..., start_inclusive: _Optional[bool] = ..., resume: _Optional[bool] = ..., cursor_persist_interval_ms: _Optional[int] = ..., protocol_version: _Optional[int] = ..., read_compacted: _Optional[bool] = ...) -> None: ...
 
 class Flow(_message.Message):
     __slots__ = ("permits",)

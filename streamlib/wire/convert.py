@@ -4,6 +4,7 @@ message ids, and errors (an error travels as the name of its class and its messa
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from typing import Any
 
@@ -63,6 +64,8 @@ def to_json(value: Any) -> str:
 
 
 def _tagged(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _tagged(dataclasses.asdict(value))
     if isinstance(value, MessageId):
         return {"$message_id": list(value)}
     if isinstance(value, StreamMetadata):

@@ -1,0 +1,219 @@
+"""Compaction and TableView on real processes (bookies, brokers, the metadata store):
+a changelog compacts to the latest value of each key, compacted readers and
+subscriptions see each key once at its latest and then follow the stream, tombstones
+remove keys, retention `compacted` deletes what the horizon passed (never what an
+uncompacted cursor still needs), and a TableView follows another process's updates.
+The compactor SIGKILLed at each of its steps: tests/integration/test_compaction_kills.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from streamlib import errors
+from streamlib.protocol.errors import BadRequestError
+from streamlib.stream.positions import EARLIEST
+from tests.integration.conftest import LedgerCluster, script_process
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(params=["direct", "service"])
+async def client(request: pytest.FixtureRequest, cluster: LedgerCluster) -> AsyncIterator[Any]:
+    cluster.start_bookies(3)
+    if request.param == "direct":
+        yield await cluster.client()
+    else:
+        cluster.start_brokers(1)
+        yield await cluster.service_client()
+
+
+async def publish(client: Any, stream: str, updates: list[tuple[str | None, bytes]]) -> None:
+    producer = await client.create_producer(stream)
+    for key, value in updates:
+        await producer.send_async(value, key=key)
+    await producer.flush()
+    await producer.close()
+
+
+async def read_compacted(client: Any, stream: str, **options: Any) -> list[Any]:
+    """Everything a compacted reader reads from the start, up to the end now."""
+    reader = await client.create_reader(stream, EARLIEST, read_compacted=True, **options)
+    found = []
+    while await reader.has_message_available():
+        found.append(await reader.read_next(timeout=30))
+    await reader.close()
+    return found
+
+
+def changelog(updates: int, keys: int) -> tuple[list[tuple[str | None, bytes]], dict[str, bytes]]:
+    """Updates of `keys` keys round robin (each value names its update), and the latest."""
+    sent = [(f"k{i % keys}", b"v%d" % i) for i in range(updates)]
+    return sent, dict(sent)  # type: ignore[arg-type]
+
+
+async def test_a_changelog_compacts_to_the_latest_value_of_each_key(client: Any) -> None:
+    sent, latest = changelog(20_000, 1_000)
+    await publish(client, "profiles", sent)
+    result = await client.streams.compact("profiles")
+    assert result.compacted and result.keys == 1_000 and result.read_messages == 20_000
+    found = await read_compacted(client, "profiles")
+    assert {m.key: m.data for m in found} == latest
+    assert len(found) == 1_000  # each key once
+    # Each keeps the id the stream gave it, and they come in stream order.
+    ids = [m.message_id for m in found]
+    assert ids == sorted(ids)
+    everything = await client.create_reader("profiles", EARLIEST)
+    by_id = {}
+    while await everything.has_message_available():
+        message = await everything.read_next(timeout=30)
+        by_id[message.message_id] = message.data
+    await everything.close()
+    assert all(by_id[m.message_id] == m.data for m in found)
+    # Compacting again with nothing new changes nothing.
+    again = await client.streams.compact("profiles")
+    assert not again.compacted and again.ledger_id == result.ledger_id
+
+
+async def test_a_compacted_reader_sees_each_key_once_then_follows_the_stream(client: Any) -> None:
+    sent, latest = changelog(3_000, 100)
+    await publish(client, "orders", sent)
+    await client.streams.compact("orders")
+    # After the horizon: more updates, not compacted yet -- read as they are, in order.
+    after = [(f"k{i}", b"new%d" % i) for i in range(5)] + [("k0", b"newest")]
+    await publish(client, "orders", after)
+    found = await read_compacted(client, "orders")
+    assert [(m.key, m.data) for m in found[:100]] == sorted(
+        latest.items(), key=lambda kv: int(kv[1][1:])
+    )
+    assert [(m.key, m.data) for m in found[100:]] == after
+    # ... and then it follows what is published next.
+    reader = await client.create_reader("orders", EARLIEST, read_compacted=True)
+    for _ in range(len(found)):
+        await reader.read_next(timeout=30)
+    await publish(client, "orders", [("k7", b"live")])
+    live = await reader.read_next(timeout=30)
+    assert (live.key, live.data) == ("k7", b"live")
+    await reader.close()
+
+
+async def test_tombstones_remove_keys_and_messages_without_keys_are_not_kept(client: Any) -> None:
+    await publish(
+        client,
+        "users",
+        [("alice", b"1"), ("bob", b"2"), (None, b"no key"), ("alice", b""), ("carol", b"3"),
+         ("bob", b"22"), ("dave", b"4"), ("dave", b"")],
+    )  # fmt: skip
+    result = await client.streams.compact("users")
+    assert result.keys == 2
+    found = await read_compacted(client, "users")
+    assert [(m.key, m.data) for m in found] == [("carol", b"3"), ("bob", b"22")]
+    # A key tombstoned and set again is back.
+    await publish(client, "users", [("alice", b"again")])
+    await client.streams.compact("users")
+    found = await read_compacted(client, "users")
+    assert [(m.key, m.data) for m in found] == [
+        ("carol", b"3"),
+        ("bob", b"22"),
+        ("alice", b"again"),
+    ]
+
+
+async def test_a_compacted_subscription_acknowledges_what_was_compacted_out(client: Any) -> None:
+    sent, latest = changelog(500, 10)
+    await publish(client, "prices", sent)
+    await client.streams.compact("prices")
+    consumer = await client.subscribe(
+        "prices", "table", initial_position="earliest", read_compacted=True
+    )
+    got = [await consumer.receive(timeout=30) for _ in range(10)]
+    assert {m.key: m.data for m in got} == latest
+    consumer.acknowledge_cumulative(got[-1])
+    await consumer.close()
+    # The cursor moved past every update the view left out: nothing is left to read.
+    stats = await client.streams.stats("prices")
+    assert stats["subscriptions"]["table"]["backlog_messages"] == 0
+    with pytest.raises(BadRequestError, match="exclusive or failover"):
+        await client.subscribe("prices", "shared", consumer_type="shared", read_compacted=True)
+
+
+async def test_compacted_retention_deletes_what_the_horizon_passed_but_not_what_a_cursor_needs(
+    client: Any,
+) -> None:
+    await client.streams.create(
+        "rates", rollover={"max_entries": 5}, retention={"compacted": True}
+    )
+    sent, latest = changelog(60, 6)
+    producer = await client.create_producer("rates", batching_max_messages=1)
+    # An uncompacted durable subscription that has read nothing holds every ledger.
+    holder = await client.subscribe("rates", "audit", initial_position="earliest")
+    for key, value in sent:
+        await producer.send(value, key=key)
+    await producer.close()
+    await client.streams.compact("rates")
+    before = len((await client.streams.read("rates"))[0].ledgers)
+    assert before > 3
+    assert await client.streams.trim("rates") == []
+    # The subscription goes: the ledgers below the horizon go with the next trim.
+    await holder.close()
+    await client.streams.unsubscribe("rates", "audit")
+    gone = await client.streams.trim("rates")
+    assert gone and len((await client.streams.read("rates"))[0].ledgers) == before - len(gone)
+    found = await read_compacted(client, "rates")
+    assert {m.key: m.data for m in found} == latest
+
+
+async def test_a_table_view_follows_updates_made_by_another_process(
+    client: Any, cluster: LedgerCluster
+) -> None:
+    sent, latest = changelog(1_000, 50)
+    await publish(client, "config", sent)
+    await client.streams.compact("config")
+    await publish(client, "config", [("k1", b"after compaction"), ("k2", b"")])
+    view = await client.create_table_view("config")
+    expected = {**latest, "k1": b"after compaction"}
+    del expected["k2"]
+    assert dict(view) == expected and len(view) == 49 and view.get("k2") is None
+    seen: list[tuple[str, Any]] = []
+    changed = asyncio.Event()
+
+    def listener(key: str, value: Any) -> None:
+        seen.append((key, value))
+        if key == "k3":
+            changed.set()
+
+    view.for_each_and_listen(listener)
+    assert len(seen) == 49
+    url = cluster.metadata_uri if hasattr(client, "ledgers") else cluster.service_url
+    script = (
+        "import sys, streamlib\n"
+        "client = streamlib.connect(sys.argv[1])\n"
+        "producer = client.create_producer('config')\n"
+        "producer.send(b'from elsewhere', key='k3')\n"
+        "producer.send(b'', key='k4')\n"
+        "client.close()\n"
+        "print('sent', flush=True)\n"
+    )
+    async with script_process(script, url, ready="sent"):
+        await asyncio.wait_for(changed.wait(), 60)
+        while "k4" in view:  # (the removal comes right after)
+            await asyncio.sleep(0.01)
+    assert view.get("k3") == b"from elsewhere" and "k4" not in view
+    assert ("k4", None) in seen
+    await view.close()
+
+
+async def test_compaction_refuses_what_it_cannot_do(client: Any) -> None:
+    with pytest.raises(errors.NoSuchStreamError):
+        await client.streams.compact("never-made")
+    with pytest.raises(BadRequestError, match="read_compacted"):
+        await client.create_reader("x", EARLIEST, read_compacted="yes")
+    await client.streams.create("p")
+    with pytest.raises(BadRequestError, match="threshold"):
+        await client.streams.set_policies("p", compaction_threshold_bytes=-1)
+    record = json.loads(json.dumps((await client.streams.compact("p")).as_dict()))
+    assert record["compacted"] is False and record["ledger_id"] == -1
