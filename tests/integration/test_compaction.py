@@ -144,9 +144,7 @@ async def test_a_compacted_subscription_acknowledges_what_was_compacted_out(clie
 async def test_compacted_retention_deletes_what_the_horizon_passed_but_not_what_a_cursor_needs(
     client: Any,
 ) -> None:
-    await client.streams.create(
-        "rates", rollover={"max_entries": 5}, retention={"compacted": True}
-    )
+    await client.streams.create("rates", rollover={"max_entries": 5}, retention={"compacted": True})
     sent, latest = changelog(60, 6)
     producer = await client.create_producer("rates", batching_max_messages=1)
     # An uncompacted durable subscription that has read nothing holds every ledger.
