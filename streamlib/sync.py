@@ -41,6 +41,7 @@ from streamlib.schema import Schema
 from streamlib.stream import consumer as aconsumer
 from streamlib.stream import producer as aproducer
 from streamlib.stream import reader as areader
+from streamlib.stream import table_view as atable
 from streamlib.stream.batch import Compression
 from streamlib.stream.consumer import DeadLetterPolicy
 from streamlib.stream.positions import EARLIEST, MessageId
@@ -797,6 +798,66 @@ class Reader:
         return f"<streamlib.Reader {self.stream!r}>"
 
 
+class TableView:
+    """A live read-only mapping of the latest value of every key of a stream (see
+    Client.create_table_view): get, len, in, iteration, items(). Listeners
+    (for_each_and_listen, listen) run on the client's event loop thread: they must not
+    block."""
+
+    def __init__(self, target: atable.TableView, runner: _LoopThread) -> None:
+        self._target = target
+        self._runner = runner
+        self.stream = target.stream
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._target.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._target[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._target
+
+    def __len__(self) -> int:
+        return len(self._target)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._target)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._target.items())
+
+    def keys(self) -> list[str]:
+        return list(self._target)
+
+    def values(self) -> list[Any]:
+        return list(self._target.values())
+
+    def for_each(self, callback: Callable[[str, Any], object]) -> None:
+        """callback(key, value) for every key now (in this thread)."""
+        self._target.for_each(callback)
+
+    def for_each_and_listen(self, callback: Callable[[str, Any], object]) -> None:
+        """for_each, then callback(key, value) for every update (on the loop thread)."""
+        self._runner.call(self._target.for_each_and_listen, callback)
+
+    def listen(self, callback: Callable[[str, Any], object]) -> None:
+        self._runner.call(self._target.listen, callback)
+
+    def close(self) -> None:
+        if not self._runner.closed:
+            self._runner.run(self._target.close())
+
+    def __enter__(self) -> TableView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<streamlib.TableView {self.stream!r}: {len(self)} keys>"
+
+
 class Client:
     """A blocking client: one metadata session, connections to bookies, and one event
     loop thread. Make one with streamlib.connect(uri, ...)."""
@@ -880,9 +941,10 @@ class Client:
         ack_timeout_ms: int = 0,
         negative_ack_redelivery_delay_ms: int = 1000,
         cursor_persist_interval_ms: int = 100,
+        read_compacted: bool = False,
     ) -> Consumer:
         """A consumer of a durable subscription; see streamlib.Client.subscribe (the
-        asyncio one) for the consumer types and the dead-letter policy.
+        asyncio one) for the consumer types, the dead-letter policy and read_compacted.
         message_listener(consumer, message) runs in a thread of the consumer's own."""
         target = self._runner.run(
             self._target.subscribe(
@@ -897,6 +959,7 @@ class Client:
                 ack_timeout_ms=ack_timeout_ms,
                 negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                 cursor_persist_interval_ms=cursor_persist_interval_ms,
+                read_compacted=read_compacted,
             )
         )
         consumer = Consumer(target, self._runner)
@@ -912,9 +975,11 @@ class Client:
         receiver_queue_size: int = 1000,
         start_message_id_inclusive: bool = False,
         schema: Schema[Any] | None = None,
+        read_compacted: bool = False,
     ) -> Reader:
         """A non-durable reader from `start` (EARLIEST, LATEST or a MessageId: reading
-        begins with the message after it)."""
+        begins with the message after it); read_compacted: the stream's compacted view
+        up to its horizon, then the stream."""
         target = self._runner.run(
             self._target.create_reader(
                 stream,
@@ -922,9 +987,17 @@ class Client:
                 receiver_queue_size=receiver_queue_size,
                 start_message_id_inclusive=start_message_id_inclusive,
                 schema=schema,
+                read_compacted=read_compacted,
             )
         )
         return Reader(target, self._runner)
+
+    def create_table_view(self, stream: str, schema: Schema[Any] | None = None) -> TableView:
+        """pulsar-client's TableView: the latest value of every key of `stream`, kept
+        live (see streamlib.stream.table_view). It returns once it holds every key up to
+        the end of the stream now."""
+        target = self._runner.run(self._target.create_table_view(stream, schema))
+        return TableView(target, self._runner)
 
     def stats(self) -> dict[str, Any]:
         """What this client's producers and consumers did (see streamlib.Client.stats)."""

@@ -18,6 +18,7 @@ and deletions that must reach its consumers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -77,6 +78,8 @@ class PulsarAdmin:
         self.broker = broker
         self.access = access
         self.streams = broker.client.streams
+        # The compactions asked of this broker, by stream (the last one of each).
+        self._compactions: dict[str, asyncio.Task[Any]] = {}
         topic = "admin/v2/persistent/{tenant}/{namespace}/{topic}"
         subscription = topic + "/subscription/{sub}"
         table: list[tuple[str, str, Handler]] = [
@@ -578,17 +581,38 @@ class PulsarAdmin:
     # -- compaction, deduplication of a topic -------------------------------------------
 
     async def compact(self, request: Request, caller: Caller, **names: str) -> Response:
+        """Pulsar's trigger: the compaction runs in the background (on this broker; its
+        status: compaction_status); 409 while one runs here. A partitioned topic is
+        compacted partition by partition, as Pulsar's admin does."""
         stream = topic_stream(**names)
         self._check(caller, Operation.ADMINISTER, stream)
-        await self._partitions(stream)
-        raise HttpError(405, "topic compaction is not supported by streamlib brokers yet: "
-                        "nothing was compacted")  # fmt: skip
+        for part in await self._each(stream):
+            running = self._compactions.get(part)
+            if running is not None and not running.done():
+                raise HttpError(409, f"Compaction already in progress for {topic_of(part)}")
+        for part in await self._each(stream):
+            self._compactions[part] = self.broker._spawn(self.streams.compact(part))
+        return _no_content()
 
     async def compaction_status(self, request: Request, caller: Caller, **names: str) -> Response:
+        """Pulsar's LongRunningProcessStatus of the last compaction asked of this broker:
+        RUNNING, SUCCESS, ERROR (lastError), or -- none asked here -- SUCCESS when the
+        stream has a compacted view, else NOT_RUN."""
         stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
-        await self._partitions(stream)
-        return json_response(200, {"status": "NOT_RUN", "lastError": ""})  # (and never will)
+        await self._unpartitioned(stream, "compaction status")
+        task = self._compactions.get(stream)
+        if task is None:
+            md, _ = await self.streams.read(stream)
+            done = md.HasField("compaction")
+            return json_response(200, {"status": "SUCCESS" if done else "NOT_RUN", "lastError": ""})
+        if not task.done():
+            return json_response(200, {"status": "RUNNING", "lastError": ""})
+        error = None if task.cancelled() else task.exception()
+        if task.cancelled() or error is not None:
+            why = "cancelled" if error is None else f"{type(error).__name__}: {error}"
+            return json_response(200, {"status": "ERROR", "lastError": why})
+        return json_response(200, {"status": "SUCCESS", "lastError": ""})
 
     async def topic_dedup(self, request: Request, caller: Caller, **names: str) -> Response:
         stream = topic_stream(**names)

@@ -69,6 +69,7 @@ from streamlib.pulsar.entries import encode as encode_pulsar
 from streamlib.pulsar.entries import is_pulsar_entry, parse, signed, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
 from streamlib.stream.batch import DecodedBatch, MessageDecodeError, decode_batch
+from streamlib.stream.compacted import CompactedScanner
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import MAX_ENTRY_BYTES
@@ -806,12 +807,16 @@ class Connection:
         scanner = self.broker.client.scanner(stream, read_compacted)
         last: tuple[int, int, Any] | None
         try:
-            if read_compacted:  # (the view's last when the stream's was compacted out)
-                found_id = await scanner.last_message()
-                last, index = (None, -1) if found_id is None else (found_id, found_id[2])
-            else:
-                last = await scanner.last_entry()
-                index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
+            last = await scanner.last_entry()
+            index = -1 if last is None else last_index(last[2], f"entry {last[0]}:{last[1]}")
+            if read_compacted and last is not None:
+                # Before the horizon: the view's last (the stream's may be compacted out),
+                # in a batch of streamlib's, so its index is its own.
+                assert isinstance(scanner, CompactedScanner)
+                view = await scanner.view()
+                if view is not None and (last[0], last[1]) <= view.horizon[:2]:
+                    found = await scanner.last_message()
+                    last, index = (None, -1) if found is None else (found, found[2])
         except Exception as error:
             self._error(request.request_id, error)
             return

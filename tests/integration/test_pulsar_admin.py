@@ -156,13 +156,21 @@ async def test_topics_and_partitioned_topics_are_created_listed_and_deleted(clus
     await admin.refused(404, "GET", "/admin/v2/no/such/thing")
     await admin.refused(405, "POST", "/admin/v2/clusters")
 
-    # Deduplication is always on; compaction does not exist yet.
+    # Deduplication is always on; compaction runs in the background (then its status).
     assert await admin.ok("GET", "/admin/v2/namespaces/public/default/deduplication") is True
     await admin.ok("POST", "/admin/v2/namespaces/public/default/deduplication", True)
     assert "always" in await admin.refused(
         412, "POST", "/admin/v2/namespaces/public/default/deduplication", False)  # fmt: skip
-    assert "compaction" in await admin.refused(405, "PUT", f"{V2}/plain/compaction")
     assert (await admin.ok("GET", f"{V2}/plain/compaction"))["status"] == "NOT_RUN"
+    await admin.ok("PUT", f"{V2}/plain/compaction")
+
+    async def compacted() -> bool:
+        return (await admin.ok("GET", f"{V2}/plain/compaction"))["status"] == "SUCCESS"
+
+    await eventually(compacted)
+    await admin.ok("PUT", f"{V2}/parts/compaction")  # (each partition)
+    await admin.refused(404, "GET", f"{V2}/parts/compaction")  # (its partitions have one)
+    await admin.refused(404, "PUT", f"{V2}/missing/compaction")
 
     assert await admin.ok("GET", f"{V2}/plain/deduplicationEnabled") is True
     assert await admin.ok("GET", "/admin/v2/brokers/health") == "ok"

@@ -568,6 +568,44 @@ async def test_a_12_mib_message_goes_in_chunks(cluster, programs):
     assert (await reader.read_next(timeout=30)).data == b"small after it"
 
 
+async def test_compacted_readers_consumers_and_table_views_of_pulsar_client(cluster, programs):
+    """A changelog from pulsar-client, compacted by streamlib: pulsar-client's compacted
+    reader and consumer see each key once at its latest, then the updates after the
+    horizon; its reader's has_message_available ends although the stream's last message
+    was compacted out (a tombstone); and its TableView follows updates."""
+    name = "changelog"
+    program, client = await connect(programs, cluster)
+    producer, _ = await program.producer(client, topic(name), batching_max_messages=7)
+    updates = [{"data": f"v{i}", "partition_key": f"k{i % 5}"} for i in range(40)]
+    updates += [{"data": "", "partition_key": "k3"}]  # a tombstone, the stream's last
+    await program.send_async(producer, updates)
+    direct = await cluster.client()
+    result = await direct.streams.compact(name)
+    assert result.keys == 4
+    latest = {"k0": "v35", "k1": "v36", "k2": "v37", "k4": "v39"}
+
+    reader = await program.reader(client, topic(name), "earliest", is_read_compacted=True)
+    got = await program.receive(reader, 4, ack="none")
+    assert {m["partition_key"]: m["data"] for m in got} == latest
+    assert not (await program.run("has_message_available", id=reader))["available"]
+    consumer = await program.subscribe(client, topic(name), "table", is_read_compacted=True,
+                                       initial_position="Earliest")  # fmt: skip
+    got = await program.receive(consumer, 4, ack="cumulative")
+    assert {m["partition_key"]: m["data"] for m in got} == latest
+
+    await program.send(producer, [{"data": "after", "partition_key": "k9"}])
+    assert datas(await program.receive(reader, 1, ack="none")) == ["after"]
+    assert datas(await program.receive(consumer, 1)) == ["after"]
+
+    view = program.new_id("view")
+    await program.run("table_view", id=view, client=client, topic=topic(name))
+    table = await program.run("table", id=view)
+    assert table["entries"] == {**latest, "k9": "after"} and table["size"] == 5
+    await program.send(producer, [{"data": "later", "partition_key": "k0"}])
+    table = await program.run("table", id=view, wait_key="k0", wait_value="later")
+    assert "timed_out" not in table and table["entries"]["k0"] == "later"
+
+
 @pytest.mark.parametrize("compression", ["LZ4", "ZLib", "ZSTD", "SNAPPY"])
 async def test_compressed_batches_read_by_pulsar_client_and_streamlib(
     cluster, programs, compression

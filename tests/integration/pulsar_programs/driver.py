@@ -16,6 +16,9 @@ the test gives them.
   ack           id (a consumer) refs kind=individual|cumulative|nack
   seek          id message_id=earliest|latest|[...] | timestamp=ms
   has_message_available, unsubscribe, producer_info, last_message_id: id
+  table_view    id client topic                     (pulsar-client's TableView)
+  table         id [wait_key wait_value wait_s]     -> entries {key: data}, once the view
+                                                       holds wait_key (wait_value "": none)
   send_background producer count [prefix explicit_sequence_ids interval_ms ...]
   background    (the background sends so far) [wait_s: until all are settled]
   exit
@@ -313,6 +316,29 @@ class Driver:
 
     def last_message_id(self, id: str) -> dict:
         return {"id": id_of(self.objects[id].get_last_message_id())}
+
+    def table_view(self, id: str, client: str, topic: str) -> dict:
+        self.objects[id] = self.objects[client].create_table_view(topic)
+        return {}
+
+    def table(
+        self, id: str, wait_key: str | None = None, wait_value: str = "", wait_s: float = 30.0
+    ) -> dict:
+        """The view's entries (for_each), once wait_key holds wait_value (absent: "")."""
+        view = self.objects[id]
+        deadline = time.monotonic() + wait_s
+        while True:
+            entries: dict[str, str] = {}
+
+            def put(key: str, value: bytes, entries: dict[str, str] = entries) -> None:
+                entries[key] = value.decode()
+
+            view.for_each(put)
+            if wait_key is None or entries.get(wait_key, "") == wait_value:
+                return {"entries": entries, "size": len(view)}
+            if time.monotonic() > deadline:
+                return {"entries": entries, "size": len(view), "timed_out": True}
+            time.sleep(0.05)
 
     def send_background(
         self,
