@@ -815,8 +815,8 @@ class Connection:
                 assert isinstance(scanner, CompactedScanner)
                 view = await scanner.view()
                 if view is not None and (last[0], last[1]) <= view.horizon[:2]:
-                    found = await scanner.last_message()
-                    last, index = (None, -1) if found is None else (found, found[2])
+                    in_view = await scanner.last_message()
+                    last, index = (None, -1) if in_view is None else (in_view, in_view[2])
         except Exception as error:
             self._error(request.request_id, error)
             return
