@@ -6,6 +6,11 @@ brief session loss) before every ledger with a fragment on it is marked. Every
 ``check_interval_s`` it also checks every ledger: a fragment on an unregistered bookie,
 or a live bookie that lacks the entries it should hold, gets the ledger marked.
 :meth:`check_all` is also what ``streamlib admin autorecovery audit-now`` runs.
+
+Streams are looked after here too, as Pulsar's brokers do on a timer: every
+``retention_interval_s`` each stream's retention and the sweep of leaked ledgers, and
+every ``compaction_interval_s`` the compaction of each stream whose rolled ledgers past
+its compaction horizon passed its threshold (streamlib.protocol.compaction).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from metadata.services.underreplication import UnderReplicationManager
 from streamlib.client import Client
 from streamlib.ledger.codec import metadata_from_pb
 from streamlib.protocol import LedgerMetadata
+from streamlib.protocol.compaction import should_compact
 from streamlib.protocol.errors import BookieUnavailableError, StreamlibError
 from streamlib.protocol.replication import (
     FragmentRange,
@@ -45,6 +51,9 @@ class AuditorConfig:
     # they roll), and the sweep of leaked ledgers; 0 disables it.
     retention_interval_s: float = 300.0
     leak_grace_s: float = 300.0
+    # Compaction of the streams past their compaction threshold (Pulsar's compaction
+    # monitor: 60 s); 0 disables it.
+    compaction_interval_s: float = 60.0
 
 
 class Auditor:
@@ -57,6 +66,7 @@ class Auditor:
         self._known: set[str] = set()  # bookies whose loss would be news
         self.checks = 0
         self.retention_rounds = 0
+        self.compaction_rounds = 0
 
     # -- one-shot audits (also used by the admin commands) ------------------------------
 
@@ -153,6 +163,33 @@ class Auditor:
         self.retention_rounds += 1
         return done
 
+    async def apply_compaction(self) -> dict[str, int]:
+        """Compact every stream whose backlog past its horizon passed its compaction
+        threshold (compaction.should_compact). Returns {stream: view ledger} of those
+        compacted; a stream that fails (another compactor's view came first, a bookie
+        out) is logged and tried again next round."""
+        streams = self.client.streams
+        done: dict[str, int] = {}
+        for name in await streams.list():
+            try:
+                md, _ = await streams.read(name)
+                threshold = md.compaction_threshold_bytes
+                if not threshold:
+                    continue
+                backlog = await streams.compaction_backlog(name)
+                if not should_compact(threshold, backlog):
+                    continue
+                result = await streams.compact(name)
+            except (StreamlibError, MetadataError) as exc:
+                log.warning("compaction of stream %s failed: %s", name, exc)
+                continue
+            if result.compacted:
+                done[name] = result.ledger_id
+        if done:
+            log.info("compaction: %s", done)
+        self.compaction_rounds += 1
+        return done
+
     # -- the elected auditor's loop ------------------------------------------------------
 
     async def run(self, still_leader: Callable[[], bool] = lambda: True) -> None:
@@ -165,6 +202,7 @@ class Auditor:
             self._known = {b for md, _ in await self.all_ledgers() for b in md.bookies()}
             next_check = time.monotonic() + self.config.check_interval_s
             next_retention = time.monotonic() + self.config.retention_interval_s
+            next_compaction = time.monotonic() + self.config.compaction_interval_s
             while still_leader():
                 live = {info.bookie_id for info in await self.registry.list()}
                 for bookie in live & set(self.pending_lost):
@@ -184,11 +222,16 @@ class Auditor:
                 if self.config.retention_interval_s > 0 and time.monotonic() >= next_retention:
                     await self.apply_retention()
                     next_retention = time.monotonic() + self.config.retention_interval_s
+                if self.config.compaction_interval_s > 0 and time.monotonic() >= next_compaction:
+                    await self.apply_compaction()
+                    next_compaction = time.monotonic() + self.config.compaction_interval_s
                 timeout = LEADER_CHECK_S
                 if self.config.check_interval_s > 0:
                     timeout = min(timeout, max(0.0, next_check - time.monotonic()))
                 if self.config.retention_interval_s > 0:
                     timeout = min(timeout, max(0.0, next_retention - time.monotonic()))
+                if self.config.compaction_interval_s > 0:
+                    timeout = min(timeout, max(0.0, next_compaction - time.monotonic()))
                 try:
                     await watch.next(timeout)
                 except TimeoutError:

@@ -2,6 +2,7 @@
 
     streamlib autorecovery --metadata URI [--lost-bookie-delay S] [--grace-period S]
                            [--check-interval S] [--retention-interval S]
+                           [--compaction-interval S]
     streamlib admin autorecovery status|enable|disable|audit-now --metadata URI
     streamlib admin recover BOOKIE --metadata URI
     streamlib admin decommission BOOKIE --metadata URI
@@ -75,6 +76,13 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         default=300.0,
         help="seconds between applying every stream's retention, idle streams too, and "
         "sweeping leaked ledgers (0 = never)",
+    )
+    daemon.add_argument(
+        "--compaction-interval",
+        type=float,
+        default=60.0,
+        help="seconds between looking for streams past their compaction threshold, and "
+        "compacting them (0 = never; see `admin streams set-policies`)",
     )
     daemon.add_argument("--log-level", default="WARNING")
     daemon.add_argument(
@@ -208,7 +216,8 @@ async def _daemon(args: argparse.Namespace) -> int:
     from streamlib.autorecovery.replicator import WorkerConfig
     from streamlib.client import Client
 
-    for name in ("lost_bookie_delay", "grace_period", "check_interval", "retention_interval"):
+    for name in ("lost_bookie_delay", "grace_period", "check_interval", "retention_interval",
+                 "compaction_interval"):  # fmt: skip
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
     identifier = args.id or f"{socket.gethostname()}:{os.getpid()}"
@@ -223,6 +232,7 @@ async def _daemon(args: argparse.Namespace) -> int:
             args.lost_bookie_delay,
             args.check_interval,
             retention_interval_s=args.retention_interval,
+            compaction_interval_s=args.compaction_interval,
         ),
         WorkerConfig(grace_period_s=args.grace_period),
     )

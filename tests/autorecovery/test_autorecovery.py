@@ -8,6 +8,7 @@ import time
 from bookie.launcher import BookieProcess
 from bookie.wire import bookie_pb2 as pb
 from streamlib.client import Client
+from streamlib.stream.positions import EARLIEST
 from tests.autorecovery.conftest import (
     RecoveryCluster,
     assert_fully_replicated,
@@ -143,6 +144,45 @@ async def test_bookie_back_within_the_delay_cancels_the_audit(rcluster: Recovery
 
 async def _logged(text: object, needle: str) -> bool:
     return needle in text()  # type: ignore[operator]
+
+
+async def test_the_auditor_compacts_a_stream_past_its_threshold_and_retention_follows(
+    rcluster: RecoveryCluster,
+) -> None:
+    """Compaction by policy (the uncompacted backlog past N bytes), and retention
+    `compacted`: the changelog keeps its latest values, not its history."""
+    rcluster.start_bookies(3)
+    client = await rcluster.client()
+    await client.streams.create(
+        "prefs", rollover={"max_entries": 4}, retention={"compacted": True},
+        compaction_threshold_bytes=300,
+    )  # fmt: skip
+    producer = await client.create_producer("prefs", batching_max_publish_delay_ms=0)
+    latest = {}
+    for i in range(48):
+        key, value = f"user{i % 6}", b"theme-%d" % i
+        await producer.send(value, key=key)
+        latest[key] = value
+    await producer.close()
+    before = (await client.streams.read("prefs"))[0]
+    assert len(before.ledgers) >= 5
+    rcluster.start_daemon("keeper", *FAST, "--compaction-interval", "0.5",
+                          "--retention-interval", "0.5")  # fmt: skip
+
+    async def compacted_and_trimmed() -> bool:
+        md, _ = await client.streams.read("prefs")
+        return md.HasField("compaction") and md.compaction.keys == 6 and len(md.ledgers) <= 2
+
+    await wait_for(compacted_and_trimmed, "the compaction and the retention that follows it")
+    reader = await client.create_reader("prefs", EARLIEST, read_compacted=True)
+    found = {}
+    while await reader.has_message_available():
+        message = await reader.read_next(timeout=30)
+        found[message.key] = message.data
+    await reader.close()
+    assert found == latest
+    gone = {i.ledger_id for i in before.ledgers} - set(await client.ledgers.list())
+    assert gone  # (deleted, not only unlisted)
 
 
 async def test_the_auditor_applies_retention_to_idle_streams(rcluster: RecoveryCluster) -> None:
