@@ -57,10 +57,11 @@ def changelog(updates: int, keys: int) -> tuple[list[tuple[str | None, bytes]], 
 
 
 async def test_a_changelog_compacts_to_the_latest_value_of_each_key(client: Any) -> None:
-    sent, latest = changelog(20_000, 1_000)
+    updates = 100_000
+    sent, latest = changelog(updates, 1_000)
     await publish(client, "profiles", sent)
     result = await client.streams.compact("profiles")
-    assert result.compacted and result.keys == 1_000 and result.read_messages == 20_000
+    assert result.compacted and result.keys == 1_000 and result.read_messages == updates
     found = await read_compacted(client, "profiles")
     assert {m.key: m.data for m in found} == latest
     assert len(found) == 1_000  # each key once
