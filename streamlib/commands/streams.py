@@ -21,6 +21,7 @@ from streamlib.commands.common import (
 )
 from streamlib.commands.cursors import backlog_text
 from streamlib.protocol.errors import NoSuchStreamError
+from streamlib.stream.admin import partition_name
 from streamlib.stream.positions import MessageId, describe
 
 if TYPE_CHECKING:
@@ -115,9 +116,9 @@ def _policies(args: argparse.Namespace) -> dict[str, Any]:
     given: dict[str, Any] = {}
     for key, flag in (("ensemble", "ensemble"), ("write_quorum", "write_quorum"),
                       ("ack_quorum", "ack_quorum")):  # fmt: skip
-        if getattr(args, flag) is not None:
+        if getattr(args, flag, None) is not None:
             given[key] = getattr(args, flag)
-    roll = {k: getattr(args, f"rollover_{a}") for k, a in
+    roll = {k: getattr(args, f"rollover_{a}", None) for k, a in
             (("max_entries", "entries"), ("max_bytes", "bytes"), ("max_age_ms", "age_ms"))}  # fmt: skip
     if any(v is not None for v in roll.values()):
         given["rollover"] = {k: v or 0 for k, v in roll.items()}
@@ -330,18 +331,26 @@ async def _trim(client: Client, args: argparse.Namespace) -> int:
 
 
 async def _compact(client: Client, args: argparse.Namespace) -> int:
-    with progress(f"compacting {args.stream}", None, enabled=not args.json):
-        result = await client.streams.compact(args.stream)
+    """The stream, or each partition of a partitioned one (as pulsar-admin does)."""
+    count = await client.streams.partitions(args.stream)
+    names = [partition_name(args.stream, i) for i in range(count)] if count else [args.stream]
+    results = []
+    for name in names:
+        with progress(f"compacting {name}", None, enabled=not args.json):
+            result = await client.streams.compact(name)
+        results.append(result.as_dict())
+        if args.json:
+            continue
+        if not result.compacted:
+            print(f"compacted {name!r}: nothing new since the view up to {result.horizon}")
+        else:
+            print(
+                f"compacted {name!r} up to {result.horizon}: {result.keys} keys from "
+                f"{result.read_messages} messages, in ledger {result.ledger_id} "
+                f"({result.entries} entries, {size_to_text(result.size_bytes)})"
+            )
     if args.json:
-        print_json(result.as_dict())
-    elif not result.compacted:
-        print(f"compacted {args.stream!r}: nothing new since the view up to {result.horizon}")
-    else:
-        print(
-            f"compacted {args.stream!r} up to {result.horizon}: {result.keys} keys from "
-            f"{result.read_messages} messages, in ledger {result.ledger_id} "
-            f"({result.entries} entries, {size_to_text(result.size_bytes)})"
-        )
+        print_json(results if count else results[0])
     return 0
 
 

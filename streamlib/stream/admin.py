@@ -301,10 +301,17 @@ class StreamManager:
         compaction_threshold_bytes: int | None = None,
     ) -> StreamMetadata:
         """Change an existing stream's retention and compaction threshold (what is not
-        given stays), by CAS of its metadata; the stream's metadata after."""
+        given stays), by CAS of its metadata -- a partitioned stream's partitions' too;
+        the stream's metadata after."""
         keep = None if retention is None else _policy(retention, RetentionPolicy)
         if compaction_threshold_bytes is not None:
             _check_threshold(compaction_threshold_bytes)
+        for index in range(await self.partitions(name)):
+            await self.set_policies(
+                partition_name(name, index),
+                retention=keep,
+                compaction_threshold_bytes=compaction_threshold_bytes,
+            )
 
         async def attempt() -> StreamMetadata:
             md, version = await self.read(name)
@@ -322,8 +329,13 @@ class StreamManager:
     ) -> CompactionResult:
         """Compact the stream now (streamlib/stream/compaction.py): its compacted view
         then holds the latest message of every key up to the end confirmed now.
-        CompactionSupersededError if another compactor's view was installed meanwhile."""
-        await self.read(name)
+        CompactionSupersededError if another compactor's view was installed meanwhile;
+        BadRequestError for a partitioned stream (compact each partition)."""
+        if count := await self.partitions(name):
+            raise BadRequestError(
+                f"stream {name!r} is partitioned: compact each of its {count} partitions "
+                f"({partition_name(name, 0)}, ...)"
+            )
         return await Compactor(self._ledgers, self.registry).compact(name, on_step=on_step)
 
     async def compaction_backlog(self, name: str) -> int:
