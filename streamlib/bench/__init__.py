@@ -13,6 +13,7 @@ from typing import Any
 def add_parser(commands: Any) -> None:
     from streamlib.bench import (
         bookie,
+        compaction,
         failover,
         ledger,
         metadata,
@@ -25,7 +26,9 @@ def add_parser(commands: Any) -> None:
 
     parser = commands.add_parser("bench", help="run a benchmark and print its figures")
     which = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in (protocol, metadata, bookie, ledger, stream, service, failover, pulsar, spark):
+    for module in (
+        protocol, metadata, bookie, ledger, stream, service, failover, pulsar, spark, compaction,
+    ):  # fmt: skip
         module.add_parser(which)
 
 

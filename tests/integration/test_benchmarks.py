@@ -80,8 +80,21 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
                 "rows/s",
             ],
         ),
+        (
+            ["compaction", "--updates", "2000", "--keys", "100", "--more", "200"],
+            ["first compaction", "incremental", "compacted read", "TableView start"],
+        ),
     ],
-    ids=["protocol", "metadata", "ledger", "stream", "service", "failover", "spark-sink"],
+    ids=[
+        "protocol",
+        "metadata",
+        "ledger",
+        "stream",
+        "service",
+        "failover",
+        "spark-sink",
+        "compaction",
+    ],
 )
 def test_benchmark_prints_its_figures(args, expected):
     result = subprocess.run([*STREAMLIB, *args], capture_output=True, text=True, timeout=300)
