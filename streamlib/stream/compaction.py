@@ -3,7 +3,8 @@ to a horizon -- into a ledger of its own and installs it by CAS of the stream's 
 (the rules and the theory: streamlib/protocol/compaction.py; reading it:
 streamlib/stream/compacted.py).
 
-Steps, each a place a compactor may die (``on_step`` is called at each, by name):
+Steps, each a place a compactor may die (``on_step`` is called at each, by name; a
+coroutine it returns is awaited):
 
   ``scanned``    phase one read the previous view and the stream up to the horizon
   ``created``    the view's ledger exists (tagged as the stream's: a leak is swept)
@@ -19,6 +20,7 @@ leak until deleted. No step leaves a view naming a ledger that is not there.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
 import time
@@ -88,7 +90,11 @@ class Compactor:
     async def compact(self, name: str, *, on_step: Step | None = None) -> CompactionResult:
         """Compact `name` up to the end of the stream confirmed now (see the module's
         steps). CompactionSupersededError if another compactor's view came first."""
-        step = on_step or (lambda _: None)
+
+        async def step(name: str) -> None:
+            if on_step is not None and inspect.isawaitable(outcome := on_step(name)):
+                await outcome
+
         md, _ = await self._registry.read(name)
         previous = view_of(md)
         scanner = CompactedScanner(self._ledgers, self._registry, name, EARLIEST, tail=False)
@@ -96,7 +102,7 @@ class Compactor:
         if end == EARLIEST or (previous is not None and end <= previous.horizon):
             return self._unchanged(name, previous)
         latest, horizon, read = await self._phase_one(name, end)
-        step("scanned")
+        await step("scanned")
         if horizon == EARLIEST or (previous is not None and horizon <= previous.horizon):
             return self._unchanged(name, previous)
         kept = latest.kept()
@@ -108,15 +114,15 @@ class Compactor:
             password=secrets.token_bytes(32),
             custom_metadata={"stream": name.encode(), COMPACTED_VIEW_OF: name.encode()},
         )
-        step("created")
+        await step("created")
         try:
             entries, size = await self._phase_two(name, horizon, kept, handle)
-            step("written")
+            await step("written")
             await handle.close()
         except BaseException:
             await discard_ledger(self._ledgers, handle.ledger_id, handle)
             raise
-        step("closed")
+        await step("closed")
         view = Compaction(
             ledger_id=handle.ledger_id,
             horizon=Position(
@@ -132,10 +138,10 @@ class Compactor:
         except CompactionSupersededError:
             await discard_ledger(self._ledgers, handle.ledger_id)
             raise
-        step("installed")
+        await step("installed")
         if previous is not None:
             await discard_ledger(self._ledgers, previous.ledger_id)
-        step("done")
+        await step("done")
         log.info(
             "stream %s compacted up to %s: %d keys in ledger %d (%d entries, %d bytes)",
             name, describe(horizon), kept.keys, handle.ledger_id, entries, size,

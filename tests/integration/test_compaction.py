@@ -16,6 +16,7 @@ import pytest
 
 from streamlib import errors
 from streamlib.protocol.errors import BadRequestError
+from streamlib.stream.compaction import CompactionSupersededError
 from streamlib.stream.positions import EARLIEST
 from tests.integration.conftest import LedgerCluster, script_process
 
@@ -244,3 +245,78 @@ async def test_an_unbounded_stream_compacts_and_drops_the_fragments_the_horizon_
     found = await read_compacted(client, "one-ledger")
     assert {m.key: m.data for m in found} == latest
     await producer.close()
+
+
+async def test_of_two_compactors_at_once_one_installs_and_the_other_gives_way(
+    cluster: LedgerCluster,
+) -> None:
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    sent, latest = changelog(2_000, 50)
+    await publish(client, "race", sent)
+    held, go = asyncio.Event(), asyncio.Event()
+
+    async def hold_before_installing(step: str) -> None:
+        if step == "closed":
+            held.set()
+            await go.wait()
+
+    slow = asyncio.create_task(client.streams.compact("race", on_step=hold_before_installing))
+    await held.wait()
+    await publish(client, "race", [("k1", b"newer")])
+    fast = await client.streams.compact("race")  # installs while the slow one waits
+    go.set()
+    with pytest.raises(CompactionSupersededError):
+        await slow
+    md, _ = await client.streams.read("race")
+    assert md.compaction.ledger_id == fast.ledger_id
+    assert fast.ledger_id in await client.ledgers.list()
+    found = await read_compacted(client, "race")
+    assert {m.key: m.data for m in found} == {**latest, "k1": b"newer"}
+    # The loser's ledger went with it: only the view and the stream's ledgers are left.
+    assert set(await client.ledgers.list()) == {fast.ledger_id} | {i.ledger_id for i in md.ledgers}
+
+
+async def test_compaction_while_a_producer_writes_loses_no_update(cluster: LedgerCluster) -> None:
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("busy")
+    latest: dict[str, bytes] = {}
+    stop = asyncio.Event()
+
+    async def write() -> None:
+        i = 0
+        while not stop.is_set() or i < 3_000:
+            key, value = f"k{i % 200}", b"%d" % i
+            await producer.send_async(value, key=key)
+            latest[key] = value
+            i += 1
+            if i % 100 == 0:
+                await asyncio.sleep(0)  # (the compactions run meanwhile)
+        await producer.flush()
+
+    writer = asyncio.create_task(write())
+    results = [await client.streams.compact("busy") for _ in range(3)]
+    stop.set()
+    await writer
+    assert any(r.compacted for r in results)
+    found = await read_compacted(client, "busy")
+    assert {m.key: m.data for m in found if m.key is not None} == latest
+
+
+async def test_a_chunked_latest_value_is_kept_whole(cluster: LedgerCluster) -> None:
+    cluster.start_bookies(3)
+    client = await cluster.client()
+    producer = await client.create_producer("blobs", chunking_enabled=True)
+    large = bytes(range(256)) * (6 * 4096 + 3)  # about 6 MiB: two pieces
+    await producer.send(large, key="big")
+    await producer.send(b"small", key="other")
+    await producer.send(large[::-1], key="replaced")
+    await producer.send(b"now small", key="replaced")
+    await producer.close()
+    result = await client.streams.compact("blobs")
+    assert result.keys == 3
+    found = await read_compacted(client, "blobs")
+    assert [(m.key, m.data) for m in found] == [
+        ("big", large), ("other", b"small"), ("replaced", b"now small"),
+    ]  # fmt: skip
