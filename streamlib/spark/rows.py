@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 )
 
 from streamlib.protocol.actions import EntryData
-from streamlib.spark.plan import Segment
+from streamlib.spark.plan import Segment, view_entry
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import (
     CHUNK_FORMAT,
@@ -233,15 +233,23 @@ def _keys_and_properties(pieces: Sequence[EntryColumns], rows: int) -> tuple[pa.
 
 
 def _in_segment(segment: Segment, ledger_id: int, data: EntryData) -> EntryColumns | None:
-    """The entry's messages inside the segment's (after, until], by column (None: none)."""
+    """The entry's messages inside the segment's (after, until], by column (None: none).
+    An entry of a compacted view holds messages of stream entry (its ledger id, its entry
+    id) from its first index on: they keep the ids they have in the stream."""
+    entry_id, first, payload = data.entry_id, 0, data.payload
+    if segment.view:
+        in_view = f"stream {segment.stream!r} compacted view ledger {ledger_id} entry {entry_id}"
+        ledger_id, entry_id, first, payload = view_entry(payload, in_view)
     after, until = segment.after, segment.until
-    here = (ledger_id, data.entry_id)
+    here = (ledger_id, entry_id)
     if here < (after.ledger_id, after.entry_id) or here > (until.ledger_id, until.entry_id):
         return None
     lo = after.batch_index + 1 if here == (after.ledger_id, after.entry_id) else 0
     hi = until.batch_index + 1 if here == (until.ledger_id, until.entry_id) else None
-    where = f"stream {segment.stream!r} ledger {ledger_id} entry {data.entry_id}"
-    columns = entry_columns(ledger_id, data.entry_id, data.payload, where, max(lo, 0), hi)
+    where = f"stream {segment.stream!r} ledger {ledger_id} entry {entry_id}"
+    if segment.view:
+        where += f" (compacted view ledger {segment.ranges[0].ledger_id} entry {data.entry_id})"
+    columns = entry_columns(ledger_id, entry_id, payload, where, max(lo, first), hi)
     return columns if columns.lo < columns.hi else None
 
 

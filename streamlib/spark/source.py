@@ -33,6 +33,7 @@ from streamlib.client import Client
 from streamlib.protocol.errors import BadRequestError
 from streamlib.spark import plan
 from streamlib.spark.rows import SCHEMA, segment_batches
+from streamlib.stream.compacted import View
 from streamlib.stream.positions import MessageId
 
 T = TypeVar("T")
@@ -78,6 +79,9 @@ class Options:
         self.num_partitions: int = _positive(options, "numPartitions", None) or _cores()
         # ... more partitions if one would hold more entries than this.
         self.entries_per_partition: int | None = _positive(options, "entriesPerPartition", None)
+        # Each stream's compacted view (each key once, at its latest as of the horizon),
+        # then the stream after the horizon: what a compacted reader reads (plan.py).
+        self.read_compacted = plan.parse_read_compacted(options.get("readCompacted"))
 
 
 def _cores() -> int:
@@ -106,14 +110,28 @@ class SegmentPartition(InputPartition):
         self.segment = segment
 
 
+async def _views(client: Client, options: Options) -> dict[str, View | None] | None:
+    """The streams' compacted views installed now, for a compacted read (else None)."""
+    if not options.read_compacted:
+        return None
+    return await plan.compacted_views(client, options.streams)
+
+
 async def _partitions(
     client: Client,
     options: Options,
     start: dict[str, MessageId],
     end: dict[str, MessageId],
+    views: dict[str, View | None] | None,
 ) -> list[SegmentPartition]:
     segments = await plan.plan_segments(
-        client, options.streams, start, end, options.num_partitions, options.entries_per_partition
+        client,
+        options.streams,
+        start,
+        end,
+        options.num_partitions,
+        options.entries_per_partition,
+        views,
     )
     return [SegmentPartition(segment) for segment in segments]
 
@@ -151,9 +169,10 @@ class StreamlibBatchReader(DataSourceReader):
         options = self.options
 
         async def work(client: Client) -> list[SegmentPartition]:
+            views = await _views(client, options)  # (first: no horizon is past the end)
             start = await plan.resolve(client, options.starting, latest_is_end=True)
             end = await plan.resolve(client, options.ending, latest_is_end=True)
-            return await _partitions(client, options, start, end)
+            return await _partitions(client, options, start, end, views)
 
         return _run(options.metadata, work)
 
@@ -162,7 +181,11 @@ class StreamlibBatchReader(DataSourceReader):
 
 
 class StreamlibStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches: offsets are {stream: "ledger:entry:index"} of the last message read."""
+    """Micro-batches: offsets are {stream: "ledger:entry:index"} of the last message read.
+    With readCompacted a micro-batch (start, end] is what a compacted reader after start
+    reads up to end (the view's messages in it, if start is before the view's horizon,
+    then the stream's): offsets are stream positions either way, as the view keeps the
+    messages' ids; maxMessagesPerTrigger counts the messages so read."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -215,7 +238,7 @@ class StreamlibStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             admitted = {}
             for name in options.streams:
                 admitted[name], _ = await plan.advance(
-                    client, name, positions[name], ends[name], budget[name]
+                    client, name, positions[name], ends[name], budget[name], options.read_compacted
                 )
             return admitted
 
@@ -224,7 +247,11 @@ class StreamlibStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         options = self.options
         after, until = self._start(start), plan.from_json(end)
-        return _run(options.metadata, lambda client: _partitions(client, options, after, until))
+
+        async def work(client: Client) -> list[SegmentPartition]:
+            return await _partitions(client, options, after, until, await _views(client, options))
+
+        return _run(options.metadata, work)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options.metadata, partition)
@@ -237,8 +264,13 @@ class StreamlibDataSource(DataSource):
     partitioned stream reads as its partitions, NAME-partition-I, each with its offsets),
     startingOffsets / endingOffsets (earliest | latest | JSON {stream: "ledger:entry:index"}),
     maxMessagesPerTrigger, numPartitions (input partitions of a read; default the cores of
-    the planning machine: set it to the executors' cores on a cluster) and
-    entriesPerPartition (more partitions if one would hold more entries than this).
+    the planning machine: set it to the executors' cores on a cluster),
+    entriesPerPartition (more partitions if one would hold more entries than this) and
+    readCompacted (true | false, default false: each stream's compacted view -- the
+    latest message of every key up to its horizon, tombstoned keys and keyless messages
+    left out, each with its id in the stream -- then every message after the horizon,
+    as a compacted Reader reads it; a stream never compacted reads whole; in a streaming
+    read a micro-batch that starts before a newer horizon reads that view's part).
 
     Write options: stream (one), and url (the stream service, streamlib://HOST:PORT,...:
     every task publishes its rows, exactly-once) or metadata (direct mode: the driver
