@@ -103,11 +103,15 @@ class CompactedScanner(StreamScanner):
             except ViewGone:
                 continue
 
-    async def _view_last(self, view: View) -> MessageId | None:
+    async def _open_view(self, view: View) -> ReadHandle:
+        """The view's ledger, opened for reading; ViewGone once a newer view replaced it."""
         try:
-            handle = await self._ledgers.open(view.ledger_id, password=None, recover=False)
+            return await self._ledgers.open(view.ledger_id, password=None, recover=False)
         except NoSuchLedgerError:
             raise ViewGone() from None
+
+    async def _view_last(self, view: View) -> MessageId | None:
+        handle = await self._open_view(view)
         try:
             last = handle.last_entry_id
             if last < 0:
@@ -181,10 +185,7 @@ class CompactedScanner(StreamScanner):
     async def _view_batches(
         self, view: View, after: MessageId, previous: MessageId
     ) -> AsyncIterator[EntryMessages]:
-        try:
-            handle = await self._ledgers.open(view.ledger_id, password=None, recover=False)
-        except NoSuchLedgerError:
-            raise ViewGone() from None
+        handle = await self._open_view(view)
         try:
             last = handle.last_entry_id
             for first in range(0, last + 1, VIEW_READ_ENTRIES):

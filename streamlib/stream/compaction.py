@@ -250,15 +250,7 @@ def _compacted_entries(batch: EntryMessages, first: int, last: int) -> list[byte
     for _ in range(first):  # placeholders: every message keeps its index
         builder.add(b"", 0)
     for i in range(first, last + 1):
-        builder.add(
-            batch.payloads[i],
-            batch.publish_times[i],
-            batch.event_times[i] if batch.event_times else 0,
-            batch.metadata[i] if batch.metadata else None,  # type: ignore[arg-type]
-            batch.deliver_at[i] if batch.deliver_at else 0,
-            batch.sequence_ids[i] if batch.sequence_ids else -1,
-            batch.producers[i] if batch.producers else "",
-        )
+        batch.add_to(builder, i)
     inner = builder.encode() if batch.chunk is None else builder.encode_piece(batch.chunk)
     stored = envelope.CompactedEntry(
         ledger_id=batch.ledger_id, entry_id=batch.entry_id, first_index=first, batch=inner

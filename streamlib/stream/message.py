@@ -249,18 +249,22 @@ class EntryMessages:
         chunked message put together from its pieces, the message as one entry."""
         if self.raw is None:
             builder = BatchBuilder()
-            for i, payload in enumerate(self.payloads):
-                builder.add(
-                    payload,
-                    self.publish_times[i],
-                    self.event_times[i] if self.event_times else 0,
-                    self.metadata[i] if self.metadata else None,  # type: ignore[arg-type]
-                    self.deliver_at[i] if self.deliver_at else 0,
-                    self.sequence_ids[i] if self.sequence_ids else -1,
-                    self.producers[i] if self.producers else "",
-                )
+            for i in range(len(self.payloads)):
+                self.add_to(builder, i)
             self.raw = builder.encode()
         return self.raw
+
+    def add_to(self, builder: BatchBuilder, index: int) -> None:
+        """Message `index` of the entry, added to a batch as it was stored."""
+        builder.add(
+            self.payloads[index],
+            self.publish_times[index],
+            self.event_times[index] if self.event_times else 0,
+            self.metadata[index] if self.metadata else None,  # type: ignore[arg-type]
+            self.deliver_at[index] if self.deliver_at else 0,
+            self.sequence_ids[index] if self.sequence_ids else -1,
+            self.producers[index] if self.producers else "",
+        )
 
 
 def entry_messages(
