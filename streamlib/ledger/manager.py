@@ -69,6 +69,12 @@ class LedgerManager:
         self._ids = ids
         self.recovery_options = RecoveryOptions()
 
+    async def metadata_node(self, ledger_id: int) -> tuple[str, int]:
+        """The metadata store node of a ledger's metadata and its version (for a
+        transaction's check that the ledger is still there); NoSuchLedgerError."""
+        _, version = await self._read(ledger_id)
+        return self._context.ledgers.ledger_path(ledger_id), version
+
     async def create(
         self,
         ensemble: int = 3,

@@ -70,6 +70,9 @@ class LatestByKey:
     def observe(self, key: str | None, position: Position, tombstone: bool) -> None:
         if key is None:
             return  # no key: not kept
+        superseded = self.latest.get(key)
+        if superseded is not None:
+            self.pieces.pop(superseded, None)  # (memory: one entry per key, not per update)
         self.latest[key] = None if tombstone else position
 
     def observe_chunked(

@@ -50,7 +50,12 @@ from streamlib.retry import retry_cas
 from streamlib.stream import snapshots
 from streamlib.stream.ack_ranges import AckRanges
 from streamlib.stream.compacted import view_of
-from streamlib.stream.compaction import CompactionResult, Compactor
+from streamlib.stream.compaction import (
+    COMPACTED_VIEW_OF,
+    CompactionResult,
+    Compactor,
+    compacting_ledger,
+)
 from streamlib.stream.durable import position_from_pb, ranges_from_state, ranges_to_state
 from streamlib.stream.positions import (
     EARLIEST,
@@ -701,6 +706,15 @@ class StreamManager:
             if ledger.creation_time_ms > cutoff:
                 continue
             snapshot_of = ledger.custom_metadata.get(snapshots.SNAPSHOT_OF)
+            view_of_stream = ledger.custom_metadata.get(COMPACTED_VIEW_OF)
+            if view_of_stream is not None:
+                # (A compaction's ledger, not installed yet: its live compactor's own.)
+                try:
+                    stream = view_of_stream.decode()
+                    if await compacting_ledger(self.registry, stream) == ledger_id:
+                        continue
+                except ValueError:  # (a malformed tag: no compactor names it)
+                    pass
             if snapshot_of is not None:
                 if await snapshots.is_pointed_at(self.registry, snapshot_of, ledger_id):
                     continue

@@ -26,7 +26,12 @@ from google.protobuf.message import DecodeError
 from metadata.schemas import StreamMetadata
 from streamlib.ledger.handles import ReadHandle
 from streamlib.protocol.compaction import first_index_after, reads_view
-from streamlib.protocol.errors import BadRequestError, NoSuchEntryError, NoSuchLedgerError
+from streamlib.protocol.errors import (
+    BadRequestError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StreamlibError,
+)
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import MessageDecodeError
 from streamlib.stream.message import EntryMessages, entry_messages
@@ -73,6 +78,10 @@ def check_read_compacted(read_compacted: object, consumer_type: object = None) -
             )
 
 
+class CompactedViewMissingError(StreamlibError):
+    """The stream's compacted view names a ledger that does not exist."""
+
+
 class ViewGone(Exception):
     """The view's ledger went (a newer view replaced it): look at the view again."""
 
@@ -101,7 +110,7 @@ class CompactedScanner(StreamScanner):
             try:
                 return await self._view_last(view)
             except ViewGone:
-                continue
+                await self._replaced(view)
 
     async def _open_view(self, view: View) -> ReadHandle:
         """The view's ledger, opened for reading; ViewGone once a newer view replaced it."""
@@ -136,6 +145,7 @@ class CompactedScanner(StreamScanner):
                         previous = after = batch.last_id
                         yield batch
                 except ViewGone:
+                    await self._replaced(view)
                     continue
                 after = max(after, view.horizon)
                 if self.until is not None and after >= self.until:
@@ -156,11 +166,24 @@ class CompactedScanner(StreamScanner):
             if not restart:
                 return
 
+    async def _replaced(self, view: View) -> None:
+        """After ViewGone: the view is another now (read it); if the same view still names
+        its missing ledger, that is no race but a broken stream: say so, never loop."""
+        if await self.view() == view:
+            raise CompactedViewMissingError(
+                f"stream {self.name!r}: its compacted view names ledger {view.ledger_id}, "
+                "which does not exist (compact the stream again)"
+            )
+
     async def _stream_batches(
         self, after: MessageId, previous: MessageId
     ) -> AsyncIterator[EntryMessages | None]:
-        """The stream after `after`; None (and the end) when the view's horizon passed
-        `after` at a ledger the stream moved to: its ledgers below may be gone."""
+        """The stream after `after`; None (and the end) when ledgers it would have read
+        next were deleted -- retention of a compacted stream deletes what a newer view's
+        horizon passed -- and that view covers them: read it first. Only then: a reader
+        whose ledgers are all there reads every update, tombstones included."""
+        md, _ = await self._registry.read(self.name)
+        known = [i.ledger_id for i in md.ledgers if i.ledger_id >= after.ledger_id]
         stream = StreamScanner(
             self._ledgers, self._registry, self.name, after,
             tail=self.tail, poll_timeout_s=self.poll_timeout_s,
@@ -173,10 +196,16 @@ class CompactedScanner(StreamScanner):
             if self.until is not None and (batch.ledger_id, batch.entry_id) > self.until[:2]:
                 return
             if batch.ledger_id != ledger_id:
-                view = await self.view()
-                if view is not None and reads_view(after, view.horizon):
-                    yield None
-                    return
+                md, _ = await self._registry.read(self.name)
+                listed = {i.ledger_id for i in md.ledgers}
+                # Deleted under the reader: one it knew of between the last ledger it
+                # read and this one, or the last ledger itself (left part unread).
+                skipped = any(ledger_id < known_id < batch.ledger_id for known_id in known)
+                if skipped or (ledger_id in known and ledger_id not in listed):
+                    view = view_of(md)
+                    if view is not None and reads_view(after, view.horizon):
+                        yield None
+                        return
                 ledger_id = batch.ledger_id
             batch.previous = previous  # (acknowledging it covers what was compacted out)
             previous = after = batch.last_id

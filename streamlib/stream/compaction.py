@@ -16,19 +16,38 @@ coroutine it returns is awaited):
 Until ``installed`` the previous view stays the stream's and this ledger is nobody's
 (the sweeper deletes it after its grace); after it, the previous view's ledger is a
 leak until deleted. No step leaves a view naming a ledger that is not there.
+
+One compactor per stream at a time: a compactor holds the ephemeral node
+``<stream>/compactor`` (tied to its metadata session) while it works, and names its
+ledger there once made. Another is refused (CompactionInProgressError, as Pulsar's 409);
+the sweeper of leaked ledgers leaves a ledger its live compactor names alone, however
+long the compaction takes; a compactor that died loses the node with its session, and
+its ledger is swept. The install is one transaction with a check that the ledger still
+exists: a compactor that outlived its session (stopped, then resumed) and had its ledger
+swept installs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
-from metadata.schemas import Compaction, Position
+from metadata.errors import (
+    BadVersionError,
+    MetadataError,
+    NodeExistsError,
+    NoNodeError,
+    TransactionError,
+)
+from metadata.schemas import Compaction, Position, StreamMetadata, encode
 from metadata.services.streams import StreamRegistry
+from metadata.store import CheckVersion, Set
 from streamlib.ledger.handles import MAX_ENTRY_BYTES, WriteHandle
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.compaction import (
@@ -39,7 +58,7 @@ from streamlib.protocol.compaction import (
     kept_runs,
     may_install,
 )
-from streamlib.protocol.errors import StreamlibError, TooLargeError
+from streamlib.protocol.errors import NoSuchLedgerError, StreamlibError, TooLargeError
 from streamlib.retry import retry_cas
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import BatchBuilder
@@ -55,7 +74,30 @@ APPEND_BATCH_BYTES = 4 << 20  # compacted entries handed to the ledger at a time
 
 
 class CompactionSupersededError(StreamlibError):
-    """Another compactor installed a view while this one worked: this one's is dropped."""
+    """Another compactor installed a view while this one worked, or this one's ledger was
+    swept (it outlived its metadata session): this one's is dropped."""
+
+
+class CompactionInProgressError(StreamlibError):
+    """Another compactor is compacting the stream now (its node: compactor_path)."""
+
+
+def compactor_path(registry: StreamRegistry, stream: str) -> str:
+    return f"{registry.stream_path(stream)}/compactor"
+
+
+async def compacting_ledger(registry: StreamRegistry, stream: str) -> int | None:
+    """The ledger the stream's live compactor is writing (None: no compactor, or it has
+    made none yet): the sweeper leaves it alone."""
+    try:
+        node = await registry.store.get(compactor_path(registry, stream))
+    except NoNodeError:
+        return None
+    try:
+        found = json.loads(node.data).get("ledger_id")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, int) and found >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -101,6 +143,29 @@ class Compactor:
         end = await scanner.end_position()
         if end == EARLIEST or (previous is not None and end <= previous.horizon):
             return self._unchanged(name, previous)
+        node = compactor_path(self._registry, name)
+        try:
+            await self._registry.store.create(node, _named(-1), ephemeral=True)
+        except NodeExistsError:
+            raise CompactionInProgressError(
+                f"stream {name!r} is being compacted by another compactor now; try again "
+                "when it is done"
+            ) from None
+        try:
+            return await self._compact(name, md, previous, end, step, node)
+        finally:
+            with contextlib.suppress(MetadataError, StreamlibError):
+                await self._registry.store.delete(node)
+
+    async def _compact(
+        self,
+        name: str,
+        md: StreamMetadata,
+        previous: View | None,
+        end: MessageId,
+        step: Callable[[str], Awaitable[None]],
+        node: str,
+    ) -> CompactionResult:
         latest, horizon, read = await self._phase_one(name, end)
         await step("scanned")
         if horizon == EARLIEST or (previous is not None and horizon <= previous.horizon):
@@ -114,6 +179,11 @@ class Compactor:
             password=secrets.token_bytes(32),
             custom_metadata={"stream": name.encode(), COMPACTED_VIEW_OF: name.encode()},
         )
+        try:  # (the sweeper leaves it alone while this compactor's node names it)
+            await self._registry.store.set(node, _named(handle.ledger_id))
+        except BaseException:
+            await discard_ledger(self._ledgers, handle.ledger_id, handle)
+            raise
         await step("created")
         try:
             entries, size = await self._phase_two(name, horizon, kept, handle)
@@ -221,8 +291,10 @@ class Compactor:
         return entries, size
 
     async def _install(self, name: str, view: Compaction, started_from: int | None) -> None:
+        registry = self._registry
+
         async def attempt() -> None:
-            md, version = await self._registry.read(name)
+            md, version = await registry.read(name)
             installed = view_of(md)
             if not may_install(None if installed is None else installed.ledger_id, started_from):
                 raise CompactionSupersededError(
@@ -230,9 +302,30 @@ class Compactor:
                     f"{installed.ledger_id if installed else -1} meanwhile; this one is dropped"
                 )
             md.compaction.CopyFrom(view)
-            await self._registry.write(name, md, version)  # BadVersionError: again
+            try:  # (with its ledger still there: never a view naming a swept one)
+                ledger_node = await self._ledgers.metadata_node(view.ledger_id)
+                await registry.store.transaction([
+                    CheckVersion(*ledger_node),
+                    Set(registry.stream_path(name), encode(md), version),
+                ])  # fmt: skip
+            except (NoSuchLedgerError, TransactionError) as failed:
+                if isinstance(failed, NoSuchLedgerError) or (
+                    failed.index == 0 and isinstance(failed.cause, NoNodeError)
+                ):
+                    raise CompactionSupersededError(
+                        f"stream {name!r}: view ledger {view.ledger_id} was swept before it "
+                        "was installed (this compactor outlived its metadata session)"
+                    ) from None
+                if isinstance(failed.cause, BadVersionError):  # (either moved: again)
+                    raise BadVersionError(f"stream {name!r} or its view moved on") from None
+                raise failed.cause from None
 
         await retry_cas(f"stream {name!r}: installing its compacted view", attempt)
+
+
+def _named(ledger_id: int) -> bytes:
+    """What a compactor's node holds: the ledger it writes (-1: none made yet)."""
+    return json.dumps({"ledger_id": ledger_id}).encode()
 
 
 def _key(batch: EntryMessages, index: int) -> str | None:

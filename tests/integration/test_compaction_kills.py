@@ -4,6 +4,7 @@ killed one leaked are swept, never the installed view nor the stream's own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from streamlib.stream.compacted import view_of
+from streamlib.stream.compaction import compactor_path
 from streamlib.stream.positions import EARLIEST
 from tests.integration.conftest import LedgerCluster, script_process
 
@@ -24,7 +26,7 @@ import asyncio, sys
 import streamlib
 
 async def main(uri, stream, stop_at):
-    client = await streamlib.Client.connect(uri)
+    client = await streamlib.Client.connect(uri, session_timeout_s=3)
     def step(name):
         if name == stop_at:
             print("at " + name, flush=True)
@@ -85,6 +87,16 @@ async def test_a_compactor_killed_at_each_step_leaves_a_correct_view(
         ) as compactor:
             os.kill(compactor.pid, signal.SIGKILL)
             compactor.wait()
+        # Its node (one compactor at a time) goes with its metadata session; until then the
+        # sweeper leaves the ledger it names alone (a live compactor's, for all it knows).
+        node = compactor_path(client.streams.registry, "ledger-of-accounts")
+        made = set(await client.ledgers.list()) - known
+        if step == "written":
+            assert made and not made & set(await client.streams.sweep(grace_s=0)), step
+        deadline = asyncio.get_running_loop().time() + 30
+        while await client.store.exists(node) is not None:
+            assert asyncio.get_running_loop().time() < deadline, "the node outlived its session"
+            await asyncio.sleep(0.1)
         md, _ = await client.streams.read("ledger-of-accounts")
         view = view_of(md)
         assert view is not None

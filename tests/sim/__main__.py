@@ -5,6 +5,7 @@ python -m tests.sim --seed 1234 --trace      # replay one seed and print its tra
 python -m tests.sim --seeds 2000 --mutation skip_fencing   # must find a violation
 python -m tests.sim --streams --seeds 2000   # stream writers dueling, readers, outages
 python -m tests.sim --service --seeds 5000   # brokers owning a stream: kills, stops, cuts
+python -m tests.sim --compaction --seeds 2000   # compactors racing and dying, retention, readers
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from tests.sim.compaction import MUTATIONS as COMPACTION_MUTATIONS
+from tests.sim.compaction import SWEEP_GRACE, run_compaction_seed
 from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import MUTATIONS, InvariantViolation, run_seed
 from tests.sim.service import MUTATIONS as SERVICE_MUTATIONS
@@ -44,15 +47,32 @@ def main() -> int:
         help="with --service: an unsafe variant",
     )  # fmt: skip
     parser.add_argument(
+        "--compaction", action="store_true", help="compactors, retention, compacted readers"
+    )
+    parser.add_argument(
+        "--compaction-mutation", choices=COMPACTION_MUTATIONS, default="none",
+        help="with --compaction: an unsafe variant",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compaction-grace", type=int, default=SWEEP_GRACE,
+        help="with --compaction: the sweeper's grace in steps (default: it never sweeps)",
+    )  # fmt: skip
+    parser.add_argument(
         "--keep-failed", action="store_true", help="with --placement: the unsafe variant"
     )
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     start = time.perf_counter()
     scenario: Any
+    missed = 0
     for count, seed in enumerate(seeds, start=1):
         try:
-            if args.service:
+            if args.compaction:
+                scenario = run_compaction_seed(
+                    seed, args.compaction_mutation, args.compaction_grace
+                )
+                missed += scenario.missed_deletions
+            elif args.service:
                 scenario = run_service_seed(seed, args.service_mutation)
             elif args.streams:
                 scenario = run_stream_seed(seed, reader_fences=args.reader_fences)
@@ -67,11 +87,13 @@ def main() -> int:
             print(f"FAILED at seed {seed} after {count} seeds")
             return 1
         if args.trace:
-            trace = scenario.trace if args.service else scenario.world.trace
+            trace = scenario.trace if args.service or args.compaction else scenario.world.trace
             print("\n".join(trace))
         if count % 1000 == 0:
             print(f"{count} seeds ok ({time.perf_counter() - start:.0f} s)", flush=True)
     print(f"all {count} seeds passed in {time.perf_counter() - start:.1f} s")
+    if args.compaction:
+        print(f"(compacted readers that lagged behind a compaction missed {missed} deletions)")
     return 0
 
 
