@@ -252,10 +252,11 @@ async def test_an_unbounded_stream_compacts_and_drops_the_fragments_the_horizon_
 
 
 async def test_one_compactor_at_a_time_and_one_that_outlived_its_session_gives_way(
-    cluster: LedgerCluster,
+    any_cluster: LedgerCluster,
 ) -> None:
-    cluster.start_bookies(3)
-    client = await cluster.client()
+    """On both backends: the compactor's ephemeral node, the guarded install."""
+    any_cluster.start_bookies(3)
+    client = await any_cluster.client()
     sent, latest = changelog(2_000, 50)
     await publish(client, "race", sent)
     held, go = asyncio.Event(), asyncio.Event()
