@@ -247,6 +247,12 @@ class Client(ClientParts):
                 await registry.cursor_moved_back(stream)  # retention must now see this cursor
             else:
                 acks, version = ranges_from_state(stored[0]), stored[1]
+                if stored[0].read_compacted != read_compacted:
+                    # Read otherwise from now: retention must see it so (a consumer that
+                    # reads uncompacted needs the ledgers below the horizon again).
+                    state = ranges_to_state(acks, read_compacted=read_compacted)
+                    version = await registry.write_cursor(stream, subscription, state, version)
+                    await registry.cursor_moved_back(stream)
             consumer = Consumer(
                 DirectSubscription(
                     scanner,

@@ -69,7 +69,7 @@ from streamlib.pulsar.entries import encode as encode_pulsar
 from streamlib.pulsar.entries import is_pulsar_entry, parse, signed, to_pulsar
 from streamlib.pulsar.topics import stream_of, topic_of
 from streamlib.stream.batch import DecodedBatch, MessageDecodeError, decode_batch
-from streamlib.stream.compacted import CompactedScanner
+from streamlib.stream.compacted import CompactedScanner, check_read_compacted
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.producer import MAX_ENTRY_BYTES
@@ -660,7 +660,9 @@ class Connection:
     async def _durable(self, stream: str, request: Any) -> _Consumer:
         subscription = request.subscription
         self._check(Operation.CONSUME, stream, subscription)
-        kind = KINDS[parse_consumer_type(SUB_TYPES[request.subType], service=True).value]
+        consumer_type = parse_consumer_type(SUB_TYPES[request.subType], service=True)
+        check_read_compacted(request.read_compacted, consumer_type)
+        kind = KINDS[consumer_type.value]
         # (Pulsar's clients subscribe before anything is produced: the topic is made,
         # where the cluster and the caller's roles allow it.)
         _not_partitioned(stream, await self.core.exists(self._caller(), stream))

@@ -42,6 +42,7 @@ from streamlib.protocol.errors import (
 from streamlib.protocol.ownership import may_answer_ready
 from streamlib.protocol.service_access import Caller, Operation, may_create
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, MessageDecodeError
+from streamlib.stream.compacted import check_read_compacted
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
 from streamlib.stream.reader import ScannerFeed
 from streamlib.stream.subscription import parse_consumer_type
@@ -459,9 +460,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         context: Any,
     ) -> AsyncIterator[pb.ConsumeResponse]:
         try:
-            kind = KINDS[
-                parse_consumer_type(opened.consumer_type or "exclusive", service=True).value
-            ]
+            consumer_type = parse_consumer_type(opened.consumer_type or "exclusive", service=True)
+            check_read_compacted(opened.read_compacted, consumer_type)
+            kind = KINDS[consumer_type.value]
             if opened.initial_position not in ("", "latest", "earliest"):
                 raise BadRequestError(
                     f"initial_position is latest or earliest: {opened.initial_position!r}"

@@ -24,6 +24,10 @@ class AckRanges:
             self.ack_range(lower, upper)
 
     @property
+    def range_count(self) -> int:
+        return len(self._ranges)
+
+    @property
     def ranges(self) -> list[tuple[MessageId, MessageId]]:
         return list(self._ranges)
 

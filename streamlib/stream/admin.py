@@ -75,14 +75,21 @@ log = logging.getLogger(__name__)
 def _policy(value: Any, cls: type) -> Any:
     if value is None:
         return cls()
-    if isinstance(value, cls):
-        return value
     if isinstance(value, Mapping):
         try:
-            return cls(**value)
+            value = cls(**value)
         except TypeError as error:
             raise BadRequestError(f"bad {cls.__name__}: {error}") from None
-    raise BadRequestError(f"expected a {cls.__name__} or a dict, got {value!r}")
+    if not isinstance(value, cls):
+        raise BadRequestError(f"expected a {cls.__name__} or a dict, got {value!r}")
+    for name, given in vars(value).items():  # (ints >= 0; the compacted flag a bool)
+        wanted = bool if name == "compacted" else int
+        if type(given) is not wanted or (wanted is int and given < 0):
+            raise BadRequestError(
+                f"bad {cls.__name__}: {name} must be "
+                f"{'True or False' if wanted is bool else 'an int >= 0'}, got {given!r}"
+            )
+    return value
 
 
 DEFAULT_ENSEMBLE, DEFAULT_WRITE_QUORUM, DEFAULT_ACK_QUORUM = 3, 2, 2
@@ -679,6 +686,20 @@ class StreamManager:
 
         return await retry_cas(f"stream {name!r}: fragment retention", attempt)
 
+    async def _view_in_use(self, tag: bytes, ledger_id: int) -> bool:
+        """Whether a compacted view's ledger is its stream's: its live compactor's (the
+        compactor's node names it), or installed -- looked at in that order, AFTER the
+        node: a compactor installs, then lets its node go, so a view installed since the
+        list was read is seen here."""
+        try:
+            stream = tag.decode()
+            if await compacting_ledger(self.registry, stream) == ledger_id:
+                return True
+            md, _ = await self.registry.read(stream)
+        except (ValueError, MetadataNoSuchStream):  # (a malformed tag, a stream deleted)
+            return False
+        return md.HasField("compaction") and md.compaction.ledger_id == ledger_id
+
     async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
         """Delete ledgers tagged as belonging to a stream that no stream's list holds
         (leaks of crashes between a list CAS and a delete, or of an abandoned takeover),
@@ -707,14 +728,8 @@ class StreamManager:
                 continue
             snapshot_of = ledger.custom_metadata.get(snapshots.SNAPSHOT_OF)
             view_of_stream = ledger.custom_metadata.get(COMPACTED_VIEW_OF)
-            if view_of_stream is not None:
-                # (A compaction's ledger, not installed yet: its live compactor's own.)
-                try:
-                    stream = view_of_stream.decode()
-                    if await compacting_ledger(self.registry, stream) == ledger_id:
-                        continue
-                except ValueError:  # (a malformed tag: no compactor names it)
-                    pass
+            if view_of_stream is not None and await self._view_in_use(view_of_stream, ledger_id):
+                continue
             if snapshot_of is not None:
                 if await snapshots.is_pointed_at(self.registry, snapshot_of, ledger_id):
                     continue

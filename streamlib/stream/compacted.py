@@ -183,7 +183,17 @@ class CompactedScanner(StreamScanner):
         horizon passed -- and that view covers them: read it first. Only then: a reader
         whose ledgers are all there reads every update, tombstones included."""
         md, _ = await self._registry.read(self.name)
-        known = [i.ledger_id for i in md.ledgers if i.ledger_id >= after.ledger_id]
+        listed = {i.ledger_id for i in md.ledgers}
+        view = view_of(md)
+        if (
+            after != EARLIEST and after.ledger_id not in listed
+            and view is not None and reads_view(after, view.horizon)
+        ):  # fmt: skip
+            # The ledger it stands in went (a newer compaction, then retention), and
+            # what followed it may have gone too: the newer view has them.
+            yield None
+            return
+        known = [i for i in sorted(listed) if i >= after.ledger_id]
         stream = StreamScanner(
             self._ledgers, self._registry, self.name, after,
             tail=self.tail, poll_timeout_s=self.poll_timeout_s,

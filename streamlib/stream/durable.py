@@ -213,6 +213,7 @@ class DirectSubscription:
             if message is None:
                 break
             if acks.is_acked(message.message_id):
+                self._cover_gap(message.previous, message.message_id)
                 continue
             if message._entry.deliver_at is None:  # (the usual case: no delayed message)
                 return message
@@ -274,6 +275,9 @@ class DirectSubscription:
         mark = acks.mark_delete
         if (ledger_id, entry_id, count - 1) <= mark:
             return []
+        first = MessageId(ledger_id, entry_id, entry.start)
+        if first > mark and acks.is_acked(first):
+            self._cover_gap(entry.previous, first)
         if not acks.has_ranges() and (ledger_id, entry_id, entry.start) > mark:
             return list(range(entry.start, count))
         return [
@@ -298,6 +302,18 @@ class DirectSubscription:
     def keep_entries(self) -> None:
         """Keep the bytes of the entries read (a broker hands entries on as stored)."""
         self._scanner.keep_raw = True
+
+    def _cover_gap(self, previous: MessageId, acked: MessageId) -> None:
+        """A message acknowledged before (individual acks of an earlier session) comes
+        again after `previous`: what lies between -- messages a compacted view left out
+        since, which never come -- is acknowledged with it, or the mark-delete position
+        would wait on them forever."""
+        acks = self._acks
+        if previous < acked:
+            before = (acks.mark_delete, acks.range_count)
+            acks.ack(previous, acked)
+            if (acks.mark_delete, acks.range_count) != before:
+                self._changed()
 
     def acknowledge_range(self, lower: MessageId, upper: MessageId) -> None:
         """Acknowledge the messages in (lower, upper] (a broker's dispatch, by entry)."""
