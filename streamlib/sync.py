@@ -825,13 +825,14 @@ class TableView:
         return iter(self._target)
 
     def items(self) -> list[tuple[str, Any]]:
-        return list(self._target.items())
+        """A snapshot (taken at once: the loop thread may update the view meanwhile)."""
+        return self._target.snapshot()
 
     def keys(self) -> list[str]:
-        return list(self._target)
+        return [key for key, _ in self._target.snapshot()]
 
     def values(self) -> list[Any]:
-        return list(self._target.values())
+        return [value for _, value in self._target.snapshot()]
 
     def for_each(self, callback: Callable[[str, Any], object]) -> None:
         """callback(key, value) for every key now (in this thread)."""

@@ -70,6 +70,12 @@ def _no_content() -> Response:
     return Response(204)
 
 
+# The compactions asked of a broker it keeps the outcome of (the last of each stream), at
+# most about this many: past it, the finished ones are forgotten (their status then
+# reads from the stream: SUCCESS once it has a view).
+MAX_COMPACTIONS_KEPT = 10_000
+
+
 class PulsarAdmin:
     """The routes: (method, path pattern) -> handler. A pattern's {name} takes one path
     segment, percent-decoded; each handler authorizes its caller before acting."""
@@ -592,6 +598,9 @@ class PulsarAdmin:
                 raise HttpError(409, f"Compaction already in progress for {topic_of(part)}")
         for part in await self._each(stream):
             self._compactions[part] = self.broker._spawn(self.streams.compact(part))
+        if len(self._compactions) > MAX_COMPACTIONS_KEPT:  # (bounded: the finished go)
+            for name in [n for n, t in self._compactions.items() if t.done()]:
+                del self._compactions[name]
         return _no_content()
 
     async def compaction_status(self, request: Request, caller: Caller, **names: str) -> Response:

@@ -84,9 +84,13 @@ class TableView(Mapping[str, Any]):
     def __contains__(self, key: object) -> bool:
         return key in self._values
 
+    def snapshot(self) -> list[tuple[str, Any]]:
+        """Every (key, value) now, copied in one step (safe from another thread)."""
+        return list(self._values.items())
+
     def for_each(self, callback: Listener) -> None:
         """callback(key, value) for every key now."""
-        for key, value in list(self._values.items()):
+        for key, value in self.snapshot():
             callback(key, value)
 
     def for_each_and_listen(self, callback: Listener) -> None:
