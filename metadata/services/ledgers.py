@@ -7,6 +7,7 @@ version the caller read and raises BadVersionError when someone else wrote in be
 from __future__ import annotations
 
 from metadata.errors import (
+    BadVersionError,
     InvalidValueError,
     LedgerExistsError,
     NodeExistsError,
@@ -17,7 +18,7 @@ from metadata.errors import (
 from metadata.schemas import LedgerMetadata, decode, encode
 from metadata.services._base import Service, validate_ledger_id
 from metadata.services.ledger_ids import LedgerIdGenerator
-from metadata.store import Create, Delete, Watch
+from metadata.store import CheckVersion, Create, Delete, Op, Watch
 
 BUCKET = 10_000
 
@@ -82,14 +83,22 @@ class LedgerMetadataManager(Service):
         except NoNodeError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
 
-    async def delete(self, ledger_id: int, version: int = -1) -> None:
-        """Delete the metadata and, in the same transaction, the secret if there is one."""
-        ops: list[Delete] = [Delete(self.ledger_path(ledger_id), version)]
+    async def delete(
+        self, ledger_id: int, version: int = -1, guard: tuple[str, int] | None = None
+    ) -> None:
+        """Delete the metadata and, in the same transaction, the secret if there is one.
+        guard (a path and its version): only while that node is still at that version,
+        else BadVersionError and nothing is deleted."""
+        ops: list[Op] = [Delete(self.ledger_path(ledger_id), version)]
         if await self.store.exists(self.secret_path(ledger_id)) is not None:
             ops.append(Delete(self.secret_path(ledger_id)))
+        if guard is not None:
+            ops.insert(0, CheckVersion(*guard))
         try:
             await self.store.transaction(ops)
         except TransactionError as exc:
+            if guard is not None and exc.index == 0:
+                raise BadVersionError(f"{guard[0]} moved on: ledger {ledger_id} kept") from None
             if isinstance(exc.cause, NoNodeError):
                 raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
             raise exc.cause from None

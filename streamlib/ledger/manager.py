@@ -409,11 +409,13 @@ class LedgerManager:
             conflict=_LedgerMoved,
         )
 
-    async def delete(self, ledger_id: int) -> None:
-        """Delete the ledger's metadata; bookies garbage-collect its entries."""
+    async def delete(self, ledger_id: int, *, guard: tuple[str, int] | None = None) -> None:
+        """Delete the ledger's metadata; bookies garbage-collect its entries. guard (a
+        metadata path and version): only while that node is at that version (one
+        transaction), else BadVersionError and the ledger stays."""
         await self._read(ledger_id)
         try:
-            await self._context.ledgers.delete(ledger_id)
+            await self._context.ledgers.delete(ledger_id, guard=guard)
         except MetadataNoSuchLedger:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from metadata.errors import NodeExistsError, StreamExistsError
+from metadata.errors import BadVersionError, NodeExistsError, StreamExistsError
 from metadata.errors import NoSuchStreamError as MetadataNoSuchStream
 from metadata.schemas import (
     CursorState,
@@ -686,19 +686,22 @@ class StreamManager:
 
         return await retry_cas(f"stream {name!r}: fragment retention", attempt)
 
-    async def _view_in_use(self, tag: bytes, ledger_id: int) -> bool:
-        """Whether a compacted view's ledger is its stream's: its live compactor's (the
-        compactor's node names it), or installed -- looked at in that order, AFTER the
-        node: a compactor installs, then lets its node go, so a view installed since the
-        list was read is seen here."""
+    async def _view_unused(self, tag: bytes, ledger_id: int) -> tuple[str, int] | bool:
+        """Whether a compacted view's ledger may go: False while it is its stream's --
+        its live compactor's (the compactor's node names it) or installed, looked at in
+        that order (a compactor installs, then lets its node go); else the stream's node
+        and version, to delete it only while the stream has not moved (a compactor that
+        outlived its node may install it meanwhile); True: no such stream."""
         try:
             stream = tag.decode()
             if await compacting_ledger(self.registry, stream) == ledger_id:
-                return True
-            md, _ = await self.registry.read(stream)
+                return False
+            md, version = await self.registry.read(stream)
         except (ValueError, MetadataNoSuchStream):  # (a malformed tag, a stream deleted)
+            return True
+        if md.HasField("compaction") and md.compaction.ledger_id == ledger_id:
             return False
-        return md.HasField("compaction") and md.compaction.ledger_id == ledger_id
+        return self.registry.stream_path(stream), version
 
     async def sweep(self, *, grace_s: float = 300.0) -> builtins.list[int]:
         """Delete ledgers tagged as belonging to a stream that no stream's list holds
@@ -728,16 +731,22 @@ class StreamManager:
                 continue
             snapshot_of = ledger.custom_metadata.get(snapshots.SNAPSHOT_OF)
             view_of_stream = ledger.custom_metadata.get(COMPACTED_VIEW_OF)
-            if view_of_stream is not None and await self._view_in_use(view_of_stream, ledger_id):
-                continue
+            guard: tuple[str, int] | None = None
+            if view_of_stream is not None:
+                unused = await self._view_unused(view_of_stream, ledger_id)
+                if unused is False:
+                    continue
+                guard = None if unused is True else unused
             if snapshot_of is not None:
                 if await snapshots.is_pointed_at(self.registry, snapshot_of, ledger_id):
                     continue
             elif "stream" not in ledger.custom_metadata:
                 continue
             try:
-                await self._ledgers.delete(ledger_id)
+                await self._ledgers.delete(ledger_id, guard=guard)
             except NoSuchLedgerError:
                 continue  # (its owner deleted it meanwhile: a replaced snapshot's)
+            except BadVersionError:
+                continue  # (a view's stream moved meanwhile: maybe it installed it)
             swept.append(ledger_id)
         return swept

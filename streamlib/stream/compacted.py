@@ -208,10 +208,14 @@ class CompactedScanner(StreamScanner):
             if batch.ledger_id != ledger_id:
                 md, _ = await self._registry.read(self.name)
                 listed = {i.ledger_id for i in md.ledgers}
-                # Deleted under the reader: one it knew of between the last ledger it
-                # read and this one, or the last ledger itself (left part unread).
-                skipped = any(ledger_id < known_id < batch.ledger_id for known_id in known)
-                if skipped or (ledger_id in known and ledger_id not in listed):
+                # Deleted under the reader: the last ledger it read (retention deletes a
+                # prefix of the list: then whatever came between went too), or -- before
+                # it read any -- one it knew of before this one.
+                if ledger_id >= 0:
+                    deleted = ledger_id not in listed
+                else:
+                    deleted = any(k < batch.ledger_id and k not in listed for k in known)
+                if deleted:
                     view = view_of(md)
                     if view is not None and reads_view(after, view.horizon):
                         yield None

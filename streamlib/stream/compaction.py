@@ -35,6 +35,7 @@ import json
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
@@ -143,9 +144,9 @@ class Compactor:
         end = await scanner.end_position()
         if end == EARLIEST or (previous is not None and end <= previous.horizon):
             return self._unchanged(name, previous)
-        node = compactor_path(self._registry, name)
+        node = _Node(self._registry, name)
         try:
-            await self._registry.store.create(node, _named(-1), ephemeral=True)
+            await node.take()
         except NodeExistsError:
             raise CompactionInProgressError(
                 f"stream {name!r} is being compacted by another compactor now; try again "
@@ -155,7 +156,7 @@ class Compactor:
             return await self._compact(name, md, previous, end, step, node)
         finally:
             with contextlib.suppress(MetadataError, StreamlibError):
-                await self._registry.store.delete(node)
+                await node.release()
 
     async def _compact(
         self,
@@ -164,7 +165,7 @@ class Compactor:
         previous: View | None,
         end: MessageId,
         step: Callable[[str], Awaitable[None]],
-        node: str,
+        node: _Node,
     ) -> CompactionResult:
         latest, horizon, read = await self._phase_one(name, end)
         await step("scanned")
@@ -180,7 +181,7 @@ class Compactor:
             custom_metadata={"stream": name.encode(), COMPACTED_VIEW_OF: name.encode()},
         )
         try:  # (the sweeper leaves it alone while this compactor's node names it)
-            await self._registry.store.set(node, _named(handle.ledger_id))
+            await node.name(handle.ledger_id)
         except BaseException:
             await discard_ledger(self._ledgers, handle.ledger_id, handle)
             raise
@@ -323,9 +324,53 @@ class Compactor:
         await retry_cas(f"stream {name!r}: installing its compacted view", attempt)
 
 
-def _named(ledger_id: int) -> bytes:
-    """What a compactor's node holds: the ledger it writes (-1: none made yet)."""
-    return json.dumps({"ledger_id": ledger_id}).encode()
+class _Node:
+    """A compactor's ephemeral node: its token and the ledger it writes (-1: none made
+    yet). Touched only while it holds this compactor's token, at the version read: a
+    compactor that outlived its session (stopped, then resumed) finds another's node
+    there, leaves it alone, and gives way."""
+
+    def __init__(self, registry: StreamRegistry, stream: str) -> None:
+        self.path = compactor_path(registry, stream)
+        self.stream = stream
+        self._store = registry.store
+        self._token = uuid.uuid4().hex
+
+    def _data(self, ledger_id: int) -> bytes:
+        return json.dumps({"token": self._token, "ledger_id": ledger_id}).encode()
+
+    async def take(self) -> None:
+        await self._store.create(self.path, self._data(-1), ephemeral=True)
+
+    async def _version(self) -> int | None:
+        """The node's version while it is this compactor's (None: it is not)."""
+        try:
+            stored = await self._store.get(self.path)
+        except NoNodeError:
+            return None
+        try:
+            mine = json.loads(stored.data).get("token") == self._token
+        except (ValueError, AttributeError):
+            mine = False
+        return stored.version if mine else None
+
+    async def name(self, ledger_id: int) -> None:
+        version = await self._version()
+        try:
+            if version is None:
+                raise BadVersionError("not this compactor's node")
+            await self._store.set(self.path, self._data(ledger_id), version=version)
+        except (BadVersionError, NoNodeError):
+            raise CompactionSupersededError(
+                f"stream {self.stream!r}: this compactor lost its node (its metadata "
+                "session ended): it gives way"
+            ) from None
+
+    async def release(self) -> None:
+        version = await self._version()
+        if version is not None:
+            with contextlib.suppress(BadVersionError, NoNodeError):
+                await self._store.delete(self.path, version=version)
 
 
 def _key(batch: EntryMessages, index: int) -> str | None:

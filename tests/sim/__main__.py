@@ -6,6 +6,7 @@ python -m tests.sim --seeds 2000 --mutation skip_fencing   # must find a violati
 python -m tests.sim --streams --seeds 2000   # stream writers dueling, readers, outages
 python -m tests.sim --service --seeds 5000   # brokers owning a stream: kills, stops, cuts
 python -m tests.sim --compaction --seeds 2000   # compactors racing and dying, retention, readers
+python -m tests.sim --compaction --compaction-as-is own_node --seed 0   # a bug of streamlib
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 import time
 from typing import Any
 
+from tests.sim.compaction import FIXES, GRACES, run_compaction_seed
 from tests.sim.compaction import MUTATIONS as COMPACTION_MUTATIONS
-from tests.sim.compaction import SWEEP_GRACE, run_compaction_seed
 from tests.sim.placement import run_placement_seed
 from tests.sim.scenario import MUTATIONS, InvariantViolation, run_seed
 from tests.sim.service import MUTATIONS as SERVICE_MUTATIONS
@@ -54,8 +55,14 @@ def main() -> int:
         help="with --compaction: an unsafe variant",
     )  # fmt: skip
     parser.add_argument(
-        "--compaction-grace", type=int, default=SWEEP_GRACE,
-        help="with --compaction: the sweeper's grace in steps (default: it never sweeps)",
+        "--compaction-grace", type=int, default=None,
+        help="with --compaction: the sweeper's grace in steps "
+        f"(default: each seed picks one of {GRACES})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compaction-as-is", choices=sorted(FIXES), action="append", default=[],
+        help="with --compaction: model this bug as streamlib has it (the model assumes "
+        "it fixed otherwise; repeatable)",
     )  # fmt: skip
     parser.add_argument(
         "--keep-failed", action="store_true", help="with --placement: the unsafe variant"
@@ -69,7 +76,7 @@ def main() -> int:
         try:
             if args.compaction:
                 scenario = run_compaction_seed(
-                    seed, args.compaction_mutation, args.compaction_grace
+                    seed, args.compaction_mutation, args.compaction_grace, args.compaction_as_is
                 )
                 missed += scenario.missed_deletions
             elif args.service:

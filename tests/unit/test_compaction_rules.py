@@ -101,6 +101,55 @@ def test_phase_one_keeps_the_latest_message_of_every_key(observed, positions, pi
     assert latest.kept() == KeptMessages(positions, piece_entries, keys)
 
 
+# What LatestByKey.pieces holds after the observations: one entry per key whose latest is
+# a chunked message -- a superseded chunked message's pieces are forgotten (memory grows
+# with the keys, not with the updates), whatever supersedes it.
+PIECES_CASES = {
+    "a chunked message superseded by a message": (
+        [("chunk", "k", [(1, 2), (1, 3)]), ("set", "k", (1, 4, 0))],
+        {},
+    ),
+    "a chunked message superseded by another": (
+        [("chunk", "k", [(1, 1), (1, 2)]), ("chunk", "k", [(1, 5), (2, 0)])],
+        {(2, 0, 0): [(1, 5), (2, 0)]},
+    ),
+    "a chunked message superseded by a tombstone": (
+        [("chunk", "k", [(1, 1), (1, 2)]), ("del", "k", (1, 3, 0))],
+        {},
+    ),
+    "... and by a chunked tombstone": (
+        [("chunk", "k", [(1, 1), (1, 2)]), ("del-chunk", "k", [(1, 3), (1, 4)])],
+        {},
+    ),
+    "another key's update leaves the pieces": (
+        [("chunk", "k", [(1, 1), (1, 2)]), ("set", "j", (1, 3, 0)), ("del", "j", (1, 4, 0))],
+        {(1, 2, 0): [(1, 1), (1, 2)]},
+    ),
+    "a key set again after its tombstone": (
+        [("chunk", "k", [(1, 1), (1, 2)]), ("del", "k", (1, 3, 0)),
+         ("chunk", "k", [(1, 4), (1, 5)])],
+        {(1, 5, 0): [(1, 4), (1, 5)]},
+    ),
+    "many updates of a chunked key: one entry": (
+        [("chunk", "k", [(1, 2 * i), (1, 2 * i + 1)]) for i in range(50)],
+        {(1, 99, 0): [(1, 98), (1, 99)]},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("observed", "pieces"), list(PIECES_CASES.values()), ids=list(PIECES_CASES)
+)
+def test_phase_one_forgets_the_pieces_of_a_superseded_chunked_message(observed, pieces):
+    latest = LatestByKey()
+    for kind, key, where in observed:
+        if kind in ("set", "del"):
+            latest.observe(key, where, tombstone=kind == "del")
+        else:
+            latest.observe_chunked(key, where, tombstone=kind == "del-chunk")
+    assert latest.pieces == pieces
+
+
 # -- phase two: kept_indexes, kept_runs ---------------------------------------------------
 
 KEPT = KeptMessages({(1, 0, 0), (1, 0, 2), (1, 0, 3), (1, 5, 0)}, {(1, 6), (1, 7)}, 3)
