@@ -1,7 +1,11 @@
-"""`client.streams`: create, list, stats, delete, reset cursors, trim (retention), and
-the sweeper of leaked ledgers. The retention rules themselves are
+"""`client.streams`: create, list, stats, delete, reset cursors, trim (retention),
+compact, and the sweeper of leaked ledgers. The retention rules themselves are
 streamlib.protocol.stream_rules.retention_plan (ledgers) and fragment_retention_plan
-(the fragments of an unbounded stream's one ledger)."""
+(the fragments of an unbounded stream's one ledger); compaction's are
+streamlib.protocol.compaction, its I/O streamlib.stream.compaction.
+
+(Over 600 lines: it is the one facade of a stream's administration, as pulsar-admin's
+topics command; each part is a thin layer over a module of its own.)"""
 
 from __future__ import annotations
 
