@@ -415,6 +415,44 @@ def _has_message(client: Any, mode: str, url: str) -> None:
     assert not reader.has_message_available()
 
 
+def _changelog(client: Any, stream: str) -> None:
+    producer = client.create_producer(stream)
+    for i in range(6):
+        producer.send(b"%d" % i, key=f"k{i % 2}")
+    producer.close()
+
+
+@row(
+    "`create_reader(topic, start, is_read_compacted=True)`, "
+    "`subscribe(..., is_read_compacted=True)`"
+)
+def _read_compacted(client: Any, mode: str, url: str) -> None:
+    _changelog(client, "r-compacted")
+    client.streams.compact("r-compacted")
+    reader = client.create_reader("r-compacted", EARLIEST, read_compacted=True)
+    assert [reader.read_next(timeout=30).data for _ in range(2)] == [b"4", b"5"]
+    consumer = client.subscribe("r-compacted", "s", "earliest", read_compacted=True)
+    assert [m.data for m in received(consumer, 2)] == [b"4", b"5"]
+    with pytest.raises(errors.BadRequestError):
+        client.subscribe("r-compacted", "t", consumer_type="shared", read_compacted=True)
+
+
+@row("`client.create_table_view(topic, schema=...)`")
+def _table_view(client: Any, mode: str, url: str) -> None:
+    _changelog(client, "r-table")
+    with client.create_table_view("r-table") as table:
+        assert len(table) == 2 and table.get("k0") == b"4" and "k1" in table
+
+
+@row("`pulsar-admin topics compact` / `compaction-status`")
+def _compact(client: Any, mode: str, url: str) -> None:
+    _changelog(client, "r-compact")
+    assert "2 keys from 6" in cli("admin", "streams", "compact", "r-compact", "--metadata", url)
+    assert client.streams.compact("r-compact").compacted is False  # (nothing new)
+    md = client.streams.set_policies("r-compact", compaction_threshold_bytes=4096)
+    assert md.compaction_threshold_bytes == 4096
+
+
 @row("`MessageId.earliest` / `MessageId.latest`")
 def _pulsar_ends(client: Any, mode: str, url: str) -> None:
     sent(client, "r-ends", b"x")
