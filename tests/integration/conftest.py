@@ -135,16 +135,16 @@ def reset_cursor_once_cursors_are_read(
 ) -> None:
     """The interleaving retention must survive: the first time it reads a stream's
     cursors, an admin resets `subscription` to EARLIEST right after (before its CAS)."""
-    read_cursors = type(manager).cursors
+    read_cursors = type(manager)._retention_cursors  # (what retention reads them with)
 
-    async def cursors_then_reset(self: StreamManager, name: str) -> dict[str, MessageId]:
+    async def cursors_then_reset(self: StreamManager, name: str) -> list[tuple[MessageId, bool]]:
         found = await read_cursors(self, name)
         if not getattr(self, "_reset_done", False):
             self._reset_done = True  # type: ignore[attr-defined]
             await manager.reset_cursor(name, subscription, EARLIEST)
         return found
 
-    monkeypatch.setattr(type(manager), "cursors", cursors_then_reset)
+    monkeypatch.setattr(type(manager), "_retention_cursors", cursors_then_reset)
 
 
 @pytest.fixture
