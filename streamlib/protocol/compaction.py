@@ -181,18 +181,20 @@ def fragment_retention_marks(
 ) -> list[int]:
     """The same for an unbounded stream's one ledger (fragment_retention_plan's
     mark_delete_entries): entry ids; a mark on another ledger, or at the start, is -1."""
-
-    def entry_of(position: Position) -> int:
-        return position[1] if position[0] == ledger_id else -1
-
     marks = []
     for mark, compacted in cursors:
         if compacted and horizon is not None:
             mark = max(mark, horizon)
-        marks.append(entry_of(mark))
+        marks.append(entry_in(mark, ledger_id))
     if horizon is not None:
-        marks.append(entry_of(horizon))
+        marks.append(entry_in(horizon, ledger_id))
     return marks
+
+
+def entry_in(position: Position, ledger_id: int) -> int:
+    """A position's entry id in an unbounded stream's one ledger (-1: another ledger's
+    position, or the start)."""
+    return position[1] if position[0] == ledger_id else -1
 
 
 def backlog_bytes(ledgers: Sequence[tuple[int, int]], horizon: Position | None) -> int:

@@ -30,6 +30,7 @@ from metadata.services.streams import StreamRegistry
 from streamlib.ledger.manager import LedgerManager
 from streamlib.protocol.compaction import (
     backlog_bytes,
+    entry_in,
     fragment_retention_marks,
     retention_marks,
 )
@@ -399,12 +400,16 @@ class StreamManager:
         """Each subscription's cursor: its mark-delete position and the ranges
         acknowledged above it."""
         await self.read(name)
-        result = {}
+        return {sub: ranges_from_state(state) for sub, state in (await self._states(name)).items()}
+
+    async def _states(self, name: str) -> dict[str, CursorState]:
+        """Each subscription's cursor as stored."""
+        found = {}
         for sub in await self.registry.list_cursors(name):
             stored = await self.registry.read_cursor(name, sub)
             if stored is not None:
-                result[sub] = ranges_from_state(stored[0])
-        return result
+                found[sub] = stored[0]
+        return found
 
     async def _unacknowledged(self, name: str, acks: AckRanges) -> AsyncIterator[Message]:
         """The messages confirmed now that the cursor has not acknowledged, in order."""
@@ -497,12 +502,10 @@ class StreamManager:
 
     async def _retention_cursors(self, name: str) -> builtins.list[tuple[MessageId, bool]]:
         """Each durable cursor's mark-delete position and whether it reads compacted."""
-        found = []
-        for sub in await self.registry.list_cursors(name):
-            stored = await self.registry.read_cursor(name, sub)
-            if stored is not None:
-                found.append((position_from_pb(stored[0].mark_delete), stored[0].read_compacted))
-        return found
+        return [
+            (position_from_pb(state.mark_delete), state.read_compacted)
+            for state in (await self._states(name)).values()
+        ]
 
     async def reset_cursor(self, name: str, subscription: str, position: MessageId | str) -> None:
         """Move a subscription so the message AT `position` is delivered next, as
@@ -664,9 +667,7 @@ class StreamManager:
             marks = fragment_retention_marks(
                 await self._retention_cursors(name), horizon, ledger_id
             )
-            horizon_entry = None
-            if horizon is not None:
-                horizon_entry = horizon.entry_id if horizon.ledger_id == ledger_id else -1
+            horizon_entry = None if horizon is None else entry_in(horizon, ledger_id)
             at = now_ms() if now is None else now
 
             def plan(

@@ -121,6 +121,18 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield c
 
 
+@pytest.fixture(params=["direct", "service"])
+async def client(request: pytest.FixtureRequest, cluster: LedgerCluster) -> AsyncIterator[Any]:
+    """A client of 3 bookies, in each mode: direct, and through one broker (a module of
+    its own `client` fixture has that one instead)."""
+    cluster.start_bookies(3)
+    if request.param == "direct":
+        yield await cluster.client()
+    else:
+        cluster.start_brokers(1)
+        yield await cluster.service_client()
+
+
 @pytest.fixture(params=["sqlite", "zk"])
 async def any_cluster(
     request: pytest.FixtureRequest, tmp_path: Path

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pulsar
@@ -18,7 +17,6 @@ import streamlib
 from streamlib import errors
 from streamlib.schema import JsonSchema
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
-from tests.integration.conftest import LedgerCluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,16 +24,6 @@ pytestmark = pytest.mark.timeout(180)
 @dataclasses.dataclass
 class Record:
     n: int
-
-
-@pytest.fixture(params=["direct", "service"])
-async def client(request: pytest.FixtureRequest, cluster: LedgerCluster) -> AsyncIterator[Any]:
-    cluster.start_bookies(3)
-    if request.param == "direct":
-        yield await cluster.client()
-    else:
-        cluster.start_brokers(1)
-        yield await cluster.service_client()
 
 
 async def received(consumer: Any, count: int) -> list[Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,16 +24,6 @@ from streamlib.stream.positions import EARLIEST
 from tests.integration.conftest import LedgerCluster, script_process
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(params=["direct", "service"])
-async def client(request: pytest.FixtureRequest, cluster: LedgerCluster) -> AsyncIterator[Any]:
-    cluster.start_bookies(3)
-    if request.param == "direct":
-        yield await cluster.client()
-    else:
-        cluster.start_brokers(1)
-        yield await cluster.service_client()
 
 
 async def publish(client: Any, stream: str, updates: list[tuple[str | None, bytes]]) -> None:
