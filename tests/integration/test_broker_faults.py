@@ -12,9 +12,20 @@ import pytest
 
 from metadata.services.brokers import BrokerRegistry
 from streamlib.stream.positions import EARLIEST
-from tests.integration.conftest import script_process
+from tests.integration.conftest import _cluster, script_process
 
 pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+async def cluster(request: pytest.FixtureRequest, tmp_path):
+    """SIGKILL on sqlite, SIGSTOP on ZooKeeper. A broker stopped for good inside one of its
+    sqlite write transactions (a few ms each, many a second) would hold the file's lock
+    for good: every process of the cluster stalls, as the README's sqlite section says.
+    ZooKeeper has no such lock; a stopped process only stops heartbeating."""
+    fault = request.node.callspec.params["fault"]
+    async for c in _cluster(request, tmp_path, "zk" if fault == "sigstop" else "sqlite"):
+        yield c
 
 # Publishes COUNT messages as producer NAME; says "half" once the first half is
 # acknowledged and waits for a line on stdin (the fault is made meanwhile); says "done"
