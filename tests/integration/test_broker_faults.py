@@ -27,6 +27,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path):
     async for c in _cluster(request, tmp_path, "zk" if fault == "sigstop" else "sqlite"):
         yield c
 
+
 # Publishes COUNT messages as producer NAME; says "half" once the first half is
 # acknowledged and waits for a line on stdin (the fault is made meanwhile); says "done"
 # once every one is acknowledged.
