@@ -1,0 +1,73 @@
+"""sqlite's group commit: transactions asked for together commit in one sqlite
+transaction (one sync), each still atomic and failing alone."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import metadata
+from metadata.store import Set
+
+
+def count_batches(store: metadata.MetadataStore) -> list[int]:
+    """How many sqlite write transactions carried transactions of the store's callers."""
+    batches = [0]
+    write_and_drain = store._write_and_drain  # type: ignore[attr-defined]
+
+    def counted(fn):  # type: ignore[no-untyped-def]
+        batches[0] += 1
+        return write_and_drain(fn)
+
+    store._write_and_drain = counted  # type: ignore[attr-defined]
+    return batches
+
+
+async def test_concurrent_writes_share_one_commit_and_a_failed_one_leaves_no_trace(tmp_path):
+    async with await metadata.connect(f"sqlite://{tmp_path}/meta.db") as store:
+        for i in range(100):
+            await store.create(f"/n{i}", b"")
+        batches = count_batches(store)
+
+        async def outcome(aw):  # type: ignore[no-untyped-def]
+            try:
+                return await aw
+            except metadata.MetadataError as exc:
+                return exc
+
+        good = [store.set(f"/n{i}", b"good", version=0) for i in range(0, 100, 2)]
+        stale = [store.set(f"/n{i}", b"stale", version=7) for i in range(1, 100, 2)]
+        # Two sets in one transaction, the second one stale: neither happens.
+        half = store.transaction([Set("/n1", b"half", version=0), Set("/n3", b"x", version=9)])
+        outcomes = await asyncio.gather(*(outcome(aw) for aw in [*good, *stale, half]))
+        assert outcomes[:50] == [1] * 50
+        assert all(isinstance(o, metadata.BadVersionError) for o in outcomes[50:100])
+        assert isinstance(outcomes[100], metadata.TransactionError)
+        assert batches[0] <= 2  # (not 101)
+        for i in range(100):
+            want = metadata.Versioned(b"good", 1) if i % 2 == 0 else metadata.Versioned(b"", 0)
+            assert await store.get(f"/n{i}") == want, i
+    # What was answered is on disk: a new store reads it.
+    async with await metadata.connect(f"sqlite://{tmp_path}/meta.db") as again:
+        assert await again.get("/n0") == metadata.Versioned(b"good", 1)
+        assert await again.get("/n1") == metadata.Versioned(b"", 0)
+
+
+async def test_a_batch_the_database_refuses_fails_every_one_of_it_and_applies_none(tmp_path):
+    uri = f"sqlite://{tmp_path}/meta.db"
+    async with await metadata.connect(uri, busy_timeout_s=0.3) as store:
+        for i in range(10):
+            await store.create(f"/n{i}", b"before")
+        blocker = sqlite3.connect(f"{tmp_path}/meta.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holding the write lock
+        try:
+            outcomes = await asyncio.gather(
+                *(store.set(f"/n{i}", b"after") for i in range(10)), return_exceptions=True
+            )
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert all(isinstance(o, metadata.StoreBusyError) for o in outcomes), outcomes
+        for i in range(10):
+            assert await store.get(f"/n{i}") == metadata.Versioned(b"before", 0)
+        assert await asyncio.gather(*(store.set(f"/n{i}", b"after") for i in range(10))) == [1] * 10
