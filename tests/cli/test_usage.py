@@ -26,6 +26,9 @@ from tests.cli.conftest import run_cli
         ["admin", "cursors", "reset", "stream", "sub"],
         ["admin", "under-replicated"],
         ["admin", "simpletest", "--entries", "0"],
+        ["broker", "--metadata", "memory://x", "--gc-thresholds", "700,10"],
+        ["broker", "--metadata", "memory://x", "--gc-thresholds", "700,0,10"],
+        ["broker", "--metadata", "memory://x", "--gc-thresholds", "a,b,c"],
     ],
 )
 def test_bad_arguments_exit_2_with_usage(argv: list[str]) -> None:
