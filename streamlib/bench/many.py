@@ -29,10 +29,14 @@ from streamlib.chaos.resources import sample_process
 
 # argv: uri first count seconds. Says "ready" once connected, opens its streams' producers
 # and consumers on "go" and says "opened SECONDS"; on the next "go" sends for `seconds`
-# (a message a second per stream) and says "latencies" with every latency (ms), as JSON.
+# (a message a second per stream) and says "latencies" with every latency (ms), as JSON;
+# then it waits, its producers and consumers open, until it is killed.
 CLIENT = r"""
-import asyncio, json, sys, time
+import asyncio, gc, json, sys, time
 from streamlib.client import Client
+from streamlib.broker.cli import GC_THRESHOLDS
+
+gc.set_threshold(*GC_THRESHOLDS)  # (a load generator of thousands of streams: as the broker)
 
 uri, first, count, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 
@@ -43,7 +47,7 @@ async def main():
     print("ready", flush=True)
     await readline()
     names = [f"many-{i}" for i in range(first, first + count)]
-    room = asyncio.Semaphore(64)  # opens under way at once, per client
+    room = asyncio.Semaphore(16)  # opens under way at once, per client
     producers, consumers = [], []
 
     async def open_one(name):
@@ -78,7 +82,7 @@ async def main():
     for task in receivers:
         task.cancel()
     print("latencies", json.dumps(latencies), flush=True)
-    await client.close()
+    await readline()  # (open until the ledgers are counted: then killed)
 
 asyncio.run(main())
 """

@@ -84,6 +84,10 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
             ["compaction", "--updates", "2000", "--keys", "100", "--more", "200"],
             ["first compaction", "incremental", "compacted read", "TableView start"],
         ),
+        (
+            ["service", "--streams", "20", "--clients", "2", "--seconds", "2"],
+            ["all opened in", "broker RSS", "ledgers / open ledgers", "end-to-end p50 / p99"],
+        ),
     ],
     ids=[
         "protocol",
@@ -94,6 +98,7 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
         "failover",
         "spark-sink",
         "compaction",
+        "service-streams",
     ],
 )
 def test_benchmark_prints_its_figures(args, expected):

@@ -1,10 +1,12 @@
-"""sqlite's group commit: transactions asked for together commit in one sqlite
-transaction (one sync), each still atomic and failing alone."""
+"""The sqlite store under load: group commit (transactions asked for together commit in
+one sqlite transaction, one sync, each still atomic and failing alone), and a session
+that a late event loop does not end."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import metadata
 from metadata.store import Set
@@ -71,3 +73,33 @@ async def test_a_batch_the_database_refuses_fails_every_one_of_it_and_applies_no
         for i in range(10):
             assert await store.get(f"/n{i}") == metadata.Versioned(b"before", 0)
         assert await asyncio.gather(*(store.set(f"/n{i}", b"after") for i in range(10))) == [1] * 10
+
+
+async def test_a_session_outlives_an_event_loop_that_runs_late(tmp_path):
+    """The heartbeat is a thread's, not the event loop's: a loop stalled for three
+    session timeouts (a broker of thousands of streams under load) keeps its session
+    and its ephemeral nodes."""
+    uri = f"sqlite://{tmp_path}/meta.db"
+    async with await metadata.connect(uri, session_timeout_s=0.5) as store:
+        expired: list[str] = []
+        store.add_session_listener(expired.append)
+        await store.create("/lease", b"", ephemeral=True)
+        session = store.session_id
+        time.sleep(1.5)  # the fault: the event loop does nothing for 1.5 s
+        stalled_until_ms = time.time() * 1000
+        raw = sqlite3.connect(f"{tmp_path}/meta.db", isolation_level=None)
+        try:
+            async with asyncio.timeout(10):
+                while True:  # until the session beats again, or is gone
+                    row = raw.execute(
+                        "SELECT heartbeat_ms FROM sessions WHERE id = ?", (session,)
+                    ).fetchone()
+                    if row is None or row[0] > stalled_until_ms:
+                        break
+                    await asyncio.sleep(0.02)  # polling a condition, bounded by the timeout
+        finally:
+            raw.close()
+        assert row is not None, "the session ended"
+        async with await metadata.connect(uri) as other:
+            assert await other.exists("/lease") is not None
+        assert store.session_id == session and expired == []
