@@ -10,9 +10,8 @@ ZooKeeper gives them must come from the database file itself:
   atomic alone, failing alone), so one sync serves them all -- a broker persisting a
   thousand cursors a second syncs a few dozen times, not a thousand.
 - Sessions: a row per store with a heartbeat timestamp (wall clock, the one clock the
-  processes share), refreshed by a thread of its own every third of the timeout (an
-  event loop running late does not delay it; a stopped process stops it). Any live
-  store reaps the sessions
+  processes share), refreshed by the store's poll every third of the timeout by the
+  clock. Any live store reaps the sessions
   whose heartbeat is older than their timeout, with their ephemeral nodes, in one
   transaction; a process killed with SIGKILL loses its ephemerals that way.
 - Watches: every write appends its events to a change log in the same transaction.
@@ -45,7 +44,6 @@ import os
 import socket
 import sqlite3
 import stat
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -218,11 +216,7 @@ class SqliteStore(MetadataStore):
         self._data_version = -1
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
-        self._stop_beating = threading.Event()
-        self._beater = threading.Thread(
-            target=self._beat_forever, name="metadata-sqlite-heartbeat", daemon=True
-        )
-        self._expired_unseen = False  # (the heartbeat found the session expired)
+        self._last_beat = time.monotonic()  # (on the store's thread)
         # Transactions waiting for the next group commit, and the task committing them.
         self._pending: list[tuple[list[Op], asyncio.Future[list[object]]]] = []
         self._committer: asyncio.Task[None] | None = None
@@ -240,7 +234,6 @@ class SqliteStore(MetadataStore):
             self._executor.shutdown(wait=False)
             raise
         self._poller = asyncio.create_task(self._poll_forever(), name=f"metadata-poll {self.uri}")
-        self._beater.start()
         return self
 
     def _open(self) -> None:
@@ -300,9 +293,6 @@ class SqliteStore(MetadataStore):
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        self._stop_beating.set()
-        if self._beater.is_alive():
-            await asyncio.get_running_loop().run_in_executor(None, self._beater.join)
         try:
             events = await self._call(self._end_session)
         finally:
@@ -610,29 +600,19 @@ class SqliteStore(MetadataStore):
 
         return self._write(reap)
 
-    def _beat_forever(self) -> None:
-        """The session's heartbeat, on a thread of its own (as kazoo's): every third of the
-        session timeout by the clock, whatever the event loop does. Counted in polls of
-        the loop, a loop running late (a broker of thousands of streams under load)
-        stretched the beats past the timeout, and the session ended under a live store."""
-        while not self._stop_beating.wait(self.session_timeout_s / 3):
-            try:
-                self._executor.submit(self._beat).result()
-            except RuntimeError:
-                return  # (the store's thread is gone: it closed)
-            except (MetadataError, sqlite3.Error) as exc:
-                # Busy or failing storage: the next beat tries again. The session expires
-                # if this lasts, which is exactly what other processes must see.
-                log.warning("metadata heartbeat of %s failed: %s", self.uri, exc)
-
-    def _beat(self) -> None:
-        if self._conn is not None and not self._heartbeat():
-            self._new_session()
-            self._expired_unseen = True  # (the next poll reports it, with its events)
-
     def _poll_once(self, tick: int) -> tuple[list[WatchEvent], bool, bool]:
+        """The heartbeat when a third of the session timeout passed since the last one,
+        by the clock; then what other processes changed. (Counted in polls, the beats of a
+        loop running late came late by as many times its lag: a broker of 2,000 streams
+        under load lost its session, every lease and every stream at once.)"""
         conn = self._db()
-        expired, self._expired_unseen = self._expired_unseen, False
+        expired = False
+        now = time.monotonic()
+        if now - self._last_beat >= self.session_timeout_s / 3:
+            self._last_beat = now
+            if not self._heartbeat():
+                self._new_session()
+                expired = True
         reaped = self._reap() if tick % REAP_EVERY_POLLS == 0 else []
         version = conn.execute("PRAGMA data_version").fetchone()[0]
         if version == self._data_version and not reaped and not expired:
