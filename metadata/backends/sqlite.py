@@ -420,10 +420,14 @@ class SqliteStore(MetadataStore):
             self._log(events)
             return result
 
+        result = self._write(logged)
         try:
-            result = self._write(logged)
-        finally:
             events, gap = self._retrying(self._drain)
+        except MetadataError as exc:
+            # Committed: the writes are answered as done (a caller told otherwise would
+            # write again). Not knowing what changed, every watch fires.
+            log.warning("reading the change log of %s failed: %s", self.uri, exc)
+            return result, [], True
         return result, events, gap
 
     def _publish(self, events: list[WatchEvent], gap: bool) -> None:
@@ -600,7 +604,7 @@ class SqliteStore(MetadataStore):
 
         return self._write(reap)
 
-    def _poll_once(self, tick: int) -> tuple[list[WatchEvent], bool, bool]:
+    def _poll_once(self, tick: int) -> tuple[list[WatchEvent], bool]:
         """The heartbeat when a third of the session timeout passed since the last one,
         by the clock; then what other processes changed. (Counted in polls, the beats of a
         loop running late came late by as many times its lag: a broker of 2,000 streams
@@ -612,27 +616,27 @@ class SqliteStore(MetadataStore):
             self._last_beat = now
             if not self._heartbeat():
                 self._new_session()
+                # Told now: before the reap's watch events reach anyone, and even if what
+                # follows in this poll fails.
+                self._session_expired()
                 expired = True
         reaped = self._reap() if tick % REAP_EVERY_POLLS == 0 else []
         version = conn.execute("PRAGMA data_version").fetchone()[0]
         if version == self._data_version and not reaped and not expired:
-            return [], False, expired
+            return [], False
         self._data_version = version
-        events, gap = self._drain()
-        return events, gap, expired
+        return self._drain()
 
     async def _poll_forever(self) -> None:
         tick = 1
         while True:
             await asyncio.sleep(self.poll_interval_s)
             try:
-                events, gap, expired = await self._call(functools.partial(self._poll_once, tick))
+                events, gap = await self._call(functools.partial(self._poll_once, tick))
             except (MetadataError, sqlite3.Error) as exc:
                 # Busy or failing storage: the next tick tries again. Sessions expire if
                 # this lasts, which is exactly what other processes must see.
                 log.warning("metadata poll of %s failed: %s", self.uri, exc)
                 continue
-            if expired:
-                self._session_expired()
             self._publish(events, gap)
             tick += 1

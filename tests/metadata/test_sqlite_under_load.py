@@ -102,3 +102,49 @@ async def test_a_session_outlives_an_event_loop_that_runs_late(tmp_path):
             await other.create("/after", b"")
             assert await other.exists("/lease") is not None
         assert store.session_id == session and expired == []
+
+
+async def test_writes_that_committed_are_answered_as_done_when_reading_the_log_fails(tmp_path):
+    """Reading the change log after a commit fails (the disk): the writes happened, so
+    they are answered as done -- a caller told otherwise would write again -- and every
+    watch fires, since what changed is unknown. (Unit test of this layer: the failing
+    read is patched in.)"""
+    async with await metadata.connect(f"sqlite://{tmp_path}/meta.db") as store:
+        await store.create("/n", b"")
+        drain = store._drain  # type: ignore[attr-defined]
+
+        def failing() -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        store._drain = failing  # type: ignore[attr-defined]
+        try:
+            async with store.watch("/other") as watch:
+                assert await store.set("/n", b"done", version=0) == 1
+                assert await asyncio.wait_for(watch.next(10), 10) is not None
+        finally:
+            store._drain = drain  # type: ignore[attr-defined]
+        assert await store.get("/n") == metadata.Versioned(b"done", 1)
+
+
+async def test_an_expired_session_is_told_even_when_the_rest_of_its_poll_fails(tmp_path):
+    """The poll that finds the session expired tells its listeners at once: a failure
+    later in that poll (the change log unreadable) does not lose the news. (The failing
+    read is patched in.)"""
+    uri = f"sqlite://{tmp_path}/meta.db"
+    async with await metadata.connect(uri, session_timeout_s=0.6) as store:
+        expired = asyncio.Event()
+        store.add_session_listener(lambda _event: expired.set())
+        await store.create("/lease", b"", ephemeral=True)
+        drain = store._drain  # type: ignore[attr-defined]
+
+        def failing() -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        store._drain = failing  # type: ignore[attr-defined]
+        raw = sqlite3.connect(f"{tmp_path}/meta.db", isolation_level=None)
+        raw.execute("UPDATE sessions SET heartbeat_ms = 0 WHERE id = ?", (store.session_id,))
+        raw.close()
+        try:
+            await asyncio.wait_for(expired.wait(), 10)
+        finally:
+            store._drain = drain  # type: ignore[attr-defined]
