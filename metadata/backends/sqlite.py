@@ -377,8 +377,7 @@ class SqliteStore(MetadataStore):
             raise SessionExpiredError(f"store {self.uri} is closed")
         return await asyncio.get_running_loop().run_in_executor(self._reads, read)
 
-    def _read(self, fn: Callable[[], T], conn: sqlite3.Connection | None = None) -> T:
-        conn = conn or self._db()
+    def _read(self, fn: Callable[[], T], conn: sqlite3.Connection) -> T:
 
         def attempt() -> T:
             conn.execute("BEGIN")

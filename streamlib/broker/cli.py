@@ -223,8 +223,9 @@ def _pulsar_admin_arguments(serve: argparse.ArgumentParser) -> None:
 # was a third of the broker's time (`streamlib bench service --streams 1000`: 11 s of
 # 40, 7.5 s of it in 30 full collections). Young collections every 50,000 allocations,
 # and a full one after 100 of the middle ones (and only once the heap grew by a quarter,
-# Python's own rule), leave it an eighth (5 s of 40, no full collection). A cycle of garbage that outlives a middle collection waits for the next
-# full one: memory bounded by what a hundred middle collections let through.
+# Python's own rule), leave it an eighth (5 s of 40, no full collection). A cycle of
+# garbage that outlives a middle collection waits for the next full one: memory bounded
+# by what a hundred middle collections let through.
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
