@@ -117,6 +117,7 @@ class Watch:
         self._queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
         self._on_close = on_close
         self._closed = False
+        self._waiters: set[asyncio.Future[None]] = set()
 
     def matches(self, event: WatchEvent) -> bool:
         if event.path != self.path:
@@ -134,9 +135,30 @@ class Watch:
         except RuntimeError:
             running = None
         if running is self._loop:
-            self._queue.put_nowait(event)
+            self._put(event)
         elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            self._loop.call_soon_threadsafe(self._put, event)
+
+    def _put(self, event: WatchEvent | None) -> None:
+        self._queue.put_nowait(event)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    def wake_on_event(self, waiter: asyncio.Future[None]) -> None:
+        """Complete waiter (if not done) when an event comes: one future for this and
+        other wakes, where next() would need a task of its own. Then take_nowait()."""
+        self._waiters.add(waiter)
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._waiters.discard(waiter)
+
+    def take_nowait(self) -> WatchEvent | None:
+        """An event that came, if one did (None: none, or the watch closed)."""
+        if self._queue.empty():
+            return None
+        return self._queue.get_nowait()
 
     def __aiter__(self) -> Watch:
         return self
@@ -158,7 +180,7 @@ class Watch:
         if not self._closed:
             self._closed = True
             self._on_close(self)
-            self._queue.put_nowait(None)
+            self._put(None)
 
     async def __aenter__(self) -> Watch:
         return self
@@ -241,7 +263,8 @@ class MetadataStore(abc.ABC):
         # write: offering every event to every watch was quadratic).
         self._watches_at: dict[str, set[Watch]] = {}
         self._watch_guard = threading.Lock()
-        self._session_listeners: list[Callable[[str], None]] = []
+        # (a dict, ordered: a broker holds thousands, one per lock, added and removed often)
+        self._session_listeners: dict[Callable[[str], None], None] = {}
         self._loop = asyncio.get_running_loop()
 
     # reads --------------------------------------------------------------------------
@@ -351,12 +374,11 @@ class MetadataStore(abc.ABC):
     def add_session_listener(self, callback: Callable[[str], None]) -> None:
         """callback("expired") runs on the store's event loop when the session was lost
         and replaced by a new one: ephemeral nodes must be re-created."""
-        self._session_listeners.append(callback)
+        self._session_listeners[callback] = None
 
     def remove_session_listener(self, callback: Callable[[str], None]) -> None:
         """Stop calling callback (no error if it was not added)."""
-        if callback in self._session_listeners:
-            self._session_listeners.remove(callback)
+        self._session_listeners.pop(callback, None)
 
     def _session_expired(self) -> None:
         """Thread-safe: backends call it from wherever they notice."""

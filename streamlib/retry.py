@@ -164,10 +164,10 @@ class RetryPolicy:
     def replace(self, **changes: Any) -> RetryPolicy:
         return dataclasses.replace(self, **changes)
 
-    def _stop(self) -> stop_base:
+    def _stop(self, spent_s: float = 0.0) -> stop_base:
         stop: stop_base = stop_never
         if self.stop_after_s is not None:
-            stop = stop_after_delay(self.stop_after_s)
+            stop = stop_after_delay(max(0.0, self.stop_after_s - spent_s))
         if self.attempts is not None:
             by_count = stop_after_attempt(self.attempts)
             stop = by_count if self.stop_after_s is None else stop | by_count
@@ -196,9 +196,25 @@ class RetryPolicy:
                 on_retry(state.outcome.exception(), state.attempt_number)
 
         started = time.monotonic()
+        # The first try outside tenacity: most succeed, and setting a retry loop up costs
+        # more than many an attempt (a broker reads each entry through one). A failure
+        # worth retrying is handed to the loop as its first try's outcome, so pauses,
+        # counts and the bound are as if the loop had made it.
+        try:
+            return await attempt()
+        except Exception as error:
+            if not self._worth_retrying(error):
+                raise
+            first: list[BaseException] = [error]
+
+        async def again() -> T:
+            if first:
+                raise first.pop()
+            return await attempt()
+
         retrying = AsyncRetrying(
             retry=retry_if_exception(self._worth_retrying),
-            stop=self._stop(),
+            stop=self._stop(time.monotonic() - started),
             wait=self._wait(),
             before_sleep=before_sleep,
             sleep=self.sleep,
@@ -206,7 +222,7 @@ class RetryPolicy:
         try:
             async for trying in retrying:
                 with trying:
-                    return await attempt()
+                    return await again()
         except RetryError as gave_up:
             tries = gave_up.last_attempt.attempt_number
             last = gave_up.last_attempt.exception()

@@ -332,6 +332,14 @@ class SqliteStore(MetadataStore):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     def _retrying(self, fn: Callable[[], T]) -> T:
+        # The first try outside tenacity: nearly every one succeeds, and a retry loop's
+        # setup costs more than a read (a broker opening thousands of streams makes
+        # tens of thousands). Busy: the loop from there, as if it had made that try.
+        try:
+            return fn()
+        except sqlite3.Error as exc:
+            if not _is_busy(exc):
+                raise StoreIOError(f"{self.db_path}: {exc}") from exc
         retrying = Retrying(
             retry=retry_if_exception(_is_busy),
             stop=stop_after_delay(self.busy_timeout_s),

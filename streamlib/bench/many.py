@@ -27,6 +27,8 @@ from streamlib.bench import percentile
 from streamlib.bench.cluster import local_cluster
 from streamlib.chaos.resources import sample_process
 
+IDLE_S = 5.0  # the broker's CPU is measured this long with every stream open and quiet
+
 # argv: uri first count seconds. Says "ready" once connected, opens its streams' producers
 # and consumers on "go" and says "opened SECONDS"; on the next "go" sends for `seconds`
 # (a message a second per stream) and says "latencies" with every latency (ms), as JSON;
@@ -39,6 +41,7 @@ from streamlib.broker.cli import GC_THRESHOLDS
 gc.set_threshold(*GC_THRESHOLDS)  # (a load generator of thousands of streams: as the broker)
 
 uri, first, count, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+SLICES = 50  # a second's sends, in this many slices
 
 async def main():
     client = await Client.connect(uri)
@@ -70,14 +73,15 @@ async def main():
             consumer.acknowledge(message)
 
     receivers = [loop.create_task(receive(c)) for c in consumers]
+    # Each producer sends once a second, the producers spread evenly over the second (as
+    # independent ones would be), not in one burst.
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         tick = time.monotonic()
-        for i, producer in enumerate(producers):
-            await producer.send_async(b"%.6f" % time.time())
-            if i % 500 == 499:
-                await asyncio.sleep(0)  # (spread over the second, not one burst)
-        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+        for part in range(SLICES):
+            for producer in producers[part::SLICES]:
+                await producer.send_async(b"%.6f" % time.time())
+            await asyncio.sleep(max(0.0, tick + (part + 1) / SLICES - time.monotonic()))
     await asyncio.sleep(2)  # (the last second's messages arrive)
     for task in receivers:
         task.cancel()
@@ -173,7 +177,12 @@ def run_many(args: argparse.Namespace) -> int:
             opened = _tell(procs, "go")
             figures["open_s"] = time.perf_counter() - start
             figures["open_s_per_client"] = [float(a.split()[1]) for a in opened]
+            # Open and quiet: what the streams cost the broker while nothing is sent.
+            rss1, cpu0 = _broker_sample(broker.pid)
+            quiet = time.monotonic()
+            time.sleep(IDLE_S)
             rss1, cpu1 = _broker_sample(broker.pid)
+            figures["broker_cpu_idle"] = (cpu1 - cpu0) / (time.monotonic() - quiet)
             started = time.monotonic()
             answers = _tell(procs, "go")
             rss2, cpu2 = _broker_sample(broker.pid)
@@ -204,7 +213,8 @@ def run_many(args: argparse.Namespace) -> int:
         f"  all opened in                 {figures['open_s']:8.1f} s\n"
         f"  broker RSS idle / opened / at the end  {figures['broker_rss_idle_mib']:.0f} / "
         f"{figures['broker_rss_opened_mib']:.0f} / {figures['broker_rss_mib']:.0f} MiB\n"
-        f"  broker CPU while sending      {100 * figures['broker_cpu']:8.0f} % of a core\n"
+        f"  broker CPU idle / sending     {100 * figures['broker_cpu_idle']:4.0f} / "
+        f"{100 * figures['broker_cpu']:.0f} % of a core\n"
         f"  ledgers / open ledgers        {figures['ledgers']:,} / {figures['open_ledgers']:,}\n"
         f"  messages received             {figures['messages']:,} of about {expected:,}\n"
         f"  end-to-end p50 / p99          {figures['e2e_p50_ms']:.1f} / "

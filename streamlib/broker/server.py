@@ -26,6 +26,7 @@ from metadata.errors import InvalidNameError, MetadataError
 from streamlib.broker import admin
 from streamlib.broker.access import BrokerAccess, HeldBytes, SessionLimits
 from streamlib.broker.dispatcher import Handed
+from streamlib.broker.mux import Handler, ServedSession
 from streamlib.broker.owned import OwnedStream
 from streamlib.broker.ownership import Broker, NotOwnerError
 from streamlib.broker.sessions import Done, StreamGone
@@ -185,6 +186,17 @@ class BrokerService(pb_grpc.BrokerServicer):
         except Exception as error:
             await _abort(context, error)
         return pb.AdminResponse(result_json=to_json(result))
+
+    # -- many producers and consumers on one call ------------------------------------------
+
+    async def Session(
+        self, requests: AsyncIterator[pb.SessionRequest], context: Any
+    ) -> AsyncIterator[pb.SessionResponse]:
+        """Each handle of the call served as its own Produce or Consume call (mux.py)."""
+        handlers: dict[str, Handler] = {"produce": self.Produce, "consume": self.Consume}
+        served = ServedSession(handlers, context, self.limits.max_per_principal)
+        async for response in served.serve(requests):
+            yield response
 
     # -- producing ----------------------------------------------------------------------
 

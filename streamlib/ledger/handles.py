@@ -482,12 +482,25 @@ class ReadHandle:
         close, or a takeover by another client)."""
         self._follow(local)
         self.local_waits += 1
-        if local.lac < next_entry:
-            changed = asyncio.ensure_future(watch.next(timeout_s + 1.0))
-            done = await _first_of(
-                asyncio.ensure_future(local.wait(next_entry - 1, timeout_s)), changed
-            )
-            if changed in done:
+        # (One future woken by either, and a timer: no task per wait -- a broker waits
+        # so for every entry of every stream it dispatches.)
+        if local.lac < next_entry and local.open:
+            if watch.take_nowait() is None:
+                loop = asyncio.get_running_loop()
+                woken: asyncio.Future[None] = loop.create_future()
+                local.wake_on_change(woken)
+                watch.wake_on_event(woken)
+                timer = loop.call_later(timeout_s, _wake, woken)
+                try:
+                    await woken
+                finally:
+                    timer.cancel()
+                    local.forget_waiter(woken)
+                    watch.forget_waiter(woken)
+                changed = watch.take_nowait() is not None
+            else:
+                changed = True
+            if changed:
                 await self.refresh_metadata()
                 return
         if local.lac > self._lac:
@@ -741,6 +754,11 @@ class ReadHandle:
                 return
         # The ledger's metadata changed (closed?), or the poll failed: look again.
         await self.refresh_metadata()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _first_of(*futures: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:

@@ -38,6 +38,21 @@ class LocalTail:
         self._entries: OrderedDict[int, EntryData] = OrderedDict()
         self._bytes = 0
         self._changed = asyncio.Event()
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def wake_on_change(self, waiter: asyncio.Future[None]) -> None:
+        """Complete waiter (if not done) when the LAC moves or the tail ends."""
+        self._waiters.add(waiter)
+
+    def forget_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._waiters.discard(waiter)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
 
     @property
     def keeping(self) -> bool:
@@ -55,7 +70,7 @@ class LocalTail:
         while self._entries and (len(self._entries) > MAX_ENTRIES or self._bytes > MAX_BYTES):
             _, old = self._entries.popitem(last=False)
             self._bytes -= len(old.payload)
-        self._changed.set()
+        self._wake()
         self._changed = asyncio.Event()
 
     def end(self) -> None:
@@ -64,7 +79,7 @@ class LocalTail:
             self.open = False
             self._entries.clear()
             self._bytes = 0
-            self._changed.set()
+            self._wake()
 
     def entries_from(self, first: int) -> list[EntryData]:
         """The kept entries first, first + 1, ... (up to the LAC), as far as they are

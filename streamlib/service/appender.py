@@ -20,7 +20,6 @@ from streamlib.protocol.errors import BrokerUnavailableError, ClientClosedError,
 from streamlib.service.connection import EOF, Brokers, Session, read
 from streamlib.stream.positions import MessageId
 from streamlib.wire import broker_pb2 as pb
-from streamlib.wire import broker_pb2_grpc as pb_grpc
 from streamlib.wire.convert import error_from_pb, id_from_pb
 
 SEND_BATCH_BYTES = 1 << 20  # entries per gRPC message: about this many bytes
@@ -122,8 +121,8 @@ class ServiceAppender(Session):
             opened.schema_checked_type, opened.schema_checked_definition = self._schema_checked
         return pb.ProduceRequest(open=opened)
 
-    async def session(self, stub: pb_grpc.BrokerStub) -> None:
-        call = stub.Produce(metadata=self.brokers.metadata)
+    async def session(self, address: str) -> None:
+        call = self.brokers.open_call(address, "produce")
         try:
             try:
                 first = await self.open(call, self._open_request())

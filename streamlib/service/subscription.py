@@ -28,7 +28,6 @@ from streamlib.stream.message import entry_messages, new_message
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId, position_before
 from streamlib.stream.reader import Message
 from streamlib.wire import broker_pb2 as pb
-from streamlib.wire import broker_pb2_grpc as pb_grpc
 from streamlib.wire.convert import error_from_pb, id_pb
 
 ACKS_WRITTEN_WITHIN_S = 5.0  # persist() waits this long for its acks to go out
@@ -75,8 +74,8 @@ class _Delivery(Session):
     def has_queued(self) -> bool:
         return bool(self._messages)
 
-    async def session(self, stub: pb_grpc.BrokerStub) -> None:
-        call = stub.Consume(metadata=self.brokers.metadata)
+    async def session(self, address: str) -> None:
+        call = self.brokers.open_call(address, "consume")
         try:
             self._open_pb.resume = self.ready.done()  # (again: its old session may linger)
             first = await self.open(call, pb.ConsumeRequest(open=self._open_pb))
@@ -384,13 +383,13 @@ class ServiceFeed(_Delivery):
                 await self.wake.wait()
         return message
 
-    async def session(self, stub: pb_grpc.BrokerStub) -> None:
+    async def session(self, address: str) -> None:
         if self._last is not None:  # (again: after the last message taken)
             opened = self._open_pb
             opened.start_latest = False
             opened.start_inclusive = False
             opened.start.CopyFrom(id_pb(self._last))
-        await super().session(stub)
+        await super().session(address)
 
     async def restart(self, start: MessageId | int, inclusive: bool) -> MessageId | None:
         """Open (again) at `start`: a message id, EARLIEST, LATEST, or epoch ms."""

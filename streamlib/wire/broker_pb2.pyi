@@ -6,6 +6,44 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SessionRequest(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[SessionPart]
+    def __init__(self, parts: _Optional[_Iterable[_Union[SessionPart, _Mapping]]] = ...) -> None: ...
+
+class SessionPart(_message.Message):
+    __slots__ = ("handle", "produce", "consume", "end", "cancel")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    produce: ProduceRequest
+    consume: ConsumeRequest
+    end: bool
+    cancel: bool
+    def __init__(self, handle: _Optional[int] = ..., produce: _Optional[_Union[ProduceRequest, _Mapping]] = ..., consume: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., end: _Optional[bool] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[SessionAnswer]
+    def __init__(self, parts: _Optional[_Iterable[_Union[SessionAnswer, _Mapping]]] = ...) -> None: ...
+
+class SessionAnswer(_message.Message):
+    __slots__ = ("handle", "produce", "consume", "end")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    produce: ProduceResponse
+    consume: ConsumeResponse
+    end: bool
+    def __init__(self, handle: _Optional[int] = ..., produce: _Optional[_Union[ProduceResponse, _Mapping]] = ..., consume: _Optional[_Union[ConsumeResponse, _Mapping]] = ..., end: _Optional[bool] = ...) -> None: ...
+
 class LastMessageIdRequest(_message.Message):
     __slots__ = ("stream", "before_time_ms", "read_compacted")
     STREAM_FIELD_NUMBER: _ClassVar[int]

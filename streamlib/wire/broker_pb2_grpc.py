@@ -64,6 +64,11 @@ class BrokerStub:
                 request_serializer=streamlib_dot_wire_dot_broker__pb2.AdminRequest.SerializeToString,
                 response_deserializer=streamlib_dot_wire_dot_broker__pb2.AdminResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/streamlib.broker.v1.Broker/Session',
+                request_serializer=streamlib_dot_wire_dot_broker__pb2.SessionRequest.SerializeToString,
+                response_deserializer=streamlib_dot_wire_dot_broker__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -112,6 +117,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Many producers and consumers on one call, as Pulsar's binary protocol carries them
+        on one connection: each part names the handle (the client's choice, unique within
+        the call) of the producer or consumer it is for, and a handle's parts are what its
+        Produce or Consume call would carry. What the client library uses: a call per
+        producer costs both ends gRPC's per-call state, and many small messages of many
+        streams travel in one gRPC message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +161,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Admin,
                     request_deserializer=streamlib_dot_wire_dot_broker__pb2.AdminRequest.FromString,
                     response_serializer=streamlib_dot_wire_dot_broker__pb2.AdminResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=streamlib_dot_wire_dot_broker__pb2.SessionRequest.FromString,
+                    response_serializer=streamlib_dot_wire_dot_broker__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +330,33 @@ class Broker:
             '/streamlib.broker.v1.Broker/Admin',
             streamlib_dot_wire_dot_broker__pb2.AdminRequest.SerializeToString,
             streamlib_dot_wire_dot_broker__pb2.AdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/streamlib.broker.v1.Broker/Session',
+            streamlib_dot_wire_dot_broker__pb2.SessionRequest.SerializeToString,
+            streamlib_dot_wire_dot_broker__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
