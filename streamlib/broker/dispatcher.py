@@ -72,7 +72,7 @@ class SubscriptionDispatcher:
         self.dispatch = (budgets or Budgets()).dispatch(kind)
         self.sessions: dict[int, ConsumerSession] = {}
         self._nack_delay_s = nack_delay_s
-        self._wake = asyncio.Event()
+        self._wake = _Wake()
         self._generation = 0  # a seek starts a new one: older redeliveries are dropped
         self._on_fail = on_fail
         self.failed: BaseException | None = None
@@ -275,12 +275,10 @@ class SubscriptionDispatcher:
                 self._deliver()
                 if reading is None and self.dispatch.wants_more():
                     reading = loop.create_task(self._next_entry())
-                self._wake.clear()
-                waker = loop.create_task(self._wake.wait())
-                waiting: set[asyncio.Task[Any]] = {waker} if reading is None else {waker, reading}
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                waker.cancel()
-                if reading is not None and reading in done:
+                    reading.add_done_callback(self._wake.on_done)
+                # (one future per wait, woken by a set() or the read: no task for it)
+                await self._wake.wait(loop, already=reading is not None and reading.done())
+                if reading is not None and reading.done():
                     self._offer(*reading.result())
                     reading = None
         finally:
@@ -413,3 +411,30 @@ def _by_slot(entry: EntryMessages, indexes: list[int]) -> list[tuple[int, list[i
         ordering = one.ordering_key if one.HasField("ordering_key") else None
         slots.setdefault(key_slot(key, where, ordering), []).append(i)
     return list(slots.items())
+
+
+class _Wake:
+    """What wakes a dispatcher's loop: set() by whoever changed something (a consumer, a
+    flow, an ack), or its read's end (on_done). Like an Event, but its wait is one
+    future and needs no task of its own to be waited on beside the read."""
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def on_done(self, _: object) -> None:
+        self.set()
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, already: bool = False) -> None:
+        """Until set() is called from now on (what set it before, the caller has just
+        looked at), unless `already`."""
+        if already:
+            return
+        self._waiter = loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None

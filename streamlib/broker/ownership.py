@@ -204,6 +204,11 @@ class Broker:
         consumer waits for the takeover, not the lookup). An owner, or a broker to
         assign, whose process is provably gone loses its lease / registration first
         (streamlib.protocol.ownership): its clients need not wait for its session."""
+        found = self.owned.get(stream)
+        if found is not None and found.gone is None and not self.closed:
+            # Served here: no read. (Should the lease have gone meanwhile, the session's
+            # Ready is refused after the lease is read: BrokerService.still_owner.)
+            return self.info
         for _ in range(3):  # (an evicted owner: once more; then give what there is)
             owner, epoch = await self.registry.lease(stream)
             if owner is not None:

@@ -291,8 +291,13 @@ class BrokerService(pb_grpc.BrokerServicer):
                 self._take_sends(iterator, owned, session, pending, in_flight)
             )
             settler = loop.create_task(self._settle(pending, receipts, in_flight))
-            fenced = loop.create_task(session.fenced.wait())
-            tasks += (reader, settler, fenced)
+
+            async def wake_when_fenced() -> None:
+                await session.fenced.wait()
+                with contextlib.suppress(asyncio.QueueFull):  # (full: no wait to end)
+                    receipts.put_nowait(None)
+
+            tasks += (reader, settler, loop.create_task(wake_when_fenced()))
             held: list[pb.ProduceResponse | None] = []  # taken while merging, answered next
             while True:
                 if held:
@@ -300,17 +305,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                 else:
                     # (No heartbeats: gRPC's keepalive checks each connection, once for
                     # however many sessions it carries.)
-                    getting = loop.create_task(receipts.get())
-                    done, _ = await asyncio.wait(
-                        {getting, fenced}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if getting not in done:
-                        getting.cancel()
+                    response = None if session.fenced.is_set() else await receipts.get()
+                    if response is None and session.fenced.is_set():
                         yield pb.ProduceResponse(
                             error=error_pb(session.error or StreamGone("gone"))
                         )
                         return
-                    response = getting.result()
                 if response is None:
                     return
                 yield _merged_receipts(response, receipts, held)

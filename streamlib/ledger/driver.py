@@ -91,6 +91,10 @@ class Context:
         self.placement = placement
         # Writers' acknowledged tails, for readers of the same client (local.py).
         self.local_tails = LocalTails()
+        # A writer with nothing in flight tells the bookies its LAC after this long
+        # unless an add carries it first (None: at the loop's next turn, handles.py):
+        # a broker's, whose consumers read its writes from the local tail.
+        self.quiet_lac_s: float | None = None
 
 
 class Driver:

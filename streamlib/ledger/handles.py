@@ -280,7 +280,10 @@ class WriteHandle:
                 # entry about one round trip after its acknowledgement, not a timer later.
                 self._cancel_lac_timer()
                 self._quiet_since = asyncio.get_running_loop().time()
-                self._schedule_explicit_lac(self._quiet_lac_delay_s if self._tight else 0.0)
+                quiet = self._context.quiet_lac_s
+                if quiet is None:
+                    quiet = self._quiet_lac_delay_s if self._tight else 0.0
+                self._schedule_explicit_lac(quiet)
         elif isinstance(action, FailAdds):
             self._stop_tail()  # the writer is broken: readers go back to the bookies
             for entry_id in action.entry_ids:

@@ -25,6 +25,7 @@ from streamlib.protocol.errors import (
     BookieTlsError,
     BookieUnavailableError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
     RecoveryAbortedError,
     TlsError,
     UnauthorizedError,
@@ -61,6 +62,10 @@ class _RecoverySink:
 # ROLES_ALLOWED: ADD, and FENCE / RECOVERY_ADD).
 ADD_ROLES = frozenset({"write", "admin"})
 FENCE_ROLES = frozenset({"write", "bookie", "admin"})
+# A new ledger's ensemble is chosen from a list of the bookies read within this long (a
+# client creating many ledgers at once -- a broker opening thousands of streams -- reads
+# it once, not for each). A bookie gone since is replaced as any that fails.
+WRITABLE_AGE_S = 1.0
 
 
 class LedgerManager:
@@ -94,9 +99,14 @@ class LedgerManager:
             if not isinstance(key, str) or not isinstance(value, bytes):
                 raise BadRequestError("custom_metadata maps str to bytes")
         pool = self._context.pool
-        bookies = self._context.placement.new_ensemble(
-            await pool.writable(), ensemble, write_quorum
-        )
+        try:
+            bookies = self._context.placement.new_ensemble(
+                await pool.writable(WRITABLE_AGE_S), ensemble, write_quorum
+            )
+        except NotEnoughBookiesError:  # (perhaps some joined since that list: look)
+            bookies = self._context.placement.new_ensemble(
+                await pool.writable(), ensemble, write_quorum
+            )
         await pool.prepare(bookies)
         await self.check_may_write(bookies, "create a ledger")
         ledger_id = await self._ids.next_id()
@@ -200,7 +210,7 @@ class LedgerManager:
         """UnauthorizedError unless the bookies take new entries from this client: asked
         before a stream's takeover fences anything (a principal that may recover but not
         add -- a bookie's -- would otherwise fence the live writer, then fail)."""
-        writable = [b.bookie_id for b in await self._context.pool.writable()]
+        writable = [b.bookie_id for b in await self._context.pool.writable(WRITABLE_AGE_S)]
         await self.check_may_write(writable[:3], what)
 
     async def metadata(self, ledger_id: int) -> LedgerMetadata:
