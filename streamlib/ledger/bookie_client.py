@@ -226,6 +226,8 @@ class BookieClient:
         self._stream_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        self._info: asyncio.Future[pb.GetBookieInfoResponse] | None = None  # (info's last)
+        self._info_at = 0.0
 
     # -- adds ---------------------------------------------------------------------------
 
@@ -634,8 +636,22 @@ class BookieClient:
     async def force(self, request: pb.ForceRequest) -> pb.ForceResponse:
         return await self._call("Force", request)  # type: ignore[return-value]
 
-    async def info(self) -> pb.GetBookieInfoResponse:
-        return await self._call("GetBookieInfo", pb.GetBookieInfoRequest())  # type: ignore[return-value]
+    async def info(self, max_age_s: float = 0.0) -> pb.GetBookieInfoResponse:
+        """The bookie's GetBookieInfo answer. max_age_s: one asked within that long will
+        do (concurrent callers share one call; a failed one is not kept)."""
+        if max_age_s <= 0:
+            return await self._call("GetBookieInfo", pb.GetBookieInfoRequest())  # type: ignore[return-value]
+        now = asyncio.get_running_loop().time()
+        asked = self._info
+        if asked is None or now - self._info_at > max_age_s:
+            asked = self._info = asyncio.ensure_future(self.info())
+            self._info_at = now
+            asked.add_done_callback(self._forget_failed_info)
+        return await asyncio.shield(asked)
+
+    def _forget_failed_info(self, asked: asyncio.Future[pb.GetBookieInfoResponse]) -> None:
+        if self._info is asked and (asked.cancelled() or asked.exception() is not None):
+            self._info = None
 
     async def close(self) -> None:
         self._closed = True

@@ -590,6 +590,10 @@ class ReadHandle:
         LAC once every write set has answered with (Qw - Qa) + 1 bookies, or all did."""
         if self.is_closed:
             return self.metadata.last_entry_id
+        local = self._usable_local()
+        if local is not None:  # (this client writes it: its LAC is the ledger's, at once)
+            self._lac = max(self._lac, local.lac)
+            return self._lac
         md = self.metadata
         coverage = EnsembleCoverage(md.ensemble_size, md.write_quorum, md.ack_quorum)
         ensemble = md.last_fragment.ensemble

@@ -66,6 +66,10 @@ FENCE_ROLES = frozenset({"write", "bookie", "admin"})
 # client creating many ledgers at once -- a broker opening thousands of streams -- reads
 # it once, not for each). A bookie gone since is replaced as any that fails.
 WRITABLE_AGE_S = 1.0
+# ... and whether the bookies take this client's writes, from their answer within this
+# long (they enforce it on every add and fence: this asks first so that a refusal changes
+# no metadata).
+INFO_AGE_S = 1.0
 
 
 class LedgerManager:
@@ -179,7 +183,7 @@ class LedgerManager:
         unreachable: BookieUnavailableError | None = None
         for bookie in bookies:
             try:
-                info = await self._context.pool.get(bookie).info()
+                info = await self._context.pool.get(bookie).info(INFO_AGE_S)
             except BookieUnavailableError as e:
                 unreachable = e
                 mismatches += isinstance(e, TlsError)
