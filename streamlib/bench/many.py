@@ -28,6 +28,9 @@ from streamlib.bench.cluster import local_cluster
 from streamlib.chaos.resources import sample_process
 
 IDLE_S = 5.0  # the broker's CPU is measured this long with every stream open and quiet
+# A quiet stream's LAC goes to the bookies this late (`streamlib broker --quiet-lac-ms`):
+# at a message a second, most entries' LAC then travels with the next add.
+QUIET_LAC_MS = 1000
 
 # argv: uri first count seconds. Says "ready" once connected, opens its streams' producers
 # and consumers on "go" and says "opened SECONDS"; on the next "go" sends for `seconds`
@@ -148,7 +151,8 @@ def run_many(args: argparse.Namespace) -> int:
         broker = BrokerProcess(
             Path(logs), cluster.metadata_uri,
             extra=["--port", "0", "--max-sessions", sessions,
-                   "--max-sessions-per-principal", sessions],
+                   "--max-sessions-per-principal", sessions,
+                   "--quiet-lac-ms", str(QUIET_LAC_MS)],
         ).start(port=0)  # fmt: skip
         procs: list[subprocess.Popen[str]] = []
         try:

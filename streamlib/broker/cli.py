@@ -128,14 +128,15 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
     )
     serve.add_argument(
         "--quiet-lac-ms",
-        type=_positive,
-        default=QUIET_LAC_MS,
+        type=_non_negative,
+        default=0,
         metavar="MS",
         help="a stream's writer that has nothing in flight tells the bookies its last "
-        f"entry's LAC after this long, unless an add carries it first (default "
-        f"{QUIET_LAC_MS}, as BookKeeper's explicitLacInterval): what a direct-mode reader "
-        "tailing a quiet stream waits at most; the broker's own consumers read its writes "
-        "at once",
+        "entry's LAC after this long unless an add carries it first (default 0: at once). "
+        "A broker of many streams at a message a second or so halves its bookie messages "
+        "with 1000; then whoever reads a stream from the bookies (direct mode, Spark, "
+        "another broker's admin answers) sees a quiet stream's last entry up to that late. "
+        "The broker's own consumers read its writes at once either way",
     )
     serve.add_argument("--log-level", default="WARNING")
     serve.add_argument("--exit-with-stdin", action="store_true", help="stop when stdin closes")
@@ -238,9 +239,6 @@ def _pulsar_admin_arguments(serve: argparse.ArgumentParser) -> None:
 # garbage that outlives a middle collection waits for the next full one: memory bounded
 # by what a hundred middle collections let through.
 GC_THRESHOLDS = (50_000, 20, 100)
-# (Sent at once, a LAC doubled the bookies' messages of a broker of many streams at a
-# message a second each: three adds and three LACs an entry.)
-QUIET_LAC_MS = 1000
 
 
 def _gc_thresholds(text: str) -> tuple[int, int, int]:
@@ -254,11 +252,18 @@ def _gc_thresholds(text: str) -> tuple[int, int, int]:
     return values[0], values[1], values[2]
 
 
-def _positive(text: str) -> int:
+def _non_negative(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
     return value
@@ -318,7 +323,8 @@ async def _serve(args: argparse.Namespace) -> int:
         **({"tls_ca": args.tls_ca} if args.tls_ca else {}),
         **({"token": args.token} if args.token else {}),
     )
-    client.context.quiet_lac_s = args.quiet_lac_ms / 1000
+    if args.quiet_lac_ms:
+        client.context.quiet_lac_s = args.quiet_lac_ms / 1000
     budgets = Budgets(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Budgets)})
     from streamlib.broker.balance import BalanceConfig
 

@@ -468,6 +468,11 @@ class PulsarAdmin:
         stream = topic_stream(**names)
         self._check(caller, Operation.READ, stream)
         await self._unpartitioned(stream, "ask a partition's")
+        # (the owner answers, as Pulsar's: it writes the stream, so it knows its end at
+        # once -- another broker knows it as the bookies do, a quiet writer's LAC later)
+        redirect = await self._owner_elsewhere(request, stream)
+        if redirect is not None:
+            return redirect
         raw = await self.streams.stats(stream, count_messages=False)
         cursors = {
             sub: (tuple(acks.mark_delete), [(tuple(a), tuple(b)) for a, b in acks.ranges])

@@ -183,7 +183,9 @@ class LedgerManager:
         unreachable: BookieUnavailableError | None = None
         for bookie in bookies:
             try:
-                info = await self._context.pool.get(bookie).info(INFO_AGE_S)
+                # (A recovery asks afresh: that a bookie answers now is what it needs.)
+                fresh = 0.0 if need_answer else INFO_AGE_S
+                info = await self._context.pool.get(bookie).info(fresh)
             except BookieUnavailableError as e:
                 unreachable = e
                 mismatches += isinstance(e, TlsError)

@@ -29,7 +29,7 @@ from tests.cli.conftest import run_cli
         ["broker", "--metadata", "memory://x", "--gc-thresholds", "700,10"],
         ["broker", "--metadata", "memory://x", "--gc-thresholds", "700,0,10"],
         ["broker", "--metadata", "memory://x", "--gc-thresholds", "a,b,c"],
-        ["broker", "--metadata", "memory://x", "--quiet-lac-ms", "0"],
+        ["broker", "--metadata", "memory://x", "--quiet-lac-ms", "-1"],
         ["broker", "--metadata", "memory://x", "--quiet-lac-ms", "soon"],
     ],
 )
