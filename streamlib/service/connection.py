@@ -170,6 +170,9 @@ class Mux:
     async def close(self) -> None:
         self._broke(BrokerUnavailableError("the client closed"))
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # (the cancelled call's status, so that gRPC's task for it ends before the loop)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._call.code(), 1.0)
 
 
 class MuxCall:
