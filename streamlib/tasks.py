@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 from metadata.errors import MetadataError
 from streamlib.protocol.errors import StreamlibError
@@ -68,3 +68,50 @@ class HeldTasks:
                 for task in tasks:
                     task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Waker:
+    """What wakes one waiting loop: set() by whoever changed something. Like an Event
+    cleared at each wait, but its wait is one future: no task of its own is needed to
+    wait on it beside something else (a read's done callback may set it)."""
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, already: bool = False) -> None:
+        """Until set() is called from now on (what set it before, the caller has just
+        looked at), unless `already`."""
+        if already:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class Recent(Generic[T]):
+    """The answer of a call made lately, shared: a caller within max_age_s of the last
+    call's start gets its answer (concurrent callers share one call); one that failed is
+    not kept."""
+
+    def __init__(self) -> None:
+        self._asked: asyncio.Future[T] | None = None
+        self._at = 0.0
+
+    async def get(self, call: Callable[[], Awaitable[T]], max_age_s: float) -> T:
+        now = asyncio.get_running_loop().time()
+        asked = self._asked
+        if asked is None or now - self._at > max_age_s:
+            asked = self._asked = asyncio.ensure_future(call())
+            self._at = now
+            asked.add_done_callback(self._forget_failed)
+        return await asyncio.shield(asked)
+
+    def _forget_failed(self, asked: asyncio.Future[T]) -> None:
+        if self._asked is asked and (asked.cancelled() or asked.exception() is not None):
+            self._asked = None

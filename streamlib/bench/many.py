@@ -182,7 +182,7 @@ def run_many(args: argparse.Namespace) -> int:
             figures["open_s"] = time.perf_counter() - start
             figures["open_s_per_client"] = [float(a.split()[1]) for a in opened]
             # Open and quiet: what the streams cost the broker while nothing is sent.
-            rss1, cpu0 = _broker_sample(broker.pid)
+            _, cpu0 = _broker_sample(broker.pid)
             quiet = time.monotonic()
             time.sleep(IDLE_S)
             rss1, cpu1 = _broker_sample(broker.pid)

@@ -29,6 +29,7 @@ from streamlib.protocol.errors import (
 from streamlib.stream.consumer import Consumer
 from streamlib.stream.message import EntryMessages
 from streamlib.stream.positions import MessageId
+from streamlib.tasks import Waker
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class SubscriptionDispatcher:
         self.dispatch = (budgets or Budgets()).dispatch(kind)
         self.sessions: dict[int, ConsumerSession] = {}
         self._nack_delay_s = nack_delay_s
-        self._wake = _Wake()
+        self._wake = Waker()
         self._generation = 0  # a seek starts a new one: older redeliveries are dropped
         self._on_fail = on_fail
         self.failed: BaseException | None = None
@@ -275,9 +276,9 @@ class SubscriptionDispatcher:
                 self._deliver()
                 if reading is None and self.dispatch.wants_more():
                     reading = loop.create_task(self._next_entry())
-                    reading.add_done_callback(self._wake.on_done)
+                    reading.add_done_callback(lambda _: self._wake.set())
                 # (one future per wait, woken by a set() or the read: no task for it)
-                await self._wake.wait(loop, already=reading is not None and reading.done())
+                await self._wake.wait(already=reading is not None and reading.done())
                 if reading is not None and reading.done():
                     self._offer(*reading.result())
                     reading = None
@@ -411,30 +412,3 @@ def _by_slot(entry: EntryMessages, indexes: list[int]) -> list[tuple[int, list[i
         ordering = one.ordering_key if one.HasField("ordering_key") else None
         slots.setdefault(key_slot(key, where, ordering), []).append(i)
     return list(slots.items())
-
-
-class _Wake:
-    """What wakes a dispatcher's loop: set() by whoever changed something (a consumer, a
-    flow, an ack), or its read's end (on_done). Like an Event, but its wait is one
-    future and needs no task of its own to be waited on beside the read."""
-
-    def __init__(self) -> None:
-        self._waiter: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def on_done(self, _: object) -> None:
-        self.set()
-
-    async def wait(self, loop: asyncio.AbstractEventLoop, already: bool = False) -> None:
-        """Until set() is called from now on (what set it before, the caller has just
-        looked at), unless `already`."""
-        if already:
-            return
-        self._waiter = loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None

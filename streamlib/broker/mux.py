@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from streamlib.protocol.errors import BadRequestError, TooManySessionsError
+from streamlib.tasks import Waker
 from streamlib.wire import broker_pb2 as pb
-from streamlib.wire.convert import error_pb
+from streamlib.wire.convert import error_pb, move_parts
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +40,22 @@ class _Inbox:
     def __init__(self, served: ServedSession) -> None:
         self._served = served
         self._items: collections.deque[tuple[Any, int]] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._wake = Waker()
         self.ended = False
 
     def put(self, request: Any, size: int) -> None:
         self._items.append((request, size))
-        self._wake()
+        self._wake.set()
 
     def end(self) -> None:
         self.ended = True
-        self._wake()
+        self._wake.set()
 
     def drop(self) -> None:
         """The handle is over: what it did not take is given back."""
         self.ended = True
         self._served.taken(sum(size for _, size in self._items))
         self._items.clear()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
     def __aiter__(self) -> _Inbox:
         return self
@@ -67,11 +64,7 @@ class _Inbox:
         while not self._items:
             if self.ended:
                 raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._wake.wait()
         request, size = self._items.popleft()
         self._served.taken(size)
         return request
@@ -127,17 +120,7 @@ class ServedSession:
 
     def _gathered(self) -> pb.SessionResponse:
         out = pb.SessionResponse()
-        size = 0
-        outbox = self._outbox
-        while outbox and (not size or size + outbox[0][3] <= ANSWER_BYTES):
-            handle, kind, response, bytes_ = outbox.popleft()
-            answer = out.parts.add(handle=handle)
-            if kind == "end":
-                answer.end = True
-            else:
-                getattr(answer, kind).CopyFrom(response)
-            size += bytes_
-        self._out_bytes -= size
+        self._out_bytes -= move_parts(self._outbox, out.parts, ANSWER_BYTES)
         if self._out_bytes <= OUTBOX_BYTES:
             self._room.set()
         return out

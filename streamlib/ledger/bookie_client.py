@@ -47,6 +47,7 @@ from streamlib.ledger.framed_stream import (
     client_ssl_context,
 )
 from streamlib.protocol.errors import BookieTlsError, BookieUnavailableError
+from streamlib.tasks import Recent
 from streamlib.tls_failures import tls_mismatch
 
 log = logging.getLogger(__name__)
@@ -226,8 +227,7 @@ class BookieClient:
         self._stream_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
-        self._info: asyncio.Future[pb.GetBookieInfoResponse] | None = None  # (info's last)
-        self._info_at = 0.0
+        self._info: Recent[pb.GetBookieInfoResponse] = Recent()  # (info's last answer)
 
     # -- adds ---------------------------------------------------------------------------
 
@@ -641,17 +641,7 @@ class BookieClient:
         do (concurrent callers share one call; a failed one is not kept)."""
         if max_age_s <= 0:
             return await self._call("GetBookieInfo", pb.GetBookieInfoRequest())  # type: ignore[return-value]
-        now = asyncio.get_running_loop().time()
-        asked = self._info
-        if asked is None or now - self._info_at > max_age_s:
-            asked = self._info = asyncio.ensure_future(self.info())
-            self._info_at = now
-            asked.add_done_callback(self._forget_failed_info)
-        return await asyncio.shield(asked)
-
-    def _forget_failed_info(self, asked: asyncio.Future[pb.GetBookieInfoResponse]) -> None:
-        if self._info is asked and (asked.cancelled() or asked.exception() is not None):
-            self._info = None
+        return await self._info.get(self.info, max_age_s)
 
     async def close(self) -> None:
         self._closed = True

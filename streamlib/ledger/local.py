@@ -37,7 +37,6 @@ class LocalTail:
         self.followers = 0  # readers of this client tailing the ledger
         self._entries: OrderedDict[int, EntryData] = OrderedDict()
         self._bytes = 0
-        self._changed = asyncio.Event()
         self._waiters: set[asyncio.Future[None]] = set()
 
     def wake_on_change(self, waiter: asyncio.Future[None]) -> None:
@@ -48,7 +47,6 @@ class LocalTail:
         self._waiters.discard(waiter)
 
     def _wake(self) -> None:
-        self._changed.set()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -71,7 +69,6 @@ class LocalTail:
             _, old = self._entries.popitem(last=False)
             self._bytes -= len(old.payload)
         self._wake()
-        self._changed = asyncio.Event()
 
     def end(self) -> None:
         """The writer stopped: readers go back to the bookies."""
@@ -93,14 +90,16 @@ class LocalTail:
 
     async def wait(self, after_lac: int, timeout_s: float) -> None:
         """Until the LAC passes after_lac, the tail ends, or timeout_s passes."""
-        if self.lac > after_lac or not self.open:
-            return
-        changed = self._changed
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
                 while self.lac <= after_lac and self.open:
-                    await changed.wait()
-                    changed = self._changed
+                    woken: asyncio.Future[None] = loop.create_future()
+                    self.wake_on_change(woken)
+                    try:
+                        await woken
+                    finally:
+                        self.forget_waiter(woken)
         except TimeoutError:
             pass
 

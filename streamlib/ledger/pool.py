@@ -9,7 +9,6 @@ dials the bookie where it is now.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -19,7 +18,7 @@ from metadata.schemas import BookieInfo
 from metadata.services.bookies import BookieRegistry
 from streamlib.ledger.bookie_client import BookieClient, BookieClientConfig
 from streamlib.ledger.placement import Candidate
-from streamlib.tasks import HeldTasks
+from streamlib.tasks import HeldTasks, Recent
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +35,7 @@ class BookiePool:
         self.racks: dict[str, str] = {}
         self._rechecked: dict[str, float] = {}
         self._tasks = HeldTasks("bookie pool")  # address look-ups, retired connections
-        self._listed: asyncio.Future[list[BookieInfo]] | None = None  # (writable's last read)
-        self._listed_at = 0.0
-
-    def _forget_failed(self, listed: asyncio.Future[list[BookieInfo]]) -> None:
-        if self._listed is listed and (listed.cancelled() or listed.exception() is not None):
-            self._listed = None
+        self._listed: Recent[list[BookieInfo]] = Recent()  # (writable's last read)
 
     def _learn(self, bookie_id: str, address: str, framed: str = "") -> None:
         """Remember a registered address and framed add stream address; a changed
@@ -64,14 +58,8 @@ class BookiePool:
         within that long will do (concurrent callers share one read) -- for a new
         ledger's ensemble, where a bookie that went meanwhile is replaced as any that
         fails (an ensemble change), not for the replacing itself."""
-        loop = asyncio.get_running_loop()
         if max_age_s > 0:
-            listed = self._listed
-            if listed is None or loop.time() - self._listed_at > max_age_s:
-                listed = self._listed = asyncio.ensure_future(self.registry.list())
-                self._listed_at = loop.time()
-                listed.add_done_callback(self._forget_failed)
-            infos = await asyncio.shield(listed)
+            infos = await self._listed.get(self.registry.list, max_age_s)
         else:
             infos = await self.registry.list()
         for info in infos:

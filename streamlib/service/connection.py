@@ -24,10 +24,11 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.ownership import Probe
 from streamlib.retry import FIRST_CONNECT, RECONNECT
+from streamlib.tasks import Waker
 from streamlib.tls_failures import tls_mismatch
 from streamlib.wire import broker_pb2 as pb
 from streamlib.wire import broker_pb2_grpc as pb_grpc
-from streamlib.wire.convert import error_from_pb
+from streamlib.wire.convert import error_from_pb, move_parts
 
 log = logging.getLogger(__name__)
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # (what read() gives at the end)
@@ -117,17 +118,7 @@ class Mux:
                     self._wake.clear()
                     await self._wake.wait()
                 request = pb.SessionRequest()
-                size = 0
-                outbox = self._outbox
-                while outbox and (not size or size + outbox[0][3] <= SESSION_BYTES):
-                    handle, kind, message, bytes_ = outbox.popleft()
-                    part = request.parts.add(handle=handle)
-                    if message is None:
-                        setattr(part, kind, True)  # end | cancel
-                    else:
-                        getattr(part, kind).CopyFrom(message)
-                    size += bytes_
-                self._out_bytes -= size
+                self._out_bytes -= move_parts(self._outbox, request.parts, SESSION_BYTES)
                 if self._out_bytes <= OUTBOX_BYTES:
                     self._room.set()
                 await self._call.write(request)
@@ -184,7 +175,7 @@ class MuxCall:
         self.handle = handle
         self.kind = kind
         self._answers: collections.deque[Any] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._wake = Waker()
         self._error: BaseException | None = None
         self._over = False
 
@@ -200,11 +191,7 @@ class MuxCall:
                 raise _again(self._error)
             if self._over:
                 return EOF
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._wake.wait()
         return self._answers.popleft()
 
     async def done_writing(self) -> None:
@@ -217,23 +204,19 @@ class MuxCall:
             self._mux.forget(self.handle)
             with contextlib.suppress(Exception):
                 self._mux.send(self.handle, "cancel", None)
-            self._wake()
+            self._wake.set()
 
     def answered(self, answer: Any) -> None:
         self._answers.append(answer)
-        self._wake()
+        self._wake.set()
 
     def ended(self) -> None:
         self._over = True
-        self._wake()
+        self._wake.set()
 
     def broke(self, error: BaseException) -> None:
         self._error = error
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wake.set()
 
 
 def _again(error: BaseException) -> BaseException:

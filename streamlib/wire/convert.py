@@ -4,6 +4,7 @@ message ids, and errors (an error travels as the name of its class and its messa
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import json
 from typing import Any
@@ -91,3 +92,19 @@ def _untagged(value: dict[str, Any]) -> Any:
     if len(value) == 1 and "$stream_metadata" in value:
         return StreamMetadata.FromString(base64.b64decode(value["$stream_metadata"]))
     return value
+
+
+def move_parts(outbox: collections.deque[tuple[int, str, Any, int]], parts: Any, limit: int) -> int:
+    """Move queued parts of a Session call -- (handle, kind, message, size) -- into
+    `parts` (a SessionRequest's or a SessionResponse's) up to about `limit` bytes, one at
+    least; the bytes moved. A part with no message is a flag of its kind (end, cancel)."""
+    moved = 0
+    while outbox and (not moved or moved + outbox[0][3] <= limit):
+        handle, kind, message, size = outbox.popleft()
+        part = parts.add(handle=handle)
+        if message is None:
+            setattr(part, kind, True)
+        else:
+            getattr(part, kind).CopyFrom(message)
+        moved += size
+    return moved
