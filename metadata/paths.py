@@ -7,6 +7,8 @@ and without control characters. Values are bytes of at most MAX_VALUE_BYTES.
 
 from __future__ import annotations
 
+import re
+
 from metadata.errors import InvalidPathError, InvalidValueError, ValueTooLargeError
 
 MAX_VALUE_BYTES = 1024 * 1024
@@ -14,6 +16,8 @@ MAX_PATH_CHARS = 1024
 # ZooKeeper appends a 10-digit, zero-padded counter to a sequential node's name; the
 # other backends emulate it so names sort the same way everywhere.
 SEQUENCE_DIGITS = 10
+# C0 and C1 control characters, and DEL.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def validate_path(path: object) -> str:
@@ -30,8 +34,8 @@ def validate_path(path: object) -> str:
     for part in path[1:].split("/"):
         if part in ("", ".", ".."):
             raise InvalidPathError(f"path {path!r} has an empty, '.' or '..' component")
-        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in part):
-            raise InvalidPathError(f"path {path!r} contains a control character")
+    if _CONTROL.search(path):
+        raise InvalidPathError(f"path {path!r} contains a control character")
     return path
 
 

@@ -202,7 +202,10 @@ class Client(ClientParts):
         failover subscriptions, as Pulsar's; streamlib/stream/compacted.py)."""
         initial_position = parse_initial_position(initial_position)
         check_read_compacted(read_compacted, consumer_type)
-        if isinstance(stream, str) and (count := await self.streams.partitions(stream)):
+        # (a missing stream, a bad name: NoSuchStreamError / InvalidNameError first)
+        if isinstance(stream, str) and (
+            count := partitions_of((await self.streams.read(stream))[0])
+        ):
             stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
             if message_listener is not None:
@@ -227,7 +230,6 @@ class Client(ClientParts):
             self._open.append(multi)  # closed first: its receives in flight end cleanly
             return multi  # type: ignore[return-value]
         kind = parse_consumer_type(consumer_type)
-        await self.streams.read(stream)
         registry = self.streams.registry
         gate = SubscriptionGate(
             self.store,

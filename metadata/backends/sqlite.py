@@ -48,7 +48,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tenacity import (
     RetryError,
@@ -109,6 +109,9 @@ REAP_EVERY_POLLS = 8
 # At most this many transactions commit together (a batch is one call on the store's
 # thread: a poll or a read waits for at most one).
 MAX_GROUP_COMMIT = 256
+# Reads asked for while one batch of reads runs make the next batch: one hop to the
+# reading thread and one read transaction for all of them (at most this many).
+MAX_GROUP_READ = 256
 # FULL (the default) syncs the WAL on every commit: a committed CAS survives power loss.
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 # The database and the files SQLite keeps beside it (same name plus these suffixes).
@@ -220,6 +223,9 @@ class SqliteStore(MetadataStore):
         # Transactions waiting for the next group commit, and the task committing them.
         self._pending: list[tuple[list[Op], asyncio.Future[list[object]]]] = []
         self._committer: asyncio.Task[None] | None = None
+        # Reads waiting for the next batch, and the task reading them.
+        self._read_queue: list[tuple[Callable[[_tree.NodeTable], Any], asyncio.Future[Any]]] = []
+        self._reading = False  # a batch is on the reading thread
 
     # lifecycle ------------------------------------------------------------------------
 
@@ -373,17 +379,69 @@ class SqliteStore(MetadataStore):
         return self._retrying(attempt)
 
     async def _read_call(self, fn: Callable[[_tree.NodeTable], T]) -> T:
-        """fn(the reader's table) in a read transaction, on the reading thread."""
-
-        def read() -> T:
-            table = self._reader
-            if table is None:
-                raise SessionExpiredError(f"store {self.uri} is closed")
-            return self._read(lambda: fn(table), table.conn)
-
+        """fn(the reader's table) in a read transaction, on the reading thread: with the
+        other reads asked for meanwhile (group read). The batch's transaction begins
+        after each of its reads was asked for, so each sees every write answered
+        before it was asked."""
         if self._reader is None:
             raise SessionExpiredError(f"store {self.uri} is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._reads, read)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._read_queue.append((fn, future))
+        if not self._reading:
+            self._next_reads()
+        return await future
+
+    def _next_reads(self) -> None:
+        """Send the waiting reads (at most MAX_GROUP_READ) to the reading thread as one
+        batch; when it answers, the next. (Callbacks, not a task: a lone read costs no
+        more than one hop.)"""
+        batch = [(fn, f) for fn, f in self._read_queue[:MAX_GROUP_READ] if not f.done()]
+        del self._read_queue[:MAX_GROUP_READ]
+        self._reading = bool(batch)
+        if not batch:
+            if self._read_queue:  # (only cancelled ones were first in line)
+                self._next_reads()
+            return
+        table = self._reader
+        if table is None:  # (closed while these waited: no thread to run them)
+            self._answer_reads(batch, SessionExpiredError(f"store {self.uri} is closed"))
+            return
+
+        def each() -> list[tuple[bool, Any]]:
+            answers: list[tuple[bool, Any]] = []
+            for fn, _ in batch:
+                try:
+                    answers.append((True, fn(table)))
+                except MetadataError as exc:  # (this read's answer: NoNode, ...)
+                    answers.append((False, exc))
+            return answers
+
+        done = asyncio.get_running_loop().run_in_executor(
+            self._reads, lambda: self._read(each, table.conn)
+        )
+        done.add_done_callback(lambda _: self._answer_reads(batch, done))
+
+    def _answer_reads(
+        self,
+        batch: list[tuple[Callable[[_tree.NodeTable], Any], asyncio.Future[Any]]],
+        done: asyncio.Future[list[tuple[bool, Any]]] | Exception,
+    ) -> None:
+        if isinstance(done, Exception):
+            answers: list[tuple[bool, Any]] = [(False, done)] * len(batch)
+        elif done.cancelled() or done.exception() is not None:  # the batch as a whole
+            error = done.exception() if not done.cancelled() else None
+            failed = error or SessionExpiredError(f"store {self.uri} is closed")
+            answers = [(False, failed)] * len(batch)
+        else:
+            answers = done.result()
+        for (_, future), (ok, answer) in zip(batch, answers, strict=True):
+            if future.done():
+                continue
+            if ok:
+                future.set_result(answer)
+            else:
+                future.set_exception(answer)
+        self._next_reads()
 
     def _read(self, fn: Callable[[], T], conn: sqlite3.Connection) -> T:
 

@@ -11,7 +11,7 @@ a deposed owner that still runs from acknowledging anything.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from metadata.errors import (
     BadVersionError,
@@ -54,7 +54,10 @@ class BrokerInfo:
     stream_rates: tuple[tuple[str, float, float], ...] = ()
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        # (as json.dumps(asdict(self)) writes it, without asdict's deep copy: a broker
+        # writes its registration each time the streams it owns change)
+        values = {name: getattr(self, name) for name in _FIELD_NAMES}
+        return json.dumps(values, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> BrokerInfo:
@@ -84,6 +87,9 @@ class BrokerInfo:
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidValueError(f"not a broker registration: {data[:80]!r}") from error
+
+
+_FIELD_NAMES = tuple(field.name for field in fields(BrokerInfo))
 
 
 def same_process(a: BrokerInfo, b: BrokerInfo) -> bool:

@@ -1,7 +1,8 @@
 """Ledger ids unique across every process sharing the store.
 
 One counter node holds the next free id; a generator reserves a range of batch_size
-ids with one CAS and hands them out locally. A crashed process leaks the rest of its
+ids (or as many as callers wait for, when more do) with one CAS and hands them out
+locally. A crashed process leaks the rest of its
 range, which is harmless: ids only need to be unique, not dense. Ids start at 1 (0 is
 never handed out, so a zero id in a record always means "unset").
 """
@@ -28,17 +29,59 @@ class LedgerIdGenerator(Service):
         self.batch_size = batch_size
         self._next = 0
         self._end = 0  # exclusive end of the reserved range
-        self._guard = asyncio.Lock()
+        # Callers waiting for an id, first come first served, and the task reserving
+        # ids for them: concurrent callers share one reservation (one CAS) of at least
+        # as many ids as wait. With batch_size 1 no id is kept for later, so an id
+        # always goes to a caller that was already waiting when it was reserved: a
+        # ledger created after another one (in any process) has the higher id -- the
+        # order a stream's ledgers rely on.
+        self._waiting: list[asyncio.Future[int]] = []
+        self._reserving: asyncio.Task[None] | None = None
 
     async def next_id(self) -> int:
-        async with self._guard:
-            if self._next >= self._end:
-                self._next, self._end = await self._reserve()
+        if self._next < self._end and not self._waiting:
             ledger_id = self._next
             self._next += 1
             return ledger_id
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        if self._reserving is None:
+            self._reserving = asyncio.get_running_loop().create_task(self._serve_waiting())
+        return await future
 
-    async def _reserve(self) -> tuple[int, int]:
+    async def _serve_waiting(self) -> None:
+        try:
+            while self._waiting:
+                while self._waiting and self._next < self._end:
+                    waiter = self._waiting.pop(0)
+                    if not waiter.done():  # (a caller that gave up takes no id)
+                        waiter.set_result(self._next)
+                        self._next += 1
+                if self.batch_size == 1:
+                    self._end = self._next  # (the ids of callers that gave up: not kept)
+                if not any(not waiter.done() for waiter in self._waiting):
+                    self._waiting.clear()
+                    break
+                try:
+                    self._next, self._end = await self._reserve(
+                        max(self.batch_size, len(self._waiting))
+                    )
+                except BaseException as error:
+                    waiting, self._waiting = self._waiting, []
+                    cancelled = isinstance(error, asyncio.CancelledError)
+                    for waiter in waiting:
+                        if waiter.done():
+                            continue
+                        if cancelled:
+                            waiter.cancel()
+                        else:
+                            waiter.set_exception(error)
+                    if cancelled or not isinstance(error, Exception):
+                        raise
+        finally:
+            self._reserving = None
+
+    async def _reserve(self, count: int) -> tuple[int, int]:
         counter = self.path("idgen")
         while True:
             try:
@@ -51,7 +94,7 @@ class LedgerIdGenerator(Service):
                     pass
                 continue
             start = int.from_bytes(current.data, "big")
-            end = start + self.batch_size
+            end = start + count
             if end > MAX_ID:
                 raise OverflowError("ledger ids exhausted (2**63)")
             try:

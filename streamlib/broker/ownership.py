@@ -209,6 +209,8 @@ class Broker:
             # Served here: no read. (Should the lease have gone meanwhile, the session's
             # Ready is refused after the lease is read: BrokerService.still_owner.)
             return self.info
+        if stream in self._owning and not self.closed:
+            return self.info  # (being taken over here: its producer or consumer waits)
         for _ in range(3):  # (an evicted owner: once more; then give what there is)
             owner, epoch = await self.registry.lease(stream)
             if owner is not None:

@@ -22,7 +22,7 @@ import grpc
 
 from bookie.errors import UnauthenticatedError as BookieUnauthenticated
 from bookie.errors import UnauthorizedError as BookieUnauthorized
-from metadata.errors import InvalidNameError, MetadataError
+from metadata.errors import InvalidNameError, MetadataError, StreamExistsError
 from streamlib.broker import admin
 from streamlib.broker.access import BrokerAccess, HeldBytes, SessionLimits
 from streamlib.broker.dispatcher import Handed
@@ -42,6 +42,7 @@ from streamlib.protocol.errors import (
 )
 from streamlib.protocol.ownership import may_answer_ready
 from streamlib.protocol.service_access import Caller, Operation, may_create
+from streamlib.stream.admin import partitions_of
 from streamlib.stream.batch import MAX_CHUNKED_MESSAGE_BYTES, MessageDecodeError
 from streamlib.stream.compacted import check_read_compacted
 from streamlib.stream.positions import EARLIEST, LATEST, MessageId
@@ -123,8 +124,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                     "write role may)"
                 )
                 raise NoSuchStreamError(f"stream {stream!r} does not exist: {why}") from None
-        await streams.ensure(stream)
-        return 0
+        try:
+            return partitions_of(await streams.create(stream))
+        except StreamExistsError:  # (made meanwhile, by another producer or an admin)
+            return int(await streams.partitions(stream))
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         caller = await self._caller(context)

@@ -86,6 +86,13 @@ class ServiceClient(ClientParts):
         does not exist, unless `create` (a producer's) and the cluster allows."""
         return int((await self.brokers.lookup_answer(stream, create)).partitions)
 
+    async def _located(self, stream: str, create: bool = False) -> tuple[int, str]:
+        """`stream`'s partitions, and (not partitioned) the broker serving it: one lookup
+        for both, as the first connection of its producer or consumer dials that broker
+        (Session.first_address) instead of asking again."""
+        answer = await self.brokers.lookup_answer(stream, create)
+        return int(answer.partitions), str(answer.address)
+
     # -- the API ------------------------------------------------------------------------
 
     async def create_producer(
@@ -118,7 +125,8 @@ class ServiceClient(ClientParts):
                 "batch_format 1 is for readers older than format 2 in direct mode: entries "
                 "through the stream service carry their producer's name (format 2 on)"
             )
-        if count := await self.partitions(stream, create=True):  # one per partition, by key
+        count, owner = await self._located(stream, create=True)
+        if count:  # one per partition, by key
             routed = await produce_each(
                 stream,
                 count,
@@ -134,6 +142,7 @@ class ServiceClient(ClientParts):
             self._open.append(routed)
             return routed  # type: ignore[return-value]
         appender = ServiceAppender(self.brokers, stream, producer_name or "", access_mode, schema)
+        appender.first_address = owner
         await appender.start()
         last = appender.last_sequence_id
         producer = Producer(
@@ -174,8 +183,11 @@ class ServiceClient(ClientParts):
         position = parse_initial_position(initial_position)
         kind = parse_consumer_type(consumer_type, service=True)
         check_read_compacted(read_compacted, kind)
-        if isinstance(stream, str) and (count := await self.partitions(stream)):
-            stream = [partition_name(stream, i) for i in range(count)]
+        owner = ""
+        if isinstance(stream, str):
+            count, owner = await self._located(stream)
+            if count:
+                stream = [partition_name(stream, i) for i in range(count)]
         if not isinstance(stream, str):  # several streams, one subscription
             if message_listener is not None:
                 raise BadRequestError("a message listener takes one stream per consumer")
@@ -210,6 +222,7 @@ class ServiceClient(ClientParts):
             read_compacted=read_compacted,
         )
         source = ServiceSubscription(self.brokers, opened, receiver_queue_size, schema)
+        source.first_address = owner
         consumer = Consumer(
             source,
             ack_timeout_ms=ack_timeout_ms,

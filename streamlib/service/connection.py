@@ -305,7 +305,12 @@ class Brokers:
         """BrokerUnavailableError unless a connection to address is up within the lookup
         timeout. (A stopped broker's port still accepts TCP connections: only the
         HTTP/2 handshake shows it does not answer.) A refused connection fails at once:
-        the broker's process is gone, and the next lookup finds its successor."""
+        the broker's process is gone, and the next lookup finds its successor. A
+        connection that is up already answers at once (its calls would have broken, the
+        process gone)."""
+        channel = self._channels.get(address)
+        if channel is not None and channel.get_state() is grpc.ChannelConnectivity.READY:
+            return
         if await liveness.probe(address) is Probe.REFUSED:
             raise BrokerUnavailableError(f"broker {address} refused the connection")
         self.stub(address)
@@ -405,6 +410,10 @@ class Session:
         self.connected = False  # the last attempt got as far as the broker's Ready
         self.live_call: Any = None  # the call of the session that is up, if one is
         self._over = asyncio.Event()  # set when that session ends
+        # The owner a lookup just named (the client's, for the stream's partitions): the
+        # first connection dials it without looking the stream up again. Any later one,
+        # or a first one that fails, looks it up.
+        self.first_address: str | None = None
 
     async def start(self) -> None:
         """The first connection (its refusal raises here)."""
@@ -437,7 +446,9 @@ class Session:
 
     async def _connect_once(self) -> None:
         self.connected = False
-        address = await self.brokers.lookup(self.stream, self.creates_stream)
+        address, self.first_address = self.first_address, None
+        if not address:
+            address = await self.brokers.lookup(self.stream, self.creates_stream)
         await self.brokers.reachable(address)
         try:
             await self.session(address)

@@ -240,3 +240,36 @@ async def test_one_auditor_at_a_time(connect_store):
     assert second.is_leader
     assert await first.leader() == "auditor-2"
     await second.resign()
+
+
+async def test_concurrent_ledger_ids_share_one_reservation(store, monkeypatch):
+    """Callers waiting together are served by one CAS of the counter, in the order they
+    asked (the broker creating thousands of ledgers at once queued each behind the
+    last's CAS)."""
+    generator = LedgerIdGenerator(store, batch_size=1)
+    first = await generator.next_id()
+    sets = []
+    original = store.set
+
+    async def counting_set(path, *args, **kwargs):
+        sets.append(path)
+        return await original(path, *args, **kwargs)
+
+    monkeypatch.setattr(store, "set", counting_set)
+    ids = await asyncio.gather(*(generator.next_id() for _ in range(50)))
+    assert ids == list(range(first + 1, first + 51))
+    assert len(sets) == 1
+
+
+async def test_batch_one_ids_increase_across_generators(store):
+    """With batch_size 1 an id is never kept for later: an id asked for after another
+    was handed out, by any generator, is higher (a stream's ledgers are ordered by id)."""
+    one, other = LedgerIdGenerator(store, batch_size=1), LedgerIdGenerator(store, batch_size=1)
+    seen = [await one.next_id(), await other.next_id(), await one.next_id()]
+    waiters = [asyncio.ensure_future(one.next_id()) for _ in range(3)]
+    await asyncio.sleep(0)  # (all three wait for one reservation)
+    waiters[1].cancel()
+    got = [await waiters[0], await waiters[2]]
+    seen += [*got, await other.next_id(), await one.next_id()]
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert got[1] == got[0] + 1  # (the caller that gave up took no id)
