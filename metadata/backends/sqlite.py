@@ -416,9 +416,13 @@ class SqliteStore(MetadataStore):
                     answers.append((False, exc))
             return answers
 
-        done = asyncio.get_running_loop().run_in_executor(
-            self._reads, lambda: self._read(each, table.conn)
-        )
+        try:
+            done = asyncio.get_running_loop().run_in_executor(
+                self._reads, lambda: self._read(each, table.conn)
+            )
+        except RuntimeError as exc:  # (the reading thread shut down meanwhile)
+            self._answer_reads(batch, SessionExpiredError(f"store {self.uri} is closed: {exc}"))
+            return
         done.add_done_callback(lambda _: self._answer_reads(batch, done))
 
     def _answer_reads(

@@ -1,12 +1,15 @@
 """The sqlite store under load: group commit (transactions asked for together commit in
-one sqlite transaction, one sync, each still atomic and failing alone), and a session
-that a late event loop does not end."""
+one sqlite transaction, one sync, each still atomic and failing alone), group reads
+(reads asked for together: one hop to the reading thread, each answered alone), and a
+session that a late event loop does not end."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 import time
+
+import pytest
 
 import metadata
 from metadata.store import Set
@@ -53,6 +56,46 @@ async def test_concurrent_writes_share_one_commit_and_a_failed_one_leaves_no_tra
     async with await metadata.connect(f"sqlite://{tmp_path}/meta.db") as again:
         assert await again.get("/n0") == metadata.Versioned(b"good", 1)
         assert await again.get("/n1") == metadata.Versioned(b"", 0)
+
+
+async def test_concurrent_reads_share_one_hop_and_each_is_answered_alone(tmp_path):
+    async with await metadata.connect(f"sqlite://{tmp_path}/meta.db") as store:
+        for i in range(50):
+            await store.create(f"/r{i}", b"%d" % i)
+        hops = [0]
+        read = store._read  # type: ignore[attr-defined]
+
+        def counted(fn, conn):  # type: ignore[no-untyped-def]
+            hops[0] += 1
+            return read(fn, conn)
+
+        store._read = counted  # type: ignore[attr-defined]
+
+        async def outcome(aw):  # type: ignore[no-untyped-def]
+            try:
+                return await aw
+            except metadata.MetadataError as exc:
+                return exc
+
+        asked = [store.get(f"/r{i}") for i in range(50)]
+        asked += [store.get("/missing"), store.children("/"), store.exists("/r7")]
+        outcomes = await asyncio.gather(*(outcome(aw) for aw in asked))
+        assert outcomes[:50] == [metadata.Versioned(b"%d" % i, 0) for i in range(50)]
+        assert isinstance(outcomes[50], metadata.NoNodeError)  # (fails alone)
+        assert sorted(outcomes[51]) == sorted(f"r{i}" for i in range(50))
+        assert outcomes[52] == 0
+        assert hops[0] <= 2  # (not 53)
+        # A read asked for after a write was answered sees it.
+        await store.set("/r3", b"new")
+        assert await store.get("/r3") == metadata.Versioned(b"new", 1)
+        # A reader that gives up does not stop the others.
+        gave_up = asyncio.ensure_future(store.get("/r4"))
+        kept = asyncio.ensure_future(store.get("/r5"))
+        gave_up.cancel()
+        assert await kept == metadata.Versioned(b"5", 0)
+    # Reads asked for once the store is closed fail with SessionExpiredError.
+    with pytest.raises(metadata.SessionExpiredError):
+        await store.get("/r1")
 
 
 async def test_a_batch_the_database_refuses_fails_every_one_of_it_and_applies_none(tmp_path):
