@@ -100,10 +100,18 @@ def _broker_sample(pid: int) -> tuple[float, float]:
     sampled = sample_process(pid)
     if sampled is None:
         raise RuntimeError(f"the broker (pid {pid}) is gone")
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
+    return sampled[0], _cpu_s(pid)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used so far (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
     ticks = os.sysconf("SC_CLK_TCK")
-    return sampled[0], (int(fields[11]) + int(fields[12])) / ticks
+    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 def _tell(procs: list[subprocess.Popen[str]], word: str) -> list[str]:
@@ -187,15 +195,22 @@ def run_many(args: argparse.Namespace) -> int:
             time.sleep(IDLE_S)
             rss1, cpu1 = _broker_sample(broker.pid)
             figures["broker_cpu_idle"] = (cpu1 - cpu0) / (time.monotonic() - quiet)
+            # (the machine's other processes too: what sending costs besides the broker)
+            bookie_pids = [b.proc.pid for b in cluster.bookies if b.proc is not None]
+            others0 = [sum(map(_cpu_s, bookie_pids)), sum(_cpu_s(p.pid) for p in procs)]
             started = time.monotonic()
             answers = _tell(procs, "go")
             rss2, cpu2 = _broker_sample(broker.pid)
+            others1 = [sum(map(_cpu_s, bookie_pids)), sum(_cpu_s(p.pid) for p in procs)]
+            elapsed = time.monotonic() - started
+            figures["bookies_cpu"] = (others1[0] - others0[0]) / elapsed
+            figures["clients_cpu"] = (others1[1] - others0[1]) / elapsed
             latencies = sorted(x for a in answers for x in json.loads(a.split(" ", 1)[1]))
             figures.update(
                 broker_rss_idle_mib=rss0,
                 broker_rss_opened_mib=rss1,
                 broker_rss_mib=rss2,
-                broker_cpu=(cpu2 - cpu1) / (time.monotonic() - started),
+                broker_cpu=(cpu2 - cpu1) / elapsed,
                 messages=len(latencies),
                 e2e_p50_ms=percentile(latencies, 0.5),
                 e2e_p99_ms=percentile(latencies, 0.99),
@@ -219,6 +234,9 @@ def run_many(args: argparse.Namespace) -> int:
         f"{figures['broker_rss_opened_mib']:.0f} / {figures['broker_rss_mib']:.0f} MiB\n"
         f"  broker CPU idle / sending     {100 * figures['broker_cpu_idle']:4.0f} / "
         f"{100 * figures['broker_cpu']:.0f} % of a core\n"
+        f"  sending, the bookies / clients {100 * figures['bookies_cpu']:4.0f} / "
+        f"{100 * figures['clients_cpu']:.0f} % of a core (this machine: {os.cpu_count()} "
+        "cores)\n"
         f"  ledgers / open ledgers        {figures['ledgers']:,} / {figures['open_ledgers']:,}\n"
         f"  messages received             {figures['messages']:,} of about {expected:,}\n"
         f"  end-to-end p50 / p99          {figures['e2e_p50_ms']:.1f} / "

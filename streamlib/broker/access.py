@@ -21,6 +21,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
+from streamlib.broker.dedup import RECENT_BUDGET
 from streamlib.protocol import service_access
 from streamlib.protocol.dispatch import Dispatch, Kind
 from streamlib.protocol.errors import TooManySessionsError, UnauthorizedError
@@ -46,6 +47,9 @@ class Budgets:
     # Sends read from producers and not yet durable, for the whole broker (Pulsar's
     # maxMessagePublishBufferSizeInMB): past it, producers' streams stop being read.
     publish_buffer_bytes: int = 64 << 20
+    # The positions of producers' recent sequence ids (a duplicate's answer) every
+    # stream's dedup keeps, together (streamlib/broker/dedup.py).
+    dedup_recent_ids: int = RECENT_BUDGET
 
     def dispatch(self, kind: Kind) -> Dispatch:
         return Dispatch(

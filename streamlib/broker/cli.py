@@ -20,7 +20,7 @@ from streamlib.broker.access import (
     Budgets,
     SessionLimits,
 )
-from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
+from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S, MIN_RECENT_IDS, RECENT_IDS
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S
 from streamlib.commands.common import fail, positive_float, token_source
 
@@ -105,6 +105,10 @@ def add_parsers(commands: Subparsers, admin_commands: Subparsers) -> None:
         ("--max-publish-buffer-bytes", "publish_buffer_bytes", defaults.publish_buffer_bytes,
          "bytes of sends read from producers and not yet stored, for the whole broker (past "
          "it, producers wait: Pulsar's maxMessagePublishBufferSizeInMB)"),
+        ("--max-dedup-recent-ids", "dedup_recent_ids", defaults.dedup_recent_ids,
+         "positions of producers' recent sequence ids (what a duplicate is answered with) "
+         "the streams' deduplication keeps, for the whole broker: each producer name keeps "
+         f"its share, {MIN_RECENT_IDS} to {RECENT_IDS}"),
     ):  # fmt: skip
         serve.add_argument(
             flag,

@@ -9,6 +9,13 @@ columns), so the next owner rebuilds the state from a snapshot plus the stream's
 after it -- read after its takeover fenced the old owner, so nothing the old owner
 acknowledged can be missing from it. (Where the snapshot is kept: dedup_store.py.)
 
+The recent ids' positions of every stream of a broker share one budget (RecentBudget):
+each name keeps its last total/names of them (at least MIN_RECENT_IDS, at most
+RECENT_IDS). 4,096 for each of 10,000 producers at a message a second would have grown
+the broker by gigabytes within the hour. A duplicate older than what its name keeps is
+still dropped (its sequence id is not above the last); only its answer lacks the
+original's position (EARLIEST, as Pulsar answers every duplicate: -1:-1).
+
 A name idle past the inactivity timeout is forgotten (Pulsar's
 brokerDeduplicationProducerInactivityTimeoutMinutes, 6 h by default): a producer gone
 that long is not resending, and a stream that met thousands of names once each must not
@@ -23,6 +30,7 @@ import collections
 import itertools
 import json
 import time
+import weakref
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
@@ -30,7 +38,10 @@ from streamlib.protocol.errors import StreamlibError
 from streamlib.stream.positions import EARLIEST, MessageId
 
 MAX_PRODUCERS = 10_000  # names remembered per stream (least recently used go first)
-RECENT_IDS = 4096  # per name: the positions of its last sequence ids
+RECENT_IDS = 4096  # per name: the positions of its last sequence ids, at most
+MIN_RECENT_IDS = 16  # ... and at least, however many names share the budget
+RECENT_BUDGET = 262_144  # the recent ids of every name of a broker, together
+RECOUNT_S = 1.0  # how often the budget counts the names that share it
 MAX_NAME_CHARS = 256  # of a producer's name: the broker refuses longer ones
 INACTIVITY_TIMEOUT_S = 6 * 3600.0
 
@@ -42,6 +53,44 @@ class _Name:
     recent: collections.OrderedDict[int, MessageId] = field(default_factory=collections.OrderedDict)
     in_flight: dict[int, asyncio.Future[MessageId]] = field(default_factory=dict)
     active_at: float = 0.0  # (the Dedup's clock)
+
+
+class RecentBudget:
+    """The recent ids the Dedups of one broker keep, together: each name keeps `total`
+    divided by the names of every stream (counted at most every RECOUNT_S), within
+    [MIN_RECENT_IDS, RECENT_IDS]. A name trims its own as it takes new ones; when the
+    share falls to half of what a name may have kept, every name is trimmed at once: the
+    names together keep at most about twice `total` (or MIN_RECENT_IDS each)."""
+
+    def __init__(self, total: int = RECENT_BUDGET, clock: Callable[[], float] = time.monotonic):
+        if total < 1:
+            raise ValueError(f"the recent ids budget must be >= 1, got {total}")
+        self.total = total
+        self._clock = clock
+        self._dedups: weakref.WeakSet[Dedup] = weakref.WeakSet()
+        self._share = RECENT_IDS
+        self._highest = RECENT_IDS  # the most a name may hold since the last trim of all
+        self._counted_at = -float("inf")
+
+    def join(self, dedup: Dedup) -> None:
+        self._dedups.add(dedup)
+        self._counted_at = -float("inf")  # (counted again at the next share())
+
+    def share(self) -> int:
+        """What each name may keep now."""
+        now = self._clock()
+        if now - self._counted_at < RECOUNT_S:
+            return self._share
+        self._counted_at = now
+        names = sum(dedup.names_known for dedup in self._dedups)
+        self._share = max(MIN_RECENT_IDS, min(RECENT_IDS, self.total // max(1, names)))
+        if self._share * 2 <= self._highest:
+            for dedup in list(self._dedups):
+                dedup.trim(self._share)
+            self._highest = self._share
+        else:
+            self._highest = max(self._highest, self._share)
+        return self._share
 
 
 class Dedup:
@@ -57,6 +106,18 @@ class Dedup:
         self.since_snapshot = 0
         self.inactivity_timeout_s = inactivity_timeout_s
         self._clock = clock
+        self._budget: RecentBudget | None = None  # (none: RECENT_IDS a name)
+
+    def share(self, budget: RecentBudget) -> None:
+        """Keep recent ids within the broker's budget, from now."""
+        self._budget = budget
+        budget.join(self)
+
+    def trim(self, most: int) -> None:
+        """Keep at most `most` recent ids a name (the newest)."""
+        for state in self._names.values():
+            while len(state.recent) > most:
+                state.recent.popitem(last=False)
 
     @property
     def names_known(self) -> int:
@@ -124,7 +185,8 @@ class Dedup:
         state.pushed = max(state.pushed, sequence_id)
         state.durable = max(state.durable, sequence_id)
         state.recent[sequence_id] = message_id
-        while len(state.recent) > RECENT_IDS:
+        most = RECENT_IDS if self._budget is None else self._budget.share()
+        while len(state.recent) > most:
             state.recent.popitem(last=False)
 
     def forget_idle(self, keep: Container[str] = ()) -> int:

@@ -74,6 +74,7 @@ class OwnedStream:
         self._room = asyncio.Event()
         self._room.set()
         self.dedup = Dedup()
+        self.dedup.share(broker.recent_ids)
         self.producers: dict[str, ProducerSession] = {}
         self._producers_changed = asyncio.Condition()
         self.subscriptions: dict[str, SubscriptionDispatcher] = {}
@@ -143,6 +144,7 @@ class OwnedStream:
                 if message.producer_name:
                     dedup.observe(message.producer_name, message.sequence_id, message.message_id)
                     scanned += 1
+        dedup.share(self.broker.recent_ids)
         self.dedup = dedup
         # The next owner starts from here -- unless the scan found nothing: then the
         # state is the one it started from (none at all for a new stream, where the

@@ -24,7 +24,7 @@ from metadata.services.brokers import BrokerInfo, BrokerRegistry, same_process
 from streamlib import liveness
 from streamlib.broker.access import Budgets, ByteBudget
 from streamlib.broker.balance import BalanceConfig, Balancer
-from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S
+from streamlib.broker.dedup import INACTIVITY_TIMEOUT_S, RecentBudget
 from streamlib.broker.load import broker_load
 from streamlib.broker.owned import SNAPSHOT_INTERVAL_S, OwnedStream
 from streamlib.broker.sessions import StreamGone
@@ -74,6 +74,8 @@ class Broker:
         self.allow_auto_create = allow_auto_create
         self.budgets = budgets or Budgets()
         self.publish_buffer = ByteBudget(self.budgets.publish_buffer_bytes)
+        # The positions of recent sequence ids every stream's dedup keeps, together.
+        self.recent_ids = RecentBudget(self.budgets.dedup_recent_ids)
         self.broker_id = broker_id
         self.address = address
         # A producer name idle this long is forgotten by its streams' dedup (dedup.py).

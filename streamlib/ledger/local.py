@@ -14,7 +14,12 @@ ends and readers go back to the bookies' long poll.
 
 Cost: the writer keeps acknowledged payloads only while some reader of this client
 follows the ledger, and then at most ``MAX_ENTRIES`` / ``MAX_BYTES`` of them (older ones
-are read from the bookies, as without a local writer).
+are read from the bookies, as without a local writer). Across the client's ledgers the
+kept entries share one budget (``LocalTails``: ``BUDGET_ENTRIES`` / ``BUDGET_BYTES``), the
+oldest going first, as Pulsar's broker-wide entry cache evicts: a broker tailing 10,000
+ledgers keeps each one's last few entries, not 256 of each. Each ledger's kept entries
+stay the newest ones, consecutive, so a reader either takes them or reads the older
+ones from the bookies.
 """
 
 from __future__ import annotations
@@ -26,11 +31,47 @@ from streamlib.protocol.actions import EntryData
 
 MAX_ENTRIES = 256
 MAX_BYTES = 8 << 20
+# What every ledger of one client keeps together, at most.
+BUDGET_ENTRIES = 65_536
+BUDGET_BYTES = 64 << 20
+
+
+class TailBudget:
+    """The entries every tail of one client keeps, in the order they were kept: past the
+    budget the oldest go (from whichever tail holds them)."""
+
+    def __init__(self, max_entries: int = BUDGET_ENTRIES, max_bytes: int = BUDGET_BYTES) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("a local tail budget holds at least one entry and one byte")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._kept: OrderedDict[tuple[LocalTail, int], int] = OrderedDict()  # -> size
+
+    @property
+    def entries(self) -> int:
+        return len(self._kept)
+
+    def kept(self, tail: LocalTail, entry_id: int, size: int) -> None:
+        self._kept[(tail, entry_id)] = size
+        self.bytes += size
+        while self._kept and (len(self._kept) > self.max_entries or self.bytes > self.max_bytes):
+            (owner, oldest), size = self._kept.popitem(last=False)
+            self.bytes -= size
+            owner.evicted(oldest)
+
+    def dropped(self, tail: LocalTail, entry_id: int) -> None:
+        size = self._kept.pop((tail, entry_id), None)
+        if size is not None:
+            self.bytes -= size
 
 
 class LocalTail:
-    def __init__(self, ledger_id: int, lac: int, term: int = 0) -> None:
+    def __init__(
+        self, ledger_id: int, lac: int, term: int = 0, budget: TailBudget | None = None
+    ) -> None:
         self.ledger_id = ledger_id
+        self._budget = budget if budget is not None else TailBudget()
         self.lac = lac
         self.term = term  # the writer's (an unbounded ledger's newer term deposes it)
         self.open = True
@@ -66,14 +107,26 @@ class LocalTail:
             self._entries[entry.entry_id] = entry
             self._bytes += len(entry.payload)
         while self._entries and (len(self._entries) > MAX_ENTRIES or self._bytes > MAX_BYTES):
-            _, old = self._entries.popitem(last=False)
+            old_id, old = self._entries.popitem(last=False)
             self._bytes -= len(old.payload)
+            self._budget.dropped(self, old_id)
+        for entry in entries:  # (the budget may take the oldest of any tail, this one's too)
+            if entry.entry_id in self._entries:
+                self._budget.kept(self, entry.entry_id, len(entry.payload))
         self._wake()
+
+    def evicted(self, entry_id: int) -> None:
+        """The budget took this entry back (it was the client's oldest kept)."""
+        entry = self._entries.pop(entry_id, None)
+        if entry is not None:
+            self._bytes -= len(entry.payload)
 
     def end(self) -> None:
         """The writer stopped: readers go back to the bookies."""
         if self.open:
             self.open = False
+            for entry_id in self._entries:
+                self._budget.dropped(self, entry_id)
             self._entries.clear()
             self._bytes = 0
             self._wake()
@@ -107,15 +160,16 @@ class LocalTail:
 class LocalTails:
     """The client's tails, by ledger id: at most one writer per ledger per client."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: TailBudget | None = None) -> None:
         self._tails: dict[int, LocalTail] = {}
+        self.budget = budget if budget is not None else TailBudget()
 
     def start(self, ledger_id: int, lac: int, term: int = 0) -> LocalTail:
         """A writer begins (a newer one replaces an older one of the same ledger)."""
         old = self._tails.get(ledger_id)
         if old is not None:
             old.end()
-        tail = self._tails[ledger_id] = LocalTail(ledger_id, lac, term)
+        tail = self._tails[ledger_id] = LocalTail(ledger_id, lac, term, self.budget)
         return tail
 
     def stop(self, tail: LocalTail) -> None:

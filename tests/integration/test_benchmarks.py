@@ -86,7 +86,13 @@ STREAMLIB = [sys.executable, "-m", "streamlib.cli", "bench"]
         ),
         (
             ["service", "--streams", "20", "--clients", "2", "--seconds", "2"],
-            ["all opened in", "broker RSS", "ledgers / open ledgers", "end-to-end p50 / p99"],
+            [
+                "all opened in",
+                "broker RSS",
+                "sending, the bookies / clients",
+                "ledgers / open ledgers",
+                "end-to-end p50 / p99",
+            ],
         ),
     ],
     ids=[

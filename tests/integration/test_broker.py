@@ -16,6 +16,7 @@ import pytest
 import streamlib
 import streamlib.errors as errors
 from metadata.services.brokers import BrokerRegistry
+from streamlib.broker.dedup import MIN_RECENT_IDS
 from streamlib.schema import IncompatibleSchemaError, JsonSchema
 from streamlib.stream import envelope_pb2 as envelope
 from streamlib.stream.batch import BatchBuilder
@@ -271,6 +272,35 @@ async def test_the_broker_drops_a_resent_sequence_id_and_says_where_the_original
         await channel.close()
     data = [m.data for m in await read_all(cluster, "dedup", 11)]
     assert data == [b"%d" % i for i in range(11)]
+
+
+async def test_a_duplicate_older_than_the_recent_ids_budget_is_still_dropped(cluster):
+    """The broker keeps the positions of each producer name's last sequence ids within a
+    broker-wide budget (--max-dedup-recent-ids; at least 16 a name): a duplicate older
+    than those is still dropped, answered with EARLIEST (as Pulsar answers every
+    duplicate), and a recent one with where the original went."""
+    cluster.start_bookies(3)
+    [broker] = cluster.start_brokers(1, extra=["--max-dedup-recent-ids", "1"])
+    client = await cluster.service_client()
+    producer = await client.create_producer("budget", producer_name="p")
+    ids = [await producer.send(b"%d" % i) for i in range(100)]
+    await producer.close()
+    channel, call, ready = await open_raw_producer(broker.address, "budget", "p")
+    try:
+        assert ready.ready.last_sequence_id == 99
+        assert len(ready.ready.recent) == MIN_RECENT_IDS  # (not 100: its share)
+        await call.write(raw_entries("p", (5, b"5 again"), (95, b"95 again"), (100, b"100")))
+        answer = await call.read()
+        receipts = {r.sequence_id: r for r in answer.receipts.receipts}
+        assert receipts[5].duplicate and receipts[95].duplicate and not receipts[100].duplicate
+        old, recent = receipts[5].message_id, receipts[95].message_id
+        assert (old.ledger_id, old.entry_id, old.batch_index) == tuple(EARLIEST)
+        assert (recent.ledger_id, recent.entry_id, recent.batch_index) == tuple(ids[95])
+    finally:
+        call.cancel()
+        await channel.close()
+    data = [m.data for m in await read_all(cluster, "budget", 101)]
+    assert data == [b"%d" % i for i in range(101)]
 
 
 async def test_bad_requests_get_clear_errors(cluster):

@@ -18,6 +18,7 @@ import pytest
 
 from metadata.errors import ValueTooLargeError
 from streamlib.broker import dedup_store
+from streamlib.broker.dedup import RecentBudget
 from streamlib.broker.owned import SNAPSHOT_EVERY, OwnedStream
 from streamlib.client import Client
 from streamlib.stream import snapshots
@@ -68,7 +69,11 @@ async def write_durable(owned: OwnedStream, first: int, count: int) -> None:
 
 async def test_a_failed_dedup_snapshot_is_tried_again_only_after_another_snapshot_every(caplog):
     broker = SimpleNamespace(
-        client=RefusingClient(), broker_id="b", give_up=None, dedup_snapshot_interval_s=0.0
+        client=RefusingClient(),
+        broker_id="b",
+        give_up=None,
+        dedup_snapshot_interval_s=0.0,
+        recent_ids=RecentBudget(),
     )
     owned = OwnedStream(broker, "s")
     owned.writer = SimpleNamespace()  # type: ignore[assignment]  # (it took the stream over)

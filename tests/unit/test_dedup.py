@@ -5,7 +5,14 @@ import json
 
 import pytest
 
-from streamlib.broker.dedup import MAX_NAME_CHARS, MAX_PRODUCERS, RECENT_IDS, Dedup
+from streamlib.broker.dedup import (
+    MAX_NAME_CHARS,
+    MAX_PRODUCERS,
+    MIN_RECENT_IDS,
+    RECENT_IDS,
+    Dedup,
+    RecentBudget,
+)
 from streamlib.stream import snapshots
 from streamlib.stream.positions import EARLIEST, MessageId
 
@@ -309,3 +316,43 @@ def test_a_snapshot_of_5000_names_of_250_chars_round_trips_through_ledger_entrie
 def test_a_malformed_snapshot_pointer_is_unreadable(data):
     with pytest.raises(ValueError):
         snapshots.Pointer.parse(data)
+
+
+async def test_the_names_of_every_stream_share_one_budget_of_recent_ids():
+    """Each name keeps its share of the broker's budget of recent ids (4,096 for each
+    of 10,000 producers grew a broker by gigabytes an hour); an older duplicate is still
+    dropped, answered with EARLIEST."""
+    now = [0.0]
+    budget = RecentBudget(total=1000, clock=lambda: now[0])
+    streams = [Dedup() for _ in range(5)]
+    for dedup in streams:
+        dedup.share(budget)
+
+    def write(dedup, name, count, start=0):
+        for sequence_id in range(start, start + count):
+            dedup.taken(name, sequence_id, asyncio.get_running_loop().create_future())
+            dedup.durable(name, sequence_id, MessageId(1, sequence_id, 0))
+
+    write(streams[0], "alone", 2000)  # one name: up to RECENT_IDS, but the budget is 1000
+    assert len(streams[0].recent("alone", 5000)) == 1000
+    for i, dedup in enumerate(streams):  # 50 names in all, over the streams
+        for n in range(10):
+            write(dedup, f"p{i}-{n}", 100)
+    now[0] += 2  # (counted again)
+    write(streams[1], "p1-0", 100, start=100)
+    share = 1000 // 51
+    assert len(streams[1].recent("p1-0", 5000)) == share
+    # The share halved since "alone" filled up: every name was trimmed at once.
+    assert len(streams[0].recent("alone", 5000)) == share
+    total = sum(len(d.recent(f"p{i}-{n}", 5000)) for i, d in enumerate(streams) for n in range(10))
+    assert total <= 2 * 1000
+    assert streams[0].check("alone", 5) == EARLIEST  # (still a duplicate: dropped)
+    assert streams[0].check("alone", 1999) == MessageId(1, 1999, 0)
+    # Never below MIN_RECENT_IDS, however many names.
+    crowd = Dedup()
+    crowd.share(budget)
+    for n in range(2000):
+        write(crowd, f"c{n}", 1)
+    now[0] += 2
+    write(crowd, "c0", 40, start=1)
+    assert len(crowd.recent("c0", 100)) == MIN_RECENT_IDS

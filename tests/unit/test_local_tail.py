@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from streamlib.ledger.local import MAX_ENTRIES, LocalTail, LocalTails
+from streamlib.ledger.local import MAX_ENTRIES, LocalTail, LocalTails, TailBudget
 from streamlib.protocol.actions import EntryData
 from streamlib.protocol.read_rules import local_lac_usable
 from streamlib.protocol.states import LedgerState
@@ -80,3 +80,40 @@ async def test_a_newer_writer_of_a_ledger_ends_the_older_ones_tail() -> None:
     assert not old.open and tails.get(7) is new
     tails.stop(old)  # the old writer stopping later leaves the new one registered
     assert tails.get(7) is new
+
+
+def test_the_tails_of_one_client_share_one_budget_the_oldest_going_first() -> None:
+    """A broker tailing thousands of ledgers keeps what one budget allows across them
+    (256 entries a ledger at 10,000 ledgers was most of its memory), each ledger's kept
+    entries its newest ones, consecutive."""
+    tails = LocalTails(TailBudget(max_entries=5, max_bytes=1000))
+    a, b = tails.start(1, -1), tails.start(2, -1)
+    for i in range(3):
+        a.acknowledged(i, [entry(i)])
+    for i in range(4):
+        b.acknowledged(i, [entry(i)])
+    assert tails.budget.entries == 5 and tails.budget.bytes == 50
+    assert [e.entry_id for e in a.entries_from(2)] == [2]  # 0 and 1 went first
+    assert a.entries_from(1) == []  # (older: from the bookies)
+    assert [e.entry_id for e in b.entries_from(0)] == [0, 1, 2, 3]
+    a.acknowledged(3, [entry(3, size=900)])  # the client's oldest (a's 2) goes for it
+    assert [e.entry_id for e in a.entries_from(3)] == [3] and a.entries_from(2) == []
+    assert tails.budget.bytes == 940
+    b.acknowledged(4, [entry(4, size=100)])  # past the bytes: b's 0 to 3 go
+    assert tails.budget.bytes == 1000 and tails.budget.entries == 2
+    assert b.entries_from(3) == [] and [e.entry_id for e in b.entries_from(4)] == [4]
+    tails.stop(a)  # an ended tail gives its share back
+    assert tails.budget.entries == 1 and tails.budget.bytes == 100
+    c = tails.start(3, -1)
+    for i in range(10):
+        c.acknowledged(i, [entry(i)])
+    assert [e.entry_id for e in c.entries_from(5)] == [5, 6, 7, 8, 9]
+    assert c.entries_from(4) == [] and b.entries_from(4) == []
+    assert tails.budget.entries == 5
+
+
+def test_an_entry_larger_than_the_budget_is_not_kept() -> None:
+    tails = LocalTails(TailBudget(max_entries=10, max_bytes=100))
+    tail = tails.start(1, -1)
+    tail.acknowledged(0, [entry(0, size=101)])
+    assert tail.lac == 0 and tail.entries_from(0) == [] and tails.budget.bytes == 0
