@@ -52,20 +52,12 @@ class LedgerIdGenerator(Service):
     async def _serve_waiting(self) -> None:
         try:
             while self._waiting:
-                while self._waiting and self._next < self._end:
-                    waiter = self._waiting.pop(0)
-                    if not waiter.done():  # (a caller that gave up takes no id)
-                        waiter.set_result(self._next)
-                        self._next += 1
-                if self.batch_size == 1:
-                    self._end = self._next  # (the ids of callers that gave up: not kept)
-                if not any(not waiter.done() for waiter in self._waiting):
-                    self._waiting.clear()
+                self._hand_out(len(self._waiting))  # (what is left of a range kept)
+                if not self._waiting:
                     break
+                asked = len(self._waiting)
                 try:
-                    self._next, self._end = await self._reserve(
-                        max(self.batch_size, len(self._waiting))
-                    )
+                    self._next, self._end = await self._reserve(max(self.batch_size, asked))
                 except BaseException as error:
                     waiting, self._waiting = self._waiting, []
                     cancelled = isinstance(error, asyncio.CancelledError)
@@ -78,8 +70,24 @@ class LedgerIdGenerator(Service):
                             waiter.set_exception(error)
                     if cancelled or not isinstance(error, Exception):
                         raise
+                    continue
+                # Only those that waited when the range was reserved; with batch_size 1
+                # nothing is kept (a caller that came meanwhile waits for the next).
+                self._hand_out(asked)
+                if self.batch_size == 1:
+                    self._end = self._next
         finally:
             self._reserving = None
+
+    def _hand_out(self, most: int) -> None:
+        """Ids of the reserved range to the first `most` waiters, in order (one that gave
+        up takes none)."""
+        while self._waiting and most > 0 and self._next < self._end:
+            waiter = self._waiting.pop(0)
+            most -= 1
+            if not waiter.done():
+                waiter.set_result(self._next)
+                self._next += 1
 
     async def _reserve(self, count: int) -> tuple[int, int]:
         counter = self.path("idgen")

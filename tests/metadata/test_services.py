@@ -273,3 +273,30 @@ async def test_batch_one_ids_increase_across_generators(store):
     seen += [*got, await other.next_id(), await one.next_id()]
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert got[1] == got[0] + 1  # (the caller that gave up took no id)
+
+
+async def test_batch_one_gives_no_caller_an_id_reserved_before_it_asked(store, monkeypatch):
+    """A caller that comes while a reservation is under way waits for the next one: with
+    batch_size 1 an id left over (a caller that gave up) is not handed on."""
+    generator = LedgerIdGenerator(store, batch_size=1)
+    first = await generator.next_id()
+    gate = asyncio.Event()
+    original = store.set
+
+    async def gated_set(path, *args, **kwargs):
+        await gate.wait()
+        return await original(path, *args, **kwargs)
+
+    monkeypatch.setattr(store, "set", gated_set)
+    a, b, c = (asyncio.ensure_future(generator.next_id()) for _ in range(3))
+    async with asyncio.timeout(10):
+        while not generator._waiting or generator._reserving is None:
+            await asyncio.sleep(0)
+        for _ in range(20):  # (the reservation of three reaches the gate)
+            await asyncio.sleep(0)
+    b.cancel()
+    late = asyncio.ensure_future(generator.next_id())
+    await asyncio.sleep(0)
+    gate.set()
+    assert [await a, await c] == [first + 1, first + 2]
+    assert await late == first + 4  # (not first + 3: reserved before it asked)
