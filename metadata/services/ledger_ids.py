@@ -10,6 +10,7 @@ never handed out, so a zero id in a record always means "unset").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from metadata.services._base import DEFAULT_ROOT, Service
@@ -47,44 +48,45 @@ class LedgerIdGenerator(Service):
         self._waiting.append(future)
         if self._reserving is None:
             self._reserving = asyncio.get_running_loop().create_task(self._serve_waiting())
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):  # (not in line: being served, or served)
+                self._waiting.remove(future)
+            raise
 
     async def _serve_waiting(self) -> None:
         try:
             while self._waiting:
-                self._hand_out(len(self._waiting))  # (what is left of a range kept)
+                self._hand_out(self._waiting)  # (what is left of a range kept)
                 if not self._waiting:
                     break
-                asked = len(self._waiting)
+                # Those waiting now, and only they, are served by this reservation; with
+                # batch_size 1 nothing is kept (one that comes meanwhile waits for the next).
+                asked, self._waiting = self._waiting, []
                 try:
-                    self._next, self._end = await self._reserve(max(self.batch_size, asked))
-                except BaseException as error:
-                    waiting, self._waiting = self._waiting, []
-                    cancelled = isinstance(error, asyncio.CancelledError)
-                    for waiter in waiting:
-                        if waiter.done():
-                            continue
-                        if cancelled:
-                            waiter.cancel()
-                        else:
+                    self._next, self._end = await self._reserve(max(self.batch_size, len(asked)))
+                except Exception as error:  # (the store's: theirs alone; the next go on)
+                    for waiter in asked:
+                        if not waiter.done():
                             waiter.set_exception(error)
-                    if cancelled or not isinstance(error, Exception):
-                        raise
                     continue
-                # Only those that waited when the range was reserved; with batch_size 1
-                # nothing is kept (a caller that came meanwhile waits for the next).
+                except BaseException:
+                    for waiter in (*asked, *self._waiting):
+                        waiter.cancel()
+                    self._waiting.clear()
+                    raise
                 self._hand_out(asked)
                 if self.batch_size == 1:
                     self._end = self._next
         finally:
             self._reserving = None
 
-    def _hand_out(self, most: int) -> None:
-        """Ids of the reserved range to the first `most` waiters, in order (one that gave
+    def _hand_out(self, waiters: list[asyncio.Future[int]]) -> None:
+        """Ids of the reserved range to the first of `waiters`, in order (one that gave
         up takes none)."""
-        while self._waiting and most > 0 and self._next < self._end:
-            waiter = self._waiting.pop(0)
-            most -= 1
+        while waiters and self._next < self._end:
+            waiter = waiters.pop(0)
             if not waiter.done():
                 waiter.set_result(self._next)
                 self._next += 1

@@ -73,8 +73,10 @@ class RecentBudget:
         self._counted_at = -float("inf")
 
     def join(self, dedup: Dedup) -> None:
+        """A stream's dedup shares the budget from now: trimmed to the share at once (a
+        stream taken over comes with what its tail scan saw, up to RECENT_IDS a name)."""
         self._dedups.add(dedup)
-        self._counted_at = -float("inf")  # (counted again at the next share())
+        dedup.trim(self.share())
 
     def share(self) -> int:
         """What each name may keep now."""

@@ -300,3 +300,35 @@ async def test_batch_one_gives_no_caller_an_id_reserved_before_it_asked(store, m
     gate.set()
     assert [await a, await c] == [first + 1, first + 2]
     assert await late == first + 4  # (not first + 3: reserved before it asked)
+
+
+async def test_a_failed_reservation_fails_only_the_callers_it_was_for(store, monkeypatch):
+    """The store failing a reservation fails the callers that waited for it; one that came
+    meanwhile is served by the next (and a caller that gives up leaves the line)."""
+    generator = LedgerIdGenerator(store, batch_size=1)
+    first = await generator.next_id()
+    gate = asyncio.Event()
+    original = store.set
+    failures = [metadata.StoreBusyError("the store is busy")]
+
+    async def failing_set(path, *args, **kwargs):
+        await gate.wait()
+        if failures:
+            raise failures.pop()
+        return await original(path, *args, **kwargs)
+
+    monkeypatch.setattr(store, "set", failing_set)
+    early = asyncio.ensure_future(generator.next_id())
+    async with asyncio.timeout(10):
+        while generator._waiting or generator._reserving is None:  # (its reservation began)
+            await asyncio.sleep(0)
+    late = asyncio.ensure_future(generator.next_id())
+    quitter = asyncio.ensure_future(generator.next_id())
+    await asyncio.sleep(0)
+    quitter.cancel()
+    await asyncio.sleep(0)
+    assert len(generator._waiting) == 1  # (the one that gave up left the line)
+    gate.set()
+    with pytest.raises(metadata.StoreBusyError):
+        await early
+    assert await late == first + 1

@@ -356,3 +356,22 @@ async def test_the_names_of_every_stream_share_one_budget_of_recent_ids():
     now[0] += 2
     write(crowd, "c0", 40, start=1)
     assert len(crowd.recent("c0", 100)) == MIN_RECENT_IDS
+
+
+async def test_a_stream_taken_over_keeps_only_its_share_once_it_joins():
+    """A takeover's tail scan sees up to RECENT_IDS a name before the stream shares the
+    broker's budget: joining trims it at once."""
+    now = [0.0]
+    budget = RecentBudget(total=100, clock=lambda: now[0])
+    crowd = Dedup()
+    crowd.share(budget)
+    for n in range(50):  # 50 names: a share of 16 (the floor)
+        crowd.observe(f"c{n}", 0, MessageId(1, n, 0))
+    scanned = Dedup()
+    for sequence_id in range(1000):
+        scanned.observe("p", sequence_id, MessageId(2, sequence_id, 0))
+    assert len(scanned.recent("p", 5000)) == 1000
+    now[0] += 2  # (the share is counted again at most every RECOUNT_S)
+    scanned.share(budget)
+    assert len(scanned.recent("p", 5000)) == MIN_RECENT_IDS
+    assert scanned.check("p", 999) == MessageId(2, 999, 0)
