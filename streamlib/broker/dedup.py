@@ -55,6 +55,11 @@ class _Name:
     active_at: float = 0.0  # (the Dedup's clock)
 
 
+def _keep_newest(recent: collections.OrderedDict[int, MessageId], most: int) -> None:
+    while len(recent) > most:
+        recent.popitem(last=False)
+
+
 class RecentBudget:
     """The recent ids the Dedups of one broker keep, together: each name keeps `total`
     divided by the names of every stream (counted at most every RECOUNT_S), within
@@ -118,8 +123,7 @@ class Dedup:
     def trim(self, most: int) -> None:
         """Keep at most `most` recent ids a name (the newest)."""
         for state in self._names.values():
-            while len(state.recent) > most:
-                state.recent.popitem(last=False)
+            _keep_newest(state.recent, most)
 
     @property
     def names_known(self) -> int:
@@ -187,9 +191,7 @@ class Dedup:
         state.pushed = max(state.pushed, sequence_id)
         state.durable = max(state.durable, sequence_id)
         state.recent[sequence_id] = message_id
-        most = RECENT_IDS if self._budget is None else self._budget.share()
-        while len(state.recent) > most:
-            state.recent.popitem(last=False)
+        _keep_newest(state.recent, RECENT_IDS if self._budget is None else self._budget.share())
 
     def forget_idle(self, keep: Container[str] = ()) -> int:
         """Forget the names idle past the inactivity timeout, except those with a
